@@ -1,0 +1,48 @@
+# Two commands do everything on a fresh machine:
+#   make demo   set up, prepare the embedded offline dataset, run the main job
+#   make test   set up, prepare the dataset, run the whole test suite
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+FMNIST_DIR ?= /usr/share/datasets/fashion-mnist
+export FEDJAX_DG_DATA_DIR ?= $(abspath .data)
+export FEDJAX_DG_FASHION_MNIST_DIR ?= $(FMNIST_DIR)
+
+.PHONY: setup fashion-mnist data demo test bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml requirements.lock
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -r requirements.lock
+	$(PY) -m pip install -q --no-deps -e .
+	touch $@
+
+# Fashion-MNIST ships as a Debian package (IDX files under $(FMNIST_DIR)).
+# Installed here when we are root with apt; otherwise `prepare` falls back to the
+# TFDS download, and if that fails too, it says exactly what to do.
+fashion-mnist:
+	@if [ ! -e $(FMNIST_DIR)/train-images-idx3-ubyte.gz ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing the Debian package dataset-fashion-mnist ..."; \
+	  apt-get install -y -q dataset-fashion-mnist >/dev/null 2>&1 \
+	  || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q dataset-fashion-mnist >/dev/null 2>&1; } \
+	  || echo "apt-get could not install dataset-fashion-mnist; prepare will try the TFDS download"; \
+	fi
+
+data: setup fashion-mnist
+	$(PY) -m fedjax_dg.cli prepare rotated_fashion_mnist
+
+demo: data
+	$(PY) -m fedjax_dg.cli demo
+
+test: setup
+	$(PY) -m pytest -q
+
+# Benchmarks (not part of `make test`): installs the CPU PyTorch build for the reference loop.
+bench: setup
+	$(PY) -m pip install -q 'torch==2.13.0'
+	$(PY) benchmarks/round_time.py
+
+clean:
+	rm -rf $(VENV) .data runs
