@@ -36,7 +36,7 @@ data: setup fashion-mnist
 demo: data
 	$(PY) -m fedjax_dg.cli demo
 
-test: setup
+test: data
 	$(PY) -m pytest -q
 
 # Benchmarks (not part of `make test`): installs the CPU PyTorch build for the reference loop.

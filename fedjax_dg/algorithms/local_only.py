@@ -1,0 +1,25 @@
+"""Local-only: every client trains its own model on its own data; no communication.
+
+Each client's model is local-persistent state carried across rounds in the scan.
+All clients start from the same initialization (as FedAvg does).
+"""
+
+from __future__ import annotations
+
+from fedjax_dg import tree
+from fedjax_dg.algorithms.base import Algorithm
+
+
+def local_only(model, optimizer, loss, *, num_clients: int) -> Algorithm:
+
+  def init(key):
+    return {}, tree.broadcast(model.init(key), num_clients)
+
+  return Algorithm(
+      name="local_only", init=init,
+      client_start=lambda server, rows, ids: rows,
+      loss=loss, optimizer=optimizer,
+      server_update=lambda server, result, key, round_idx: (server, {}),
+      eval_params=lambda server, clients: clients,
+      personalized=True,
+      client_end=lambda rows, trained: trained)

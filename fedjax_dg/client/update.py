@@ -1,0 +1,120 @@
+"""One client's local training: a pure function the engine maps over clients.
+
+E local epochs over a client's `n` valid examples (of `n_max` padded ones) are
+`E * ceil(n / B)` steps; every client runs the same static number of scanned steps
+`E * ceil(n_max / B)` and steps past its own count are masked out
+(`jnp.where(active, new, old)`), so one compile serves unequal clients and E epochs
+mean E epochs for every client. Each epoch is a fresh permutation of the valid
+examples; the last batch of an epoch is partial (PyTorch `drop_last=False`) and its
+padding is masked out of the loss.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+PyTree = Any
+
+
+class Batch(NamedTuple):
+  x: jax.Array      # uint8 [B, H, W, ch]
+  y: jax.Array      # int32 [B]
+  mask: jax.Array   # float32 [B]: 1 for real examples, 0 for padding
+
+
+# loss_fn(params, batch, rng, ctx) -> scalar loss. `ctx` is whatever the algorithm
+# hands its clients (start params for FedProx, persistent client state, ...).
+LossFn = Callable[[PyTree, Batch, jax.Array, Any], jax.Array]
+
+
+def num_steps(n_max: int, batch_size: int, epochs: int) -> int:
+  """The static number of scanned local steps for padded size `n_max`."""
+  return epochs * math.ceil(n_max / batch_size)
+
+
+def epoch_permutations(key: jax.Array, n: jax.Array, n_max: int,
+                       epochs: int) -> jax.Array:
+  """[epochs, n_max] int32: per epoch a random order of the `n` valid examples first."""
+  u = jax.random.uniform(key, (epochs, n_max))
+  u = jnp.where(jnp.arange(n_max)[None, :] < n, u, 2.0)  # padding sorts last
+  return jnp.argsort(u, axis=1).astype(jnp.int32)
+
+
+def batch_at(step: jax.Array, perms: jax.Array, n: jax.Array,
+             batch_size: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Indices [B], example mask [B] and step-active flag of local step `step`."""
+  epochs, n_max = perms.shape
+  steps_per_epoch = jnp.maximum((n + batch_size - 1) // batch_size, 1)
+  epoch = step // steps_per_epoch
+  pos = (step % steps_per_epoch) * batch_size + jnp.arange(batch_size)
+  valid = pos < n
+  row = jax.lax.dynamic_index_in_dim(perms, jnp.minimum(epoch, epochs - 1), 0,
+                                     keepdims=False)
+  idx = jnp.take(row, jnp.minimum(pos, n_max - 1))
+  active = (epoch < epochs) & (n > 0)
+  return idx, valid, active
+
+
+def _varying_axes(x) -> frozenset:
+  aval = jax.typeof(x)
+  mat = getattr(aval, "manual_axis_type", None)
+  return frozenset(mat.varying) if mat is not None else frozenset(
+      getattr(aval, "vma", ()))
+
+
+def match_varying(values: PyTree, like: jax.Array) -> PyTree:
+  """Marks `values` as varying over the mesh axes `like` varies over.
+
+  Inside `shard_map` a scan carry built from constants (a zero loss sum, an
+  optimizer step count) is device-invariant while the body makes it vary per
+  client shard; `pcast` makes the types agree. A no-op outside `shard_map`.
+  """
+  axes = _varying_axes(like)
+  if not axes:
+    return values
+
+  def cast(x):
+    missing = tuple(sorted(axes - _varying_axes(x)))
+    return jax.lax.pcast(x, missing, to="varying") if missing else x
+
+  return jax.tree.map(cast, values)
+
+
+def local_update(loss_fn: LossFn, optimizer: optax.GradientTransformation,
+                 params: PyTree, x: jax.Array, y: jax.Array, n: jax.Array,
+                 key: jax.Array, ctx: Any = None, *, batch_size: int,
+                 epochs: int) -> tuple[PyTree, jax.Array]:
+  """Trains one client for `epochs` epochs; returns (params, mean loss).
+
+  The optimizer state starts fresh every call (every round), as in the papers'
+  reference code. `x`: uint8 [n_max, ...], `y`: [n_max], `n`: scalar count.
+  """
+  n_max = x.shape[0]
+  steps = num_steps(n_max, batch_size, epochs)
+  perm_key, step_key = jax.random.split(key)
+  perms = epoch_permutations(perm_key, n, n_max, epochs)
+  grad_fn = jax.value_and_grad(loss_fn)
+
+  def step(carry, s):
+    p, opt_state, loss_sum = carry
+    idx, valid, active = batch_at(s, perms, n, batch_size)
+    batch = Batch(jnp.take(x, idx, axis=0), jnp.take(y, idx, axis=0),
+                  valid.astype(jnp.float32))
+    loss, grads = grad_fn(p, batch, jax.random.fold_in(step_key, s), ctx)
+    updates, new_opt_state = optimizer.update(grads, opt_state, p)
+    new_p = optax.apply_updates(p, updates)
+    keep = lambda new, old: jnp.where(active, new, old)
+    p = jax.tree.map(keep, new_p, p)
+    opt_state = jax.tree.map(keep, new_opt_state, opt_state)
+    return (p, opt_state, loss_sum + jnp.where(active, loss, 0.0)), None
+
+  init = match_varying(
+      (params, optimizer.init(params), jnp.zeros((), jnp.float32)), n)
+  (params, _, loss_sum), _ = jax.lax.scan(step, init, jnp.arange(steps))
+  steps_taken = epochs * jnp.maximum((n + batch_size - 1) // batch_size, 1)
+  return params, loss_sum / steps_taken

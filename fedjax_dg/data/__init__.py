@@ -1,0 +1,36 @@
+"""Where examples come from and how they are split among clients.
+
+* `sources`: named datasets (TFDS builders, DomainBed image folders, the embedded
+  offline Rotated Fashion-MNIST) as numpy arrays with domain and class names.
+* `partition`: leave-one-domain-out, hFedF domain split (Alg. 5), K clients per
+  domain, IID, Dirichlet label skew, few-shot target injection.
+* `federated`: `FederatedData`, stacked zero-padded per-client arrays.
+"""
+
+from fedjax_dg.data import federated
+from fedjax_dg.data import partition
+from fedjax_dg.data import sources
+from fedjax_dg.data.federated import build
+from fedjax_dg.data.federated import ClientArrays
+from fedjax_dg.data.federated import FederatedData
+from fedjax_dg.data.partition import make_partition
+from fedjax_dg.data.partition import PartitionSpec
+from fedjax_dg.data.sources import available
+from fedjax_dg.data.sources import DomainDataset
+from fedjax_dg.data.sources import load
+from fedjax_dg.data.sources import prepare
+
+__all__ = [
+    "ClientArrays",
+    "DomainDataset",
+    "FederatedData",
+    "PartitionSpec",
+    "available",
+    "build",
+    "federated",
+    "load",
+    "make_partition",
+    "partition",
+    "prepare",
+    "sources",
+]

@@ -1,0 +1,221 @@
+"""TFDS builders for DomainBed image folders: `<root>/<domain>/<class>/<image>`.
+
+PACS, VLCS and OfficeHome are distributed as image folders (DomainBed's
+`domainbed/scripts/download.py` fetches and unpacks them). The builders read the
+folder once into an array_record dataset with features `image` (encoded bytes, RGB),
+`label` (class index, class names = sorted class folder names, identical in every
+domain) and `domain` (index into the DomainBed domain names).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+from typing import Iterator, Sequence
+
+from PIL import Image
+import tensorflow_datasets as tfds
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp")
+
+
+@dataclasses.dataclass(frozen=True)
+class FolderIndex:
+  """All image files of a DomainBed folder: (path, label, domain) triples."""
+
+  root: str
+  domain_names: tuple[str, ...]
+  class_names: tuple[str, ...]
+  files: tuple[tuple[str, int, int], ...]
+
+
+def _subdirs(path: str) -> list[str]:
+  return sorted(
+      e.name for e in os.scandir(path) if e.is_dir() and not e.name.startswith(".")
+  )
+
+
+def _images(path: str) -> list[str]:
+  return sorted(
+      e.name for e in os.scandir(path)
+      if e.is_file() and e.name.lower().endswith(IMAGE_EXTENSIONS)
+  )
+
+
+def find_root(path: str, domains: Sequence[str]) -> str | None:
+  """`path` if it holds every domain folder, else its only child that does."""
+  if not os.path.isdir(path):
+    return None
+  children = _subdirs(path)
+  if set(domains) <= set(children):
+    return path
+  candidates = [
+      os.path.join(path, c) for c in children
+      if set(domains) <= set(_subdirs(os.path.join(path, c)))
+  ]
+  return candidates[0] if len(candidates) == 1 else None
+
+
+def layout_help(name: str, domains: Sequence[str], instructions: str) -> str:
+  return (
+      f"Expected layout for {name!r}: <root>/<domain>/<class>/*.jpg (or .png), with "
+      f"one folder per domain: {', '.join(domains)}; every domain must hold the "
+      f"same class folders.\n{instructions}"
+  )
+
+
+def scan(
+    path: str, name: str, domains: Sequence[str], instructions: str
+) -> FolderIndex:
+  """Lists and validates a DomainBed folder; errors say what is missing and why."""
+  help_text = layout_help(name, domains, instructions)
+  if not os.path.isdir(path) or not os.listdir(path):
+    raise FileNotFoundError(
+        f"{name}: the image folder {path!r} does not exist or is empty.\n{help_text}"
+    )
+  root = find_root(path, domains)
+  if root is None:
+    found = _subdirs(path)
+    missing = [d for d in domains if d not in found]
+    raise FileNotFoundError(
+        f"{name}: {path!r} lacks the domain folders {missing} (found {found}).\n"
+        f"{help_text}"
+    )
+  classes = {d: tuple(_subdirs(os.path.join(root, d))) for d in domains}
+  class_names = classes[domains[0]]
+  for d in domains:
+    if classes[d] != class_names:
+      only_here = sorted(set(classes[d]) - set(class_names))
+      only_there = sorted(set(class_names) - set(classes[d]))
+      raise ValueError(
+          f"{name}: class folders differ between domains {domains[0]!r} and {d!r} "
+          f"in {root!r}: only in {d!r}: {only_here}; only in {domains[0]!r}: "
+          f"{only_there}. Every domain must hold the same class folders.\n{help_text}"
+      )
+  if not class_names:
+    raise FileNotFoundError(
+        f"{name}: domain folder {os.path.join(root, domains[0])!r} has no class "
+        f"folders.\n{help_text}"
+    )
+  files = []
+  for di, d in enumerate(domains):
+    for ci, c in enumerate(class_names):
+      folder = os.path.join(root, d, c)
+      images = _images(folder)
+      if not images:
+        raise FileNotFoundError(
+            f"{name}: no image files ({', '.join(IMAGE_EXTENSIONS)}) in {folder!r}."
+            f"\n{help_text}"
+        )
+      files.extend((os.path.join(folder, f), ci, di) for f in images)
+  return FolderIndex(root, tuple(domains), class_names, tuple(files))
+
+
+def encoded_image(path: str) -> str | bytes:
+  """The file path for RGB JPEG/PNG files, else the image converted to RGB PNG."""
+  with Image.open(path) as im:
+    if im.format in ("JPEG", "PNG") and im.mode == "RGB":
+      return path
+    buf = io.BytesIO()
+    im.convert("RGB").save(buf, format="PNG")
+  return buf.getvalue()
+
+
+def _instructions(
+    name: str, key: str, url: str, homepage: str, folder: str
+) -> str:
+  return (
+      f"Download {name} ({homepage}); DomainBed's domainbed/scripts/download.py "
+      f"fetches it from {url} and unpacks it to <data>/{folder}. Pass that folder "
+      f"as manual_dir, set FEDJAX_DG_{key.upper()}_DIR to it, or place it at "
+      f"<data_dir>/downloads/manual/{key}."
+  )
+
+
+class DomainBedFolder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+  """Base builder: one `train` split holding every image with its domain."""
+
+  VERSION = tfds.core.Version("1.0.0")
+  RELEASE_NOTES = {"1.0.0": "Initial release."}
+  DOMAINS: tuple[str, ...] = ()
+  HOMEPAGE = ""
+  MANUAL_DOWNLOAD_INSTRUCTIONS = ""
+
+  def __init__(self, *, class_names: Sequence[str] | None = None, **kwargs):
+    self._class_names = tuple(class_names) if class_names else None
+    super().__init__(**kwargs)
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    # Class names come from the folder; a prepared dataset restores them from its
+    # `label.labels.txt`.
+    if self._class_names:
+      label = tfds.features.ClassLabel(names=self._class_names)
+    else:
+      label = tfds.features.ClassLabel()
+    return self.dataset_info_from_configs(
+        description=self.__doc__,
+        features=tfds.features.FeaturesDict({
+            "image": tfds.features.Image(shape=(None, None, 3)),
+            "label": label,
+            "domain": tfds.features.ClassLabel(names=self.DOMAINS),
+        }),
+        supervised_keys=("image", "label"),
+        homepage=self.HOMEPAGE,
+    )
+
+  def _split_generators(self, dl_manager):
+    index = scan(
+        os.fspath(dl_manager.manual_dir), self.name, self.DOMAINS,
+        self.MANUAL_DOWNLOAD_INSTRUCTIONS,
+    )
+    if self._class_names and index.class_names != self._class_names:
+      raise ValueError(
+          f"{self.name}: builder was constructed with classes {self._class_names} "
+          f"but the folder holds {index.class_names}"
+      )
+    return {"train": self._generate_examples(index)}
+
+  def _generate_examples(self, index: FolderIndex) -> Iterator[tuple[str, dict]]:
+    for path, label, domain in index.files:
+      yield os.path.relpath(path, index.root), {
+          "image": encoded_image(path),
+          "label": label,
+          "domain": domain,
+      }
+
+
+class Pacs(DomainBedFolder, skip_registration=True):
+  """PACS (Li et al., 2017): 4 domains x 7 classes, 9,991 images."""
+
+  DOMAINS = ("art_painting", "cartoon", "photo", "sketch")
+  HOMEPAGE = "https://domaingeneralization.github.io/#data"
+  MANUAL_DOWNLOAD_INSTRUCTIONS = _instructions(
+      "PACS", "pacs",
+      "https://drive.google.com/uc?id=1JFr8f805nMUelQWWmfnJR3y4_SYoN5Pd",
+      HOMEPAGE, "PACS",
+  )
+
+
+class Vlcs(DomainBedFolder, skip_registration=True):
+  """VLCS (Fang et al., 2013): 4 domains x 5 classes, 10,729 images."""
+
+  DOMAINS = ("Caltech101", "LabelMe", "SUN09", "VOC2007")
+  HOMEPAGE = "http://www.eecs.qmul.ac.uk/~dl307/project_iccv2017"
+  MANUAL_DOWNLOAD_INSTRUCTIONS = _instructions(
+      "VLCS", "vlcs",
+      "https://drive.google.com/uc?id=1skwblH1_okBwxWxmRsp9_qi15hyPpxg8",
+      HOMEPAGE, "VLCS",
+  )
+
+
+class OfficeHome(DomainBedFolder, skip_registration=True):
+  """OfficeHome (Venkateswara et al., 2017): 4 domains x 65 classes, 15,588 images."""
+
+  DOMAINS = ("Art", "Clipart", "Product", "Real World")
+  HOMEPAGE = "https://www.hemanthdv.org/officeHomeDataset.html"
+  MANUAL_DOWNLOAD_INSTRUCTIONS = _instructions(
+      "OfficeHome", "office_home",
+      "https://drive.google.com/uc?id=1uY0pj7oFsjMxRwaD3Sxy0jgel0fsYXLC",
+      HOMEPAGE, "office_home",
+  )

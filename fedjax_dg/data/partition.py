@@ -1,0 +1,366 @@
+"""How examples are split among clients (numpy, seeded, flwr-datasets naming).
+
+Every partitioner takes index arrays into a `DomainDataset` (plus its `domains` or
+`labels` array) and returns one int64 index array per client, each client's
+indices in seeded-random order. Nothing is shared: every example lands in at most
+one partition. Invalid settings raise `ValueError` naming the setting, its value
+and the allowed values, before any work is done.
+
+* `leave_one_domain_out`: (source, target) indices for one unseen target domain.
+* `domain_split` (hFedF Algorithm 5, alias "hfedf"): every client holds exactly
+  `d` source domains.
+* `k_clients_per_domain`: each source domain split into `k` clients.
+* `iid`: uniform random split.
+* `dirichlet`: flwr-datasets `DirichletPartitioner` label skew.
+* `few_shot_target`: `k` target-domain examples per client, injected into training.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+PARTITIONERS = ("domain_split", "k_per_domain", "iid", "dirichlet")
+ALIASES = {"hfedf": "domain_split", "k_clients_per_domain": "k_per_domain"}
+
+
+def _as_indices(indices: Any) -> np.ndarray:
+  return np.asarray(indices, dtype=np.int64).reshape(-1)
+
+
+def _shuffled_parts(
+    rng: np.random.Generator, parts: Sequence[np.ndarray]
+) -> list[np.ndarray]:
+  return [rng.permutation(np.asarray(p, np.int64)) for p in parts]
+
+
+def _check_int(field: str, value: Any, low: int, high: int | None = None,
+               why: str = "") -> None:
+  ok = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+  ok = ok and value >= low and (high is None or value <= high)
+  if not ok:
+    allowed = f"{low}..{high}" if high is not None else f">= {low}"
+    raise ValueError(f"{field}={value!r}{why}: allowed {allowed} (an int)")
+
+
+def leave_one_domain_out(
+    domains: np.ndarray, target: int
+) -> tuple[np.ndarray, np.ndarray]:
+  """(source indices, target indices): the target domain is held out entirely."""
+  domains = np.asarray(domains)
+  present = np.unique(domains)
+  if target not in present:
+    raise ValueError(
+        f"target={target!r} is not a domain of the data: allowed {present.tolist()}"
+    )
+  return np.flatnonzero(domains != target), np.flatnonzero(domains == target)
+
+
+def domain_split_parts(
+    sizes: Sequence[int], num_partitions: int, d: int
+) -> list[int]:
+  """hFedF Alg. 5 part counts: a = floor(N d / S) per domain, +1 for the b largest.
+
+  b = (N d) mod S; ties among equally large domains go to the earlier domain.
+  The counts sum to N d. When N d < S, a = 0 and the S - N d smallest domains get
+  no part (they are left unused).
+  """
+  s = len(sizes)
+  a, b = divmod(num_partitions * d, s)
+  largest = np.argsort(-np.asarray(sizes), kind="stable")[:b]
+  return [a + 1 if j in largest else a for j in range(s)]
+
+
+def domain_split(
+    domains: np.ndarray,
+    indices: np.ndarray,
+    num_partitions: int,
+    d: int,
+    seed: int = 0,
+) -> list[np.ndarray]:
+  """hFedF Algorithm 5: every client holds (a part of) exactly `d` source domains.
+
+  Each source domain j (ascending domain id) is split randomly into p_j equal parts
+  (`domain_split_parts`). The parts, laid out domain after domain, form a sequence
+  of N d parts; then d rounds, in each of which every client in turn takes the
+  first remaining part (Alg. 5's inner loop). The client order is a seeded
+  permutation ("the partitions are randomly distributed among the clients").
+
+  Why exactly d distinct domains: client t gets sequence positions t, t + N, ...,
+  t + (d - 1) N. A domain occupies p_j <= N consecutive positions (p_j <= a + 1
+  and a + 1 <= N whenever b > 0, since then a < N d / S <= N; p_j = a <= N
+  otherwise), so positions N apart never fall in the same domain.
+  """
+  indices = _as_indices(indices)
+  dom = np.asarray(domains)[indices]
+  source = np.unique(dom)
+  s = len(source)
+  _check_int("num_partitions", num_partitions, 1)
+  if s == 0:
+    raise ValueError("domain_split: no source examples to split")
+  _check_int("d", d, 1, s, f" but there are only {s} source domains")
+  per_domain = [indices[dom == j] for j in source]
+  counts = domain_split_parts([len(p) for p in per_domain], num_partitions, d)
+  for j, (p, c) in zip(source, zip(per_domain, counts)):
+    if len(p) < c:
+      raise ValueError(
+          f"domain_split: source domain {int(j)} has {len(p)} examples but "
+          f"num_partitions={num_partitions}, d={d} split it into {c} parts; "
+          "lower num_partitions or d"
+      )
+  unused = [int(j) for j, c in zip(source, counts) if c == 0]
+  if unused:
+    warnings.warn(
+        f"domain_split: num_partitions * d = {num_partitions * d} < {s} source "
+        f"domains, so the smallest domains {unused} are left unused",
+        stacklevel=2,
+    )
+  rng = np.random.default_rng(seed)
+  sequence = []
+  for p, c in zip(per_domain, counts):
+    if c:
+      sequence.extend(np.array_split(rng.permutation(p), c))
+  order = rng.permutation(num_partitions)
+  clients: list[list[np.ndarray]] = [[] for _ in range(num_partitions)]
+  for r in range(d):
+    for turn, client in enumerate(order):
+      clients[client].append(sequence[r * num_partitions + turn])
+  return _shuffled_parts(rng, [np.concatenate(c) for c in clients])
+
+
+def k_clients_per_domain(
+    domains: np.ndarray, indices: np.ndarray, k: int, seed: int = 0
+) -> list[np.ndarray]:
+  """Each source domain (ascending id) split randomly into `k` equal clients."""
+  indices = _as_indices(indices)
+  _check_int("k", k, 1)
+  dom = np.asarray(domains)[indices]
+  rng = np.random.default_rng(seed)
+  clients = []
+  for j in np.unique(dom):
+    members = indices[dom == j]
+    if len(members) < k:
+      raise ValueError(
+          f"k_per_domain: source domain {int(j)} has {len(members)} examples, "
+          f"fewer than k={k} clients; lower k"
+      )
+    clients.extend(np.array_split(rng.permutation(members), k))
+  return _shuffled_parts(rng, clients)
+
+
+def iid(indices: np.ndarray, num_partitions: int, seed: int = 0) -> list[np.ndarray]:
+  """Uniform random split into `num_partitions` near-equal parts."""
+  indices = _as_indices(indices)
+  _check_int("num_partitions", num_partitions, 1, max(len(indices), 1),
+             f" with {len(indices)} examples")
+  rng = np.random.default_rng(seed)
+  return list(np.array_split(rng.permutation(indices), num_partitions))
+
+
+def dirichlet(
+    labels: np.ndarray,
+    indices: np.ndarray,
+    num_partitions: int,
+    alpha: float | Sequence[float],
+    min_partition_size: int = 10,
+    seed: int = 0,
+    max_tries: int = 100,
+) -> list[np.ndarray]:
+  """flwr-datasets `DirichletPartitioner` (no self-balancing).
+
+  For every class, proportions ~ Dir(alpha) over the partitions split that class's
+  (shuffled) examples at `floor(cumsum(p) * n_c)`; the whole draw is repeated until
+  every partition holds at least `min_partition_size` examples.
+  """
+  indices = _as_indices(indices)
+  _check_int("num_partitions", num_partitions, 1)
+  _check_int("min_partition_size", min_partition_size, 0,
+             len(indices) // num_partitions,
+             f" with {len(indices)} examples in {num_partitions} partitions")
+  _check_int("max_tries", max_tries, 1)
+  alphas = np.asarray(alpha, np.float64)
+  if (alphas.ndim > 1 or (alphas.ndim == 1 and len(alphas) != num_partitions)
+      or not np.all(alphas > 0)):
+    raise ValueError(
+        f"alpha={alpha!r}: allowed a positive float, or one per partition "
+        f"({num_partitions} positive floats)"
+    )
+  alphas = np.broadcast_to(alphas, (num_partitions,))
+  lab = np.asarray(labels)[indices]
+  by_class = [indices[lab == c] for c in np.unique(lab)]
+  rng = np.random.default_rng(seed)
+  smallest = 0
+  for _ in range(max_tries):
+    parts: list[list[np.ndarray]] = [[] for _ in range(num_partitions)]
+    for members in by_class:
+      members = rng.permutation(members)
+      cuts = (np.cumsum(rng.dirichlet(alphas)) * len(members)).astype(int)[:-1]
+      for p, chunk in zip(parts, np.split(members, cuts)):
+        p.append(chunk)
+    sizes = [sum(len(c) for c in p) for p in parts]
+    smallest = min(sizes)
+    if smallest >= min_partition_size:
+      return _shuffled_parts(rng, [np.concatenate(p) for p in parts])
+  raise ValueError(
+      f"dirichlet: after max_tries={max_tries} draws with alpha={alpha} some "
+      f"partition still had fewer than min_partition_size={min_partition_size} "
+      f"examples (best draw: smallest partition {smallest}); raise alpha, lower "
+      "min_partition_size or num_partitions, or raise max_tries"
+  )
+
+
+def few_shot_target(
+    target_indices: np.ndarray, num_partitions: int, k: int, seed: int = 0
+) -> tuple[list[np.ndarray], np.ndarray]:
+  """(k random target examples per client, the remaining target examples)."""
+  target_indices = _as_indices(target_indices)
+  _check_int("num_partitions", num_partitions, 1)
+  _check_int("few_shot_k", k, 0, len(target_indices) // num_partitions,
+             f" with {len(target_indices)} target examples for "
+             f"{num_partitions} clients")
+  perm = np.random.default_rng(seed).permutation(target_indices)
+  shots = [perm[i * k:(i + 1) * k] for i in range(num_partitions)]
+  return shots, np.sort(perm[num_partitions * k:])
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionSpec:
+  """How to split the source examples among clients.
+
+  Attributes:
+    name: "domain_split" (alias "hfedf"), "k_per_domain", "iid" or "dirichlet".
+    num_partitions: number of clients (for k_per_domain: k x source domains).
+    d: source domains per client (domain_split).
+    k: clients per source domain (k_per_domain).
+    alpha: Dirichlet concentration (dirichlet).
+    min_partition_size: smallest allowed partition (dirichlet).
+    few_shot_k: target-domain examples injected into each client's training data.
+    seed: seed of the split.
+  """
+
+  name: str = "domain_split"
+  num_partitions: int | None = None
+  d: int = 1
+  k: int | None = None
+  alpha: float = 0.5
+  min_partition_size: int = 10
+  few_shot_k: int = 0
+  seed: int = 0
+
+  def __post_init__(self):
+    name = ALIASES.get(self.name, self.name)
+    if name not in PARTITIONERS:
+      raise ValueError(
+          f"PartitionSpec.name={self.name!r}: allowed "
+          f"{', '.join(PARTITIONERS + tuple(ALIASES))}"
+      )
+    object.__setattr__(self, "name", name)
+    if name == "k_per_domain":
+      if self.k is None and self.num_partitions is None:
+        raise ValueError(
+            "PartitionSpec.k is required for name='k_per_domain' (clients per "
+            "source domain, an int >= 1); or give num_partitions"
+        )
+    elif self.num_partitions is None:
+      raise ValueError(
+          f"PartitionSpec.num_partitions is required for name={name!r}: allowed "
+          ">= 1 (an int)"
+      )
+    if self.num_partitions is not None:
+      _check_int("PartitionSpec.num_partitions", self.num_partitions, 1)
+    if self.k is not None:
+      _check_int("PartitionSpec.k", self.k, 1)
+    _check_int("PartitionSpec.d", self.d, 1)
+    _check_int("PartitionSpec.min_partition_size", self.min_partition_size, 0)
+    _check_int("PartitionSpec.few_shot_k", self.few_shot_k, 0)
+    _check_int("PartitionSpec.seed", self.seed, 0)
+    if not np.all(np.asarray(self.alpha, np.float64) > 0):
+      raise ValueError(
+          f"PartitionSpec.alpha={self.alpha!r}: allowed a positive float"
+      )
+
+  def describe(self) -> str:
+    """The name and the settings that matter for it, e.g. for error messages."""
+    relevant = {
+        "domain_split": ("num_partitions", "d"),
+        "k_per_domain": ("k", "num_partitions"),
+        "iid": ("num_partitions",),
+        "dirichlet": ("num_partitions", "alpha", "min_partition_size"),
+    }[self.name] + (("few_shot_k",) if self.few_shot_k else ()) + ("seed",)
+    fields = ", ".join(f"{f}={getattr(self, f)!r}" for f in relevant)
+    return f"PartitionSpec(name={self.name!r}, {fields})"
+
+  def num_clients(self, num_source_domains: int) -> int:
+    """How many clients this spec yields for `num_source_domains` domains."""
+    if self.name == "k_per_domain":
+      return self.clients_per_domain(num_source_domains) * num_source_domains
+    return int(self.num_partitions)
+
+  def clients_per_domain(self, num_source_domains: int) -> int:
+    """k for k_per_domain: `k`, or `num_partitions / num_source_domains`."""
+    if self.k is not None:
+      if (self.num_partitions is not None
+          and self.num_partitions != self.k * num_source_domains):
+        raise ValueError(
+            f"PartitionSpec.num_partitions={self.num_partitions} disagrees with "
+            f"k={self.k} x {num_source_domains} source domains; give only k"
+        )
+      return self.k
+    if self.num_partitions % num_source_domains:
+      raise ValueError(
+          f"PartitionSpec.num_partitions={self.num_partitions} for k_per_domain "
+          f"must be a multiple of the {num_source_domains} source domains; or "
+          "give k"
+      )
+    return self.num_partitions // num_source_domains
+
+  def validate(self, num_source_domains: int) -> None:
+    """Checks the settings that depend on the data, before any split is made."""
+    if num_source_domains < 1:
+      raise ValueError("there are no source domains to split among clients")
+    if self.name == "domain_split":
+      _check_int("PartitionSpec.d", self.d, 1, num_source_domains,
+                 f" but there are only {num_source_domains} source domains")
+    if self.name == "k_per_domain":
+      self.clients_per_domain(num_source_domains)
+
+
+def as_spec(spec: PartitionSpec | Mapping[str, Any] | None = None,
+            **kwargs: Any) -> PartitionSpec:
+  """A PartitionSpec from a spec, a mapping (e.g. a config dict) or keywords."""
+  if isinstance(spec, PartitionSpec):
+    return dataclasses.replace(spec, **kwargs) if kwargs else spec
+  fields = dict(spec or {}, **kwargs)
+  allowed = [f.name for f in dataclasses.fields(PartitionSpec)]
+  unknown = sorted(set(fields) - set(allowed))
+  if unknown:
+    raise ValueError(
+        f"unknown partition settings {unknown}: allowed {', '.join(allowed)}"
+    )
+  return PartitionSpec(**fields)
+
+
+def make_partition(
+    spec: PartitionSpec | Mapping[str, Any] | None = None,
+    *,
+    domains: np.ndarray,
+    labels: np.ndarray,
+    indices: np.ndarray,
+    **kwargs: Any,
+) -> list[np.ndarray]:
+  """Dispatches `spec.name` over the source `indices`; one index array per client."""
+  spec = as_spec(spec, **kwargs)
+  indices = _as_indices(indices)
+  spec.validate(len(np.unique(np.asarray(domains)[indices])))
+  if spec.name == "domain_split":
+    return domain_split(domains, indices, spec.num_partitions, spec.d, spec.seed)
+  if spec.name == "k_per_domain":
+    k = spec.clients_per_domain(len(np.unique(np.asarray(domains)[indices])))
+    return k_clients_per_domain(domains, indices, k, spec.seed)
+  if spec.name == "iid":
+    return iid(indices, spec.num_partitions, spec.seed)
+  return dirichlet(labels, indices, spec.num_partitions, spec.alpha,
+                   spec.min_partition_size, spec.seed)

@@ -1,0 +1,550 @@
+"""Where examples come from: named datasets as uint8 numpy arrays with domain labels.
+
+`load(name)` returns a `DomainDataset` (all domains, all examples, images resized to
+`image_size`). Sources:
+
+* `rotated_fashion_mnist`: the embedded offline default, the project's own TFDS
+  builder over the Debian `dataset-fashion-mnist` IDX files (DomainBed RotatedMNIST
+  recipe, 6 rotation domains).
+* `pacs`, `office_home`, `vlcs`: the project's own TFDS builders over DomainBed image
+  folders `<manual_dir>/<domain>/<class>/<image>` (manual download).
+* `fashion_mnist`, `cifar10`, `cifar100` (one domain "all"), `domainnet` (6 domains):
+  the TFDS catalog builders via `tfds.data_source` (download on first use).
+
+Prepared TFDS data lives in `data_dir` (env `FEDJAX_DG_DATA_DIR`, default
+`~/.cache/fedjax_dg/tfds`); the final arrays of every `load` are cached as `.npz`
+next to it, so a second `load` only reads one file. `tensorflow_datasets` is
+imported only when something has to be prepared or read from TFDS.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+import time
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+from PIL import Image
+
+ENV_DATA_DIR = "FEDJAX_DG_DATA_DIR"
+DEFAULT_DATA_DIR = os.path.join("~", ".cache", "fedjax_dg", "tfds")
+CACHE_DIRNAME = "fedjax_dg_cache"
+CACHE_FORMAT = 1  # Bump when the cached arrays change meaning.
+# Datasets whose native-size arrays fit in this many bytes keep a native-size cache
+# from which every other image size / subset is derived without re-reading TFDS.
+NATIVE_CACHE_MAX_BYTES = 1 << 30
+_READ_CHUNK = 1024
+
+DOMAINNET_DOMAINS = ("clipart", "infograph", "painting", "quickdraw", "real", "sketch")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class DomainDataset:
+  """All examples of a multi-domain image dataset, as host numpy arrays."""
+
+  name: str
+  images: np.ndarray  # uint8 [N, H, W, ch]
+  labels: np.ndarray  # int32 [N]
+  domains: np.ndarray  # int32 [N], index into domain_names
+  domain_names: tuple[str, ...]
+  class_names: tuple[str, ...]
+
+  @property
+  def num_classes(self) -> int:
+    return len(self.class_names)
+
+  @property
+  def num_domains(self) -> int:
+    return len(self.domain_names)
+
+  @property
+  def num_examples(self) -> int:
+    return int(self.labels.shape[0])
+
+  @property
+  def image_shape(self) -> tuple[int, ...]:
+    return tuple(self.images.shape[1:])
+
+  def domain_counts(self) -> dict[str, int]:
+    counts = np.bincount(self.domains, minlength=self.num_domains)
+    return dict(zip(self.domain_names, counts.tolist()))
+
+  def summary(self) -> str:
+    h, w, ch = self.image_shape
+    counts = ", ".join(f"{d}: {n}" for d, n in self.domain_counts().items())
+    return (
+        f"{self.name}: {self.num_examples} images {h}x{w}x{ch}, "
+        f"{self.num_classes} classes, {self.num_domains} domains ({counts})"
+    )
+
+
+# ---------------------------------------------------------------------------
+# Decoding and assembling records (pure; tested with fake data sources).
+
+
+def decode_image(
+    image: bytes | np.ndarray, channels: int, image_size: int | None
+) -> np.ndarray:
+  """Encoded bytes or an array -> uint8 [H, W, channels], PIL-bilinear resized."""
+  if isinstance(image, np.ndarray):
+    arr = image[..., 0] if image.ndim == 3 and image.shape[-1] == 1 else image
+    pil = Image.fromarray(np.asarray(arr, np.uint8))
+  else:
+    pil = Image.open(io.BytesIO(image))
+  mode = "L" if channels == 1 else "RGB"
+  if pil.mode != mode:
+    pil = pil.convert(mode)
+  if image_size is not None and pil.size != (image_size, image_size):
+    pil = pil.resize((image_size, image_size), Image.Resampling.BILINEAR)
+  out = np.asarray(pil, np.uint8)
+  return out[..., None] if out.ndim == 2 else out
+
+
+def stack_images(images: Sequence[np.ndarray], name: str) -> np.ndarray:
+  """Stacks equally sized images; says to pass `image_size` when they differ."""
+  if not images:
+    raise ValueError(f"{name}: no images were read")
+  shapes = {im.shape for im in images}
+  if len(shapes) > 1:
+    some = sorted(shapes)[:3]
+    raise ValueError(
+        f"{name}: images have different sizes (e.g. {some}); pass image_size=... "
+        "to load() to resize them to one square size"
+    )
+  return np.stack(images)
+
+
+def _getitems(source: Any, indices: Sequence[int]) -> list[Any]:
+  if hasattr(source, "__getitems__"):
+    return list(source.__getitems__(list(indices)))
+  return [source[int(i)] for i in indices]
+
+
+def read_records(
+    source: Any,
+    indices: Sequence[int],
+    *,
+    fields: Sequence[str],
+    decode: Callable[[Any], Any] | None = None,
+) -> dict[str, list[Any]]:
+  """Reads `fields` of records `indices` (in chunks); `decode` maps the image."""
+  out: dict[str, list[Any]] = {f: [] for f in fields}
+  for start in range(0, len(indices), _READ_CHUNK):
+    for record in _getitems(source, indices[start:start + _READ_CHUNK]):
+      for f in fields:
+        value = record[f]
+        out[f].append(decode(value) if f == "image" and decode else value)
+  return out
+
+
+def subset_per_domain(
+    domains: np.ndarray, max_per_domain: int | None, seed: int
+) -> np.ndarray:
+  """Sorted indices keeping at most `max_per_domain` seeded-random examples/domain."""
+  if max_per_domain is None:
+    return np.arange(len(domains))
+  rng = np.random.default_rng(seed)
+  keep = []
+  for d in np.unique(domains):
+    idx = np.flatnonzero(domains == d)
+    if len(idx) > max_per_domain:
+      idx = np.sort(rng.choice(idx, max_per_domain, replace=False))
+    keep.append(idx)
+  return np.sort(np.concatenate(keep))
+
+
+def _finalize(
+    name: str,
+    images: np.ndarray,
+    labels: Iterable[int],
+    domains: Iterable[int],
+    domain_names: Sequence[str],
+    class_names: Sequence[str],
+) -> DomainDataset:
+  labels = np.asarray(list(labels), np.int32)
+  domains = np.asarray(list(domains), np.int32)
+  order = np.argsort(domains, kind="stable")  # Domain-major, record order within.
+  return DomainDataset(
+      name=name,
+      images=np.ascontiguousarray(images[order]),
+      labels=labels[order],
+      domains=domains[order],
+      domain_names=tuple(domain_names),
+      class_names=tuple(class_names),
+  )
+
+
+def dataset_from_domain_field(
+    name: str,
+    source: Any,
+    *,
+    domain_names: Sequence[str],
+    class_names: Sequence[str],
+    channels: int,
+    image_size: int | None = None,
+    max_per_domain: int | None = None,
+    seed: int = 0,
+) -> DomainDataset:
+  """One data source whose records hold `image`, `label` and `domain`."""
+  decode = lambda im: decode_image(im, channels, image_size)
+  all_idx = range(len(source))
+  if max_per_domain is None:
+    rec = read_records(source, all_idx, fields=("image", "label", "domain"),
+                       decode=decode)
+  else:  # Two passes: domains of every record first, then decode only the subset.
+    meta = read_records(source, all_idx, fields=("domain",))
+    keep = subset_per_domain(np.asarray(meta["domain"]), max_per_domain, seed)
+    rec = read_records(source, keep.tolist(), fields=("image", "label", "domain"),
+                       decode=decode)
+  return _finalize(name, stack_images(rec["image"], name), rec["label"],
+                   rec["domain"], domain_names, class_names)
+
+
+def dataset_from_sources(
+    name: str,
+    domain_sources: Mapping[str, Sequence[Any]],
+    *,
+    class_names: Sequence[str],
+    channels: int,
+    image_size: int | None = None,
+    max_per_domain: int | None = None,
+    seed: int = 0,
+) -> DomainDataset:
+  """Data sources grouped by domain (e.g. the train and test split of each domain).
+
+  Records hold `image` (encoded bytes or an array) and `label`. With
+  `max_per_domain`, only the seeded-random subset of each domain is decoded.
+  """
+  rng = np.random.default_rng(seed)
+  images, labels, domains = [], [], []
+  decode = lambda im: decode_image(im, channels, image_size)
+  for d, sources in enumerate(domain_sources.values()):
+    sizes = [len(s) for s in sources]
+    picks = np.arange(sum(sizes))
+    if max_per_domain is not None and len(picks) > max_per_domain:
+      picks = np.sort(rng.choice(picks, max_per_domain, replace=False))
+    offsets = np.cumsum([0] + sizes)
+    for s, source in enumerate(sources):
+      local = picks[(picks >= offsets[s]) & (picks < offsets[s + 1])] - offsets[s]
+      rec = read_records(source, local.tolist(), fields=("image", "label"),
+                         decode=decode)
+      images += rec["image"]
+      labels += rec["label"]
+      domains += [d] * len(local)
+  return _finalize(name, stack_images(images, name), labels, domains,
+                   tuple(domain_sources), class_names)
+
+
+def derive(
+    ds: DomainDataset, image_size: int | None, max_per_domain: int | None, seed: int
+) -> DomainDataset:
+  """Subsets (seeded, per domain) and resizes an already loaded dataset."""
+  keep = subset_per_domain(ds.domains, max_per_domain, seed)
+  images = ds.images[keep]
+  if image_size is not None and images.shape[1:3] != (image_size, image_size):
+    ch = images.shape[-1]
+    images = np.stack([decode_image(im, ch, image_size) for im in images])
+  return dataclasses.replace(
+      ds, images=images, labels=ds.labels[keep], domains=ds.domains[keep]
+  )
+
+
+# ---------------------------------------------------------------------------
+# The npz cache.
+
+
+def save_npz(path: str, ds: DomainDataset) -> None:
+  """Writes atomically (temporary file, then rename)."""
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  tmp = f"{path}.tmp-{os.getpid()}.npz"
+  np.savez(
+      tmp, images=ds.images, labels=ds.labels, domains=ds.domains,
+      domain_names=np.array(ds.domain_names), class_names=np.array(ds.class_names),
+      name=np.array(ds.name), format=np.array(CACHE_FORMAT),
+  )
+  os.replace(tmp, path)
+
+
+def load_npz(path: str) -> DomainDataset:
+  with np.load(path, allow_pickle=False) as z:
+    return DomainDataset(
+        name=str(z["name"]),
+        images=z["images"],
+        labels=z["labels"],
+        domains=z["domains"],
+        domain_names=tuple(str(s) for s in z["domain_names"]),
+        class_names=tuple(str(s) for s in z["class_names"]),
+    )
+
+
+def cache_key(
+    image_size: int | None, max_per_domain: int | None, seed: int
+) -> str:
+  key = f"v{CACHE_FORMAT}-size{image_size or 'native'}-max{max_per_domain or 'all'}"
+  return key + (f"-seed{seed}" if max_per_domain is not None else "")
+
+
+# ---------------------------------------------------------------------------
+# Named datasets.
+
+
+def data_dir_default() -> str:
+  return os.path.expanduser(os.environ.get(ENV_DATA_DIR) or DEFAULT_DATA_DIR)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Own:
+  """A dataset prepared by one of the project's own TFDS builders."""
+
+  builder: str  # Class name in fedjax_dg.data.builders.
+  tfds_name: str
+  version: str
+  channels: int
+  fixed_shape: bool  # Stored images all have one known shape (native cache OK).
+
+
+@dataclasses.dataclass(frozen=True)
+class _Catalog:
+  """A TFDS catalog dataset read through `tfds.data_source`."""
+
+  configs: Mapping[str, str]  # domain name -> TFDS name (with config)
+  channels: int
+  fixed_shape: bool
+
+
+_DATASETS: dict[str, _Own | _Catalog] = {
+    "rotated_fashion_mnist": _Own("RotatedFashionMnist", "rotated_fashion_mnist",
+                                  "1.0.0", 1, True),
+    "pacs": _Own("Pacs", "pacs", "1.0.0", 3, False),
+    "office_home": _Own("OfficeHome", "office_home", "1.0.0", 3, False),
+    "vlcs": _Own("Vlcs", "vlcs", "1.0.0", 3, False),
+    "fashion_mnist": _Catalog({"all": "fashion_mnist"}, 1, True),
+    "cifar10": _Catalog({"all": "cifar10"}, 3, True),
+    "cifar100": _Catalog({"all": "cifar100"}, 3, True),
+    "domainnet": _Catalog({d: f"domainnet/{d}" for d in DOMAINNET_DOMAINS}, 3,
+                          False),
+}
+
+
+def available() -> tuple[str, ...]:
+  return tuple(_DATASETS)
+
+
+def _lookup(name: str) -> _Own | _Catalog:
+  if name not in _DATASETS:
+    raise ValueError(
+        f"unknown dataset name {name!r}; available: {', '.join(available())}"
+    )
+  return _DATASETS[name]
+
+
+def _cache_dir(name: str, entry: _Own | _Catalog, data_dir: str) -> str:
+  if isinstance(entry, _Own):  # Inside the prepared dataset: removed with it.
+    return os.path.join(data_dir, entry.tfds_name, entry.version, CACHE_DIRNAME)
+  return os.path.join(data_dir, CACHE_DIRNAME, name)
+
+
+def manual_dir_default(name: str, data_dir: str) -> str:
+  """`FEDJAX_DG_<NAME>_DIR`, else `<data_dir>/downloads/manual/<name>`."""
+  if name == "rotated_fashion_mnist":
+    from fedjax_dg.data.builders import rotated_fashion_mnist as rfm  # pylint: disable=g-import-not-at-top
+    return rfm.source_dir_default()
+  env = os.environ.get(f"FEDJAX_DG_{name.upper()}_DIR")
+  return env or os.path.join(data_dir, "downloads", "manual", name)
+
+
+def _own_builder(entry: _Own, data_dir: str, manual_dir: str | None,
+                 name: str, prepare: bool):
+  """Constructs the builder and prepares it if needed; validates inputs first."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  from fedjax_dg.data import builders  # pylint: disable=g-import-not-at-top
+  cls = getattr(builders, entry.builder)
+  manual_dir = manual_dir or manual_dir_default(name, data_dir)
+  if entry.builder == "RotatedFashionMnist":
+    builder = cls(data_dir=data_dir, file_format="array_record",
+                  source_dir=manual_dir)
+    if prepare and not builder.is_prepared():
+      builder.download_and_prepare()
+    return builder
+  builder = cls(data_dir=data_dir, file_format="array_record")
+  if prepare and not builder.is_prepared():
+    index = builders.domainbed_folder.scan(
+        manual_dir, name, cls.DOMAINS, cls.MANUAL_DOWNLOAD_INSTRUCTIONS
+    )
+    builder = cls(data_dir=data_dir, file_format="array_record",
+                  class_names=index.class_names)
+    builder.download_and_prepare(
+        download_config=tfds.download.DownloadConfig(manual_dir=index.root)
+    )
+    builder = cls(data_dir=data_dir, file_format="array_record")
+  return builder
+
+
+def _read_own(name: str, entry: _Own, data_dir: str, manual_dir: str | None,
+              image_size: int | None, max_per_domain: int | None,
+              seed: int) -> DomainDataset:
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  builder = _own_builder(entry, data_dir, manual_dir, name, prepare=True)
+  source = builder.as_data_source(
+      decoders={"image": tfds.decode.SkipDecoding()}
+  )["train"]
+  features = builder.info.features
+  return dataset_from_domain_field(
+      name, source,
+      domain_names=features["domain"].names,
+      class_names=features["label"].names,
+      channels=entry.channels, image_size=image_size,
+      max_per_domain=max_per_domain, seed=seed,
+  )
+
+
+def catalog_error(tfds_name: str, error: Exception) -> RuntimeError:
+  """Explains why a TFDS catalog dataset could not be prepared."""
+  hint = ""
+  if isinstance(error, ModuleNotFoundError) and "tensorflow" in str(error):
+    hint = (
+        "The TFDS catalog builder needs TensorFlow to *prepare* the data (reading "
+        "prepared array_record data does not): pip install tensorflow-cpu, or "
+        "prepare it on another machine and copy the data_dir here. "
+    )
+  return RuntimeError(
+      f"could not prepare the TFDS catalog dataset {tfds_name!r} "
+      f"({type(error).__name__}: {error}). {hint}It downloads on first use, so "
+      "network access is needed once."
+  )
+
+
+def _catalog_sources(entry: _Catalog, data_dir: str):
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  sources, class_names = {}, None
+  for domain, tfds_name in entry.configs.items():
+    try:
+      splits = tfds.data_source(
+          tfds_name, data_dir=data_dir,
+          decoders={"image": tfds.decode.SkipDecoding()},
+      )
+    except Exception as e:  # pylint: disable=broad-except
+      raise catalog_error(tfds_name, e) from e
+    sources[domain] = [splits[s] for s in sorted(splits)]
+    info = sources[domain][0].dataset_info
+    class_names = tuple(info.features["label"].names)
+  return sources, class_names
+
+
+def _read_catalog(name: str, entry: _Catalog, data_dir: str,
+                  image_size: int | None, max_per_domain: int | None,
+                  seed: int) -> DomainDataset:
+  sources, class_names = _catalog_sources(entry, data_dir)
+  return dataset_from_sources(
+      name, sources, class_names=class_names, channels=entry.channels,
+      image_size=image_size, max_per_domain=max_per_domain, seed=seed,
+  )
+
+
+def _read(name: str, entry: _Own | _Catalog, data_dir: str,
+          manual_dir: str | None, image_size: int | None,
+          max_per_domain: int | None, seed: int) -> DomainDataset:
+  if isinstance(entry, _Own):
+    return _read_own(name, entry, data_dir, manual_dir, image_size,
+                     max_per_domain, seed)
+  return _read_catalog(name, entry, data_dir, image_size, max_per_domain, seed)
+
+
+def _check_positive(field: str, value: int | None) -> None:
+  if value is not None and (not isinstance(value, (int, np.integer)) or value < 1):
+    raise ValueError(f"{field}={value!r} is invalid: use a positive int or None")
+
+
+def load(
+    name: str,
+    *,
+    image_size: int | None = None,
+    data_dir: str | None = None,
+    manual_dir: str | None = None,
+    max_per_domain: int | None = None,
+    seed: int = 0,
+) -> DomainDataset:
+  """Loads a named dataset (preparing it once), resized and cached as .npz.
+
+  Args:
+    name: one of `available()`.
+    image_size: square side to resize to (PIL bilinear); None keeps the stored
+      size (all images must then have one size).
+    data_dir: prepared TFDS data and caches; default env `FEDJAX_DG_DATA_DIR` or
+      `~/.cache/fedjax_dg/tfds`.
+    manual_dir: raw input: the image folder of pacs / office_home / vlcs, or the
+      Fashion-MNIST IDX folder of rotated_fashion_mnist.
+    max_per_domain: keep at most this many seeded-random examples per domain.
+    seed: seed of that subset.
+  """
+  entry = _lookup(name)
+  _check_positive("image_size", image_size)
+  _check_positive("max_per_domain", max_per_domain)
+  data_dir = os.path.expanduser(data_dir or data_dir_default())
+  cache_dir = _cache_dir(name, entry, data_dir)
+  path = os.path.join(cache_dir, cache_key(image_size, max_per_domain, seed) + ".npz")
+  if os.path.exists(path):
+    return load_npz(path)
+  native_path = os.path.join(cache_dir, cache_key(None, None, 0) + ".npz")
+  if entry.fixed_shape:
+    if os.path.exists(native_path):
+      native = load_npz(native_path)
+    else:
+      native = _read(name, entry, data_dir, manual_dir, None, None, 0)
+      if native.images.nbytes <= NATIVE_CACHE_MAX_BYTES:
+        save_npz(native_path, native)
+    ds = derive(native, image_size, max_per_domain, seed)
+  else:
+    ds = _read(name, entry, data_dir, manual_dir, image_size, max_per_domain, seed)
+  if not os.path.exists(path):
+    save_npz(path, ds)
+  return ds
+
+
+def prepare(
+    name: str, *, data_dir: str | None = None, manual_dir: str | None = None
+) -> str:
+  """Prepares a dataset once (TFDS download_and_prepare); returns a summary line.
+
+  Datasets of fixed image shape are also decoded into the native-size cache, so
+  later `load` calls at any size are fast.
+  """
+  entry = _lookup(name)
+  data_dir = os.path.expanduser(data_dir or data_dir_default())
+  start = time.perf_counter()
+  if isinstance(entry, _Own):
+    builder = _own_builder(entry, data_dir, manual_dir, name, prepare=True)
+    where = os.fspath(builder.data_dir)
+  else:
+    _catalog_sources(entry, data_dir)
+    where = data_dir
+  if entry.fixed_shape:
+    ds = load(name, data_dir=data_dir, manual_dir=manual_dir)
+    summary = ds.summary()
+  else:
+    summary = _summary_without_images(name, entry, data_dir)
+  return f"{summary}; ready in {time.perf_counter() - start:.1f} s at {where}"
+
+
+def _summary_without_images(name: str, entry: _Own | _Catalog, data_dir: str) -> str:
+  """Counts per domain from the record metadata only (no image decoding)."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  if isinstance(entry, _Own):
+    builder = _own_builder(entry, data_dir, None, name, prepare=False)
+    source = builder.as_data_source(
+        decoders={"image": tfds.decode.SkipDecoding()})["train"]
+    domains = np.asarray(read_records(source, range(len(source)),
+                                      fields=("domain",))["domain"])
+    names = builder.info.features["domain"].names
+    counts = np.bincount(domains, minlength=len(names)).tolist()
+    num_classes = builder.info.features["label"].num_classes
+  else:
+    sources, class_names = _catalog_sources(entry, data_dir)
+    names = list(sources)
+    counts = [sum(len(s) for s in sources[d]) for d in names]
+    num_classes = len(class_names)
+  per_domain = ", ".join(f"{d}: {n}" for d, n in zip(names, counts))
+  return (f"{name}: {sum(counts)} images, {num_classes} classes, "
+          f"{len(names)} domains ({per_domain})")

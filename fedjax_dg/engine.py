@@ -1,0 +1,349 @@
+"""The engine: a whole federated run as chunks of one jitted `lax.scan` over rounds.
+
+Round body (inside the scan, nothing crosses to the host):
+
+    ids    = the cohort (all N clients, or m drawn without replacement)
+    start  = algorithm.client_start(server, client_state[ids], ids)   [m, ...]
+    local  = map over the cohort of client.update.local_update        [m, ...]
+    server = algorithm.server_update(server, ClientResult(...), key, r)
+
+Between chunks of `eval_every` rounds (and only there) the host evaluates, logs,
+moves the progress bar and writes an orbax checkpoint. How the client axis is mapped
+is a setting (`client_mapping`):
+
+* "vmap": all cohort clients batched (accelerators);
+* "map": `lax.map(..., batch_size=map_batch_size)`: chunks of clients vmapped, the
+  rest sequential inside the same jit (bounded memory; the fast choice on XLA:CPU,
+  where vmapped per-client convolutions become slow grouped convolutions);
+* "shard": the cohort axis sharded over a 1-D device mesh named "clients" with
+  `jax.shard_map`, `lax.map` inside each shard;
+* "auto": "shard" with more than one device, else "vmap" on GPU/TPU and "map" on CPU.
+
+Randomness: one root key; round key = fold_in(root, r); client key =
+fold_in(round key, client id), so results do not depend on the mapping or on the
+number of devices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from fedjax_dg import evaluate, tree
+from fedjax_dg.algorithms.base import Algorithm, ClientResult
+from fedjax_dg.client.update import local_update
+
+PyTree = Any
+MAPPINGS = ("auto", "vmap", "map", "shard")
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+  rounds: int
+  eval_every: int = 5
+  epochs: int = 2
+  batch_size: int = 64
+  cohort_size: int = 0          # 0: every client every round
+  client_mapping: str = "auto"
+  map_batch_size: int = 1
+  seed: int = 0
+  eval_batch_size: int = 500
+  ood_eval_max: int = 2000      # target examples scored between chunks (0: all)
+  progress: bool = True
+
+  def validate(self, num_clients: int) -> None:
+    checks = [
+        ("rounds", self.rounds >= 1, "an integer >= 1"),
+        ("eval_every", self.eval_every >= 1, "an integer >= 1"),
+        ("epochs", self.epochs >= 1, "an integer >= 1"),
+        ("batch_size", self.batch_size >= 1, "an integer >= 1"),
+        ("cohort_size", 0 <= self.cohort_size <= num_clients,
+         f"0 (all clients) or 1..{num_clients}"),
+        ("client_mapping", self.client_mapping in MAPPINGS, f"one of {MAPPINGS}"),
+        ("map_batch_size", self.map_batch_size >= 1, "an integer >= 1"),
+        ("eval_batch_size", self.eval_batch_size >= 1, "an integer >= 1"),
+        ("ood_eval_max", self.ood_eval_max >= 0, "0 (all) or a positive count"),
+    ]
+    for field, ok, allowed in checks:
+      if not ok:
+        raise ValueError(f"invalid setting {field}={getattr(self, field)!r}: "
+                         f"allowed values are {allowed}")
+    if num_clients < 1:
+      raise ValueError("the federation has zero clients: check the partition "
+                       "settings (num_clients / d)")
+
+
+@dataclasses.dataclass
+class RunResult:
+  algorithm: str
+  server: PyTree
+  clients: PyTree
+  history: list[dict]            # one entry per evaluation (between chunks)
+  round_metrics: dict[str, list] # per-round training metrics
+  final: dict                    # last evaluation on the full target split
+  seconds: float
+
+
+def resolve_mapping(mapping: str) -> str:
+  if mapping != "auto":
+    return mapping
+  if jax.device_count() > 1:
+    return "shard"
+  return "map" if jax.default_backend() == "cpu" else "vmap"
+
+
+def client_mesh() -> jax.sharding.Mesh:
+  """A 1-D mesh named "clients" over all devices (automatic sharding mode)."""
+  return jax.make_mesh((jax.device_count(),), ("clients",),
+                       axis_types=(jax.sharding.AxisType.Auto,))
+
+
+def client_mapper(mapping: str, map_batch_size: int) -> Callable:
+  """Returns `mapper(f)` mapping `f` over the leading (client) axis of its args."""
+  mapping = resolve_mapping(mapping)
+  if mapping == "vmap":
+    return jax.vmap
+  if mapping == "map":
+    return lambda f: lambda *args: jax.lax.map(lambda a: f(*a), args,
+                                               batch_size=map_batch_size)
+  mesh = client_mesh()
+  spec = NamedSharding(mesh, P("clients"))
+
+  def sharded(f):
+    inner = lambda *args: jax.lax.map(lambda a: f(*a), args,
+                                      batch_size=map_batch_size)
+    mapped = jax.shard_map(inner, mesh=mesh, in_specs=P("clients"),
+                           out_specs=P("clients"))
+    return lambda *args: mapped(*jax.lax.with_sharding_constraint(args, spec))
+
+  return sharded
+
+
+def make_round(alg: Algorithm, cfg: EngineConfig, num_clients: int):
+  """round(carry, r, train, root_key) -> (carry, metrics); carry = (server, clients)."""
+  m = cfg.cohort_size or num_clients
+  mapper = client_mapper(cfg.client_mapping, cfg.map_batch_size)
+  if resolve_mapping(cfg.client_mapping) == "shard" and m % jax.device_count():
+    raise ValueError(
+        f"client_mapping='shard' needs the cohort size ({m}) to be a multiple of "
+        f"the device count ({jax.device_count()}): change cohort_size or the "
+        "number of clients, or use client_mapping='map'")
+
+  def train_one(start, x, y, n, key, ctx):
+    return local_update(alg.loss, alg.optimizer, start, x, y, n, key, ctx,
+                        batch_size=cfg.batch_size, epochs=cfg.epochs)
+
+  def round_fn(carry, r, train, root_key):
+    server, clients = carry
+    rkey = jax.random.fold_in(root_key, r)
+    cohort_key, client_key, server_key = jax.random.split(rkey, 3)
+    if m < num_clients:
+      ids = jax.random.choice(cohort_key, num_clients, (m,), replace=False)
+      rows, data = tree.take(clients, ids), tree.take(train, ids)
+    else:
+      ids, rows, data = jnp.arange(num_clients), clients, train
+    start = alg.client_start(server, rows, ids)
+    ctx = alg.client_ctx(start, rows)
+    keys = jax.vmap(jax.random.fold_in, (None, 0))(client_key, ids)
+    trained, losses = mapper(train_one)(start, data.x, data.y, data.n, keys, ctx)
+    new_rows = alg.client_end(rows, trained)
+    clients = tree.put(clients, ids, new_rows) if m < num_clients else new_rows
+    result = ClientResult(ids=ids, start=start, params=trained,
+                          num_examples=data.n, loss=losses)
+    server, metrics = alg.server_update(server, result, server_key, r)
+    n = data.n.astype(jnp.float32)
+    metrics = dict(metrics, loss=jnp.sum(losses * n) / jnp.sum(n), cohort=ids)
+    return (server, clients), metrics
+
+  return round_fn
+
+
+def _pad_clients(arrays, multiple: int):
+  """Pads the per-client example axis of ClientArrays-like (x, y, n) to a multiple."""
+  x, y, n = (np.asarray(a) for a in (arrays.x, arrays.y, arrays.n))
+  v = x.shape[1]
+  total = max(multiple, -(-v // multiple) * multiple)
+  x = np.pad(x, [(0, 0), (0, total - v)] + [(0, 0)] * (x.ndim - 2))
+  y = np.pad(y, [(0, 0), (0, total - v)])
+  mask = (np.arange(total)[None, :] < n[:, None]).astype(np.float32)
+  return x, y, mask
+
+
+class _Checkpointer:
+  """Orbax checkpoints of the scan carry (as a flat list of leaves) + host history."""
+
+  def __init__(self, directory: str):
+    import orbax.checkpoint as ocp
+    self._ocp = ocp
+    self.manager = ocp.CheckpointManager(
+        os.path.abspath(directory),
+        options=ocp.CheckpointManagerOptions(max_to_keep=1, create=True))
+
+  def latest(self) -> int | None:
+    return self.manager.latest_step()
+
+  def save(self, step: int, carry, meta: dict) -> None:
+    ocp = self._ocp
+    leaves = {str(i): np.asarray(x) for i, x in enumerate(jax.tree.leaves(carry))}
+    # Asynchronous: the next chunk runs while this one is written.
+    self.manager.save(step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(leaves), meta=ocp.args.JsonSave(meta)))
+
+  def close(self) -> None:
+    self.manager.wait_until_finished()
+    self.manager.close()
+
+  def restore(self, step: int, like):
+    ocp = self._ocp
+    flat, treedef = jax.tree.flatten(like)
+    abstract = {str(i): jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype)
+                for i, x in enumerate(flat)}
+    out = self.manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+    leaves = [jnp.asarray(out["state"][str(i)]) for i in range(len(flat))]
+    return jax.tree.unflatten(treedef, leaves), out["meta"]
+
+
+def _to_host(metrics: dict) -> dict[str, list]:
+  return {k: np.asarray(v).tolist() for k, v in metrics.items()}
+
+
+def run(alg: Algorithm, data, model, cfg: EngineConfig, *,
+        checkpoint_dir: str | None = None,
+        on_eval: Callable[[dict], None] | None = None) -> RunResult:
+  """Runs `cfg.rounds` rounds of `alg` on `data` (a FederatedData).
+
+  With `checkpoint_dir`, a checkpoint is written after every chunk and an existing
+  one is resumed from (same final parameters as an uninterrupted run).
+  """
+  train = data.pooled().train if alg.pooled else data.train
+  num_clients = int(np.asarray(train.n).shape[0])
+  cfg.validate(num_clients)
+  root_key = jax.random.key(cfg.seed)
+  round_fn = make_round(alg, cfg, num_clients)
+
+  @functools.partial(jax.jit, static_argnums=(4,), donate_argnums=(0,))
+  def run_chunk(carry, r0, train, root_key, length):
+    rounds = r0 + jnp.arange(length)
+    return jax.lax.scan(lambda c, r: round_fn(c, r, train, root_key), carry,
+                        rounds)
+
+  eval_step = _make_eval(alg, model, cfg.eval_batch_size)
+  val = tuple(map(jnp.asarray,
+                  _pad_clients(data.val, _eval_batch(cfg, data.val.x.shape[1]))))
+  ood_full, ood_sub = _ood_sets(data, cfg)
+
+  train = jax.tree.map(jnp.asarray, train)
+  if resolve_mapping(cfg.client_mapping) == "shard":
+    train = jax.device_put(train, NamedSharding(client_mesh(), P("clients")))
+  # A fresh copy of every leaf: init may alias buffers (EMA copy = params), and the
+  # chunk donates its carry.
+  carry = jax.tree.map(lambda x: jnp.array(x, copy=True),
+                       alg.init(jax.random.fold_in(root_key, 2**31 - 1)))
+  history: list[dict] = []
+  round_metrics: dict[str, list] = {}
+  r0 = 0
+  ckpt = _Checkpointer(checkpoint_dir) if checkpoint_dir else None
+  if ckpt is not None and ckpt.latest() is not None:
+    carry, meta = ckpt.restore(ckpt.latest(), carry)
+    r0, history, round_metrics = meta["round"], meta["history"], meta["round_metrics"]
+
+  bar = _progress(cfg, alg.name, r0)
+  t0 = time.perf_counter()
+  while r0 < cfg.rounds:
+    length = min(cfg.eval_every, cfg.rounds - r0)
+    carry, metrics = run_chunk(carry, jnp.int32(r0), train, root_key, length)
+    r0 += length
+    for k, v in _to_host(metrics).items():
+      round_metrics.setdefault(k, []).extend(v)
+    entry = dict(round=r0, train_loss=float(np.mean(round_metrics["loss"][-length:])),
+                 **eval_step(carry, val, ood_sub))
+    history.append(entry)
+    if on_eval is not None:
+      on_eval(entry)
+    if bar is not None:
+      bar.update(length)
+      bar.set_postfix(loss=f"{entry['train_loss']:.3f}", id=f"{entry['id_acc']:.3f}",
+                      ood=f"{entry.get('ood_acc', float('nan')):.3f}")
+    if ckpt is not None:
+      ckpt.save(r0, carry, dict(round=r0, history=history,
+                                round_metrics=round_metrics))
+  if bar is not None:
+    bar.close()
+  if ckpt is not None:
+    ckpt.close()
+  final = dict(round=r0, **eval_step(carry, val, ood_full))
+  server, clients = carry
+  return RunResult(alg.name, server, clients, history, round_metrics, final,
+                   time.perf_counter() - t0)
+
+
+def _eval_batch(cfg: EngineConfig, n: int) -> int:
+  return max(1, min(cfg.eval_batch_size, n))
+
+
+def _ood_sets(data, cfg: EngineConfig):
+  tx, ty = np.asarray(data.target_x), np.asarray(data.target_y)
+  if tx.shape[0] == 0:
+    return None, None
+  on_device = lambda arrays: tuple(map(jnp.asarray, arrays))
+  full = on_device(evaluate.pad_to_multiple(tx, ty, _eval_batch(cfg, tx.shape[0])))
+  if cfg.ood_eval_max and tx.shape[0] > cfg.ood_eval_max:
+    pick = np.random.default_rng(cfg.seed).choice(tx.shape[0], cfg.ood_eval_max,
+                                                  replace=False)
+    sub = on_device(evaluate.pad_to_multiple(tx[pick], ty[pick],
+                                             _eval_batch(cfg, cfg.ood_eval_max)))
+  else:
+    sub = full
+  return full, sub
+
+
+def _make_eval(alg: Algorithm, model, eval_batch_size: int):
+  """Returns eval(carry, val, ood) -> dict of host floats/lists."""
+  apply_fn = lambda p, x: model.apply(p, x, train=False)
+
+  @functools.partial(jax.jit, static_argnums=(2, 3))
+  def scores(carry, arrays, bs_val, bs_ood):
+    server, clients = carry
+    params = alg.eval_params(server, clients)
+    (vx, vy, vm), ood = arrays
+    stacked, shared = (params, None) if alg.personalized else (None, params)
+    out = {"id": evaluate.per_client_scores(apply_fn, stacked, shared, vx, vy, vm,
+                                            bs_val)}
+    if ood is not None:
+      ox, oy, om = ood
+      if alg.personalized:
+        out["ood"] = evaluate.models_on_shared_data(apply_fn, params, ox, oy, om,
+                                                    bs_ood)
+      else:
+        out["ood"] = evaluate.scores(apply_fn, params, ox, oy, om, bs_ood)
+    return out
+
+  def run_eval(carry, val, ood):
+    bs_val = min(eval_batch_size, val[0].shape[1])
+    bs_ood = None if ood is None else min(eval_batch_size, ood[0].shape[0])
+    s = jax.device_get(scores(carry, (val, ood), bs_val, bs_ood))
+    id_acc = s["id"].correct / np.maximum(s["id"].count, 1)
+    out = dict(id_acc=float(np.mean(id_acc)), id_acc_per_client=id_acc.tolist())
+    if ood is not None:
+      ood_acc = np.atleast_1d(s["ood"].correct / np.maximum(s["ood"].count, 1))
+      out.update(ood_acc=float(np.mean(ood_acc)), ood_acc_per_client=ood_acc.tolist())
+    return out
+
+  return run_eval
+
+
+def _progress(cfg: EngineConfig, desc: str, initial: int):
+  if not cfg.progress:
+    return None
+  from tqdm.auto import tqdm
+  return tqdm(total=cfg.rounds, initial=initial, desc=desc, unit="round",
+              dynamic_ncols=True, leave=True)

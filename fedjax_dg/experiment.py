@@ -1,0 +1,165 @@
+"""Runs a config: algorithms x held-out target domains, one engine run each.
+
+Results go to a fresh run directory (never an earlier run's): `results.json`
+(config, per-run history, final metrics), `table.md`, learning-curve PNGs and
+orbax checkpoints (so `fedjax-dg run --resume DIR` continues an interrupted run).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import shutil
+import time
+
+import numpy as np
+
+from fedjax_dg import algorithms, engine
+from fedjax_dg.config import ConfigDict
+
+
+def make_run_dir(root: str, name: str) -> str:
+  """A new directory `<root>/<name>-<timestamp>[-k]`; never reuses an existing one."""
+  stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+  base = os.path.join(root, f"{name}-{stamp}")
+  path, k = base, 1
+  while True:
+    try:
+      os.makedirs(path)
+      return path
+    except FileExistsError:
+      k += 1
+      path = f"{base}-{k}"
+
+
+def engine_config(cfg: ConfigDict) -> engine.EngineConfig:
+  t = cfg.train
+  return engine.EngineConfig(
+      rounds=t.rounds, eval_every=t.eval_every, epochs=t.epochs,
+      batch_size=t.batch_size, cohort_size=t.cohort_size,
+      client_mapping=t.client_mapping, map_batch_size=t.map_batch_size,
+      seed=cfg.seed, eval_batch_size=t.eval_batch_size,
+      ood_eval_max=t.ood_eval_max, progress=t.progress)
+
+
+def validate(cfg: ConfigDict) -> None:
+  """Checks settings that need no data, before any compute."""
+  from fedjax_dg.data import sources
+  from fedjax_dg import models
+  algs = tuple(cfg.algorithms)
+  if not algs:
+    raise ValueError("algorithms is empty: name at least one of "
+                     f"{algorithms.ALGORITHMS}")
+  for a in algs:
+    if a not in algorithms.ALGORITHMS:
+      raise ValueError(f"unknown algorithm {a!r} in algorithms; allowed: "
+                       f"{algorithms.ALGORITHMS}")
+  if cfg.data.name not in sources.available():
+    raise ValueError(f"unknown dataset data.name={cfg.data.name!r}; allowed: "
+                     f"{sources.available()}")
+  if cfg.model.name not in models.available():
+    raise ValueError(f"unknown model model.name={cfg.model.name!r}; allowed: "
+                     f"{models.available()}")
+  if cfg.data.num_clients < 0:
+    raise ValueError(f"data.num_clients={cfg.data.num_clients}: allowed values "
+                     "are 0 (one client per source domain) or a positive count")
+  engine_config(cfg).validate(max(cfg.data.num_clients, cfg.train.cohort_size, 1))
+
+
+def target_domains(cfg: ConfigDict, domain_names) -> list:
+  spec = cfg.data.targets
+  if spec == "all":
+    return list(domain_names)
+  if spec in ("none", ""):
+    return [None]
+  names = [s.strip() for s in str(spec).split(",")]
+  for n in names:
+    if n not in domain_names:
+      raise ValueError(f"data.targets names unknown domain {n!r}; allowed: "
+                       f"{list(domain_names)}, 'all' or 'none'")
+  return names
+
+
+def load_dataset(cfg: ConfigDict):
+  from fedjax_dg.data import sources
+  d = cfg.data
+  return sources.load(d.name, image_size=d.image_size or None,
+                      data_dir=d.data_dir or None, manual_dir=d.manual_dir or None,
+                      max_per_domain=d.max_per_domain or None, seed=cfg.seed)
+
+
+def federate(cfg: ConfigDict, dataset, target):
+  from fedjax_dg.data import federated, partition
+  d = cfg.data
+  n_sources = dataset.num_domains - (target is not None)
+  per_domain = partition.ALIASES.get(d.partition, d.partition) == "k_per_domain"
+  spec = partition.PartitionSpec(
+      name=d.partition,
+      num_partitions=d.num_clients or (None if per_domain else n_sources),
+      d=d.d, k=None if (per_domain and d.num_clients) else d.k_per_domain,
+      alpha=d.alpha, min_partition_size=d.min_partition_size,
+      few_shot_k=d.few_shot_k, seed=cfg.seed)
+  return federated.build(dataset, spec, target_domain=target,
+                         val_fraction=d.val_fraction, seed=cfg.seed)
+
+
+def make_model(cfg: ConfigDict, fed):
+  from fedjax_dg import models
+  return models.get_model(cfg.model.name, input_shape=fed.train.x.shape[2:],
+                          num_classes=fed.num_classes, mean=fed.mean, std=fed.std,
+                          conv_impl=cfg.model.conv_impl)
+
+
+def run(cfg: ConfigDict, run_dir: str | None = None, *, echo=print) -> dict:
+  """Runs every (target domain, algorithm) of `cfg`; returns the results dict."""
+  validate(cfg)
+  resume = run_dir is not None and os.path.exists(os.path.join(run_dir, "config.json"))
+  run_dir = run_dir or make_run_dir(cfg.output_dir, cfg.name)
+  os.makedirs(run_dir, exist_ok=True)
+  with open(os.path.join(run_dir, "config.json"), "w") as f:
+    f.write(cfg.to_json(indent=2))
+  dataset = load_dataset(cfg)
+  targets = target_domains(cfg, dataset.domain_names)
+  ecfg = engine_config(cfg)
+  results = dict(name=cfg.name, run_dir=run_dir, dataset=dataset.name,
+                 domains=list(dataset.domain_names), targets=[str(t) for t in targets],
+                 algorithms=list(cfg.algorithms), runs=[])
+  if resume and os.path.exists(os.path.join(run_dir, "results.json")):
+    with open(os.path.join(run_dir, "results.json")) as f:
+      results["runs"] = json.load(f)["runs"]
+  done = {(r["algorithm"], r["target"]) for r in results["runs"]}
+  echo(f"run directory: {run_dir}" + (" (resuming)" if resume else ""))
+  t0 = time.perf_counter()
+  for target in targets:
+    fed = federate(cfg, dataset, target)
+    model = make_model(cfg, fed)
+    echo(f"target {target}: {fed.num_clients} clients holding "
+         f"{[list(c) for c in fed.client_domains]}, "
+         f"{int(np.sum(np.asarray(fed.train.n)))} training examples")
+    for name in cfg.algorithms:
+      if (name, str(target)) in done:
+        echo(f"{name} / {target}: already finished, kept from results.json")
+        continue
+      alg = algorithms.build(name, model, fed.num_clients, cfg)
+      ckpt = os.path.join(run_dir, "checkpoints", f"{name}--{target}")
+      res = engine.run(alg, fed, model, ecfg, checkpoint_dir=ckpt)
+      if not cfg.train.keep_checkpoints:
+        shutil.rmtree(ckpt, ignore_errors=True)
+      results["runs"].append(dict(
+          algorithm=name, target=str(target), seconds=res.seconds,
+          final=res.final, history=res.history,
+          round_metrics={k: v for k, v in res.round_metrics.items()
+                         if k != "cohort"}))
+      _write(run_dir, results)
+  results["seconds"] = time.perf_counter() - t0
+  _write(run_dir, results)
+  return results
+
+
+def _write(run_dir: str, results: dict) -> None:
+  tmp = os.path.join(run_dir, "results.json.tmp")
+  with open(tmp, "w") as f:
+    json.dump(results, f)
+  os.replace(tmp, os.path.join(run_dir, "results.json"))

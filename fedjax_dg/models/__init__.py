@@ -1,0 +1,165 @@
+"""Client models: a `Model` bundles a flax module with its input normalization.
+
+    model = get_model("inception_cnn", input_shape=(32, 32, 3), num_classes=7)
+    params = model.init(key)                       # plain nested dict ('params')
+    logits = model.apply(params, x_uint8)          # [B, 7], normalizes inside
+    logits = model.apply(params, x, train=True, rng=key)   # dropout active
+    feats = model.features(params, x)              # [B, 256] penultimate layer
+
+All modules are loop-safe (see `layers`): usable inside `lax.scan` / `lax.map` /
+`vmap` over clients. See docs/models.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_dg.models import cnn
+from fedjax_dg.models import layers
+from fedjax_dg.models.cnn import MLP, InceptionCNN, NaiveInception, SmallCNN
+
+Params = Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+  """A client model: module + input shape + classes + per-channel normalization."""
+  name: str
+  module: nn.Module
+  input_shape: tuple[int, int, int]
+  num_classes: int
+  mean: tuple[float, ...]
+  std: tuple[float, ...]
+
+  def init(self, key: jax.Array) -> Params:
+    """Samples the 'params' collection (a plain nested dict); jitted."""
+    return _jitted_init(self)(key)
+
+  def normalize(self, x: jax.Array) -> jax.Array:
+    """uint8 -> float32 / 255 (floats are taken as [0, 1]); then (x - mean) / std."""
+    x = jnp.asarray(x)
+    if jnp.issubdtype(x.dtype, jnp.integer):
+      x = x.astype(jnp.float32) / 255.0
+    else:
+      x = x.astype(jnp.float32)
+    mean = jnp.asarray(self.mean, jnp.float32)
+    std = jnp.asarray(self.std, jnp.float32)
+    return (x - mean) / std
+
+  def _run(self, params, x, train, rng, normalized, method):
+    rngs = {} if rng is None else {"dropout": rng}
+    x = jnp.asarray(x, jnp.float32) if normalized else self.normalize(x)
+    return self.module.apply({"params": params}, x, train=train, rngs=rngs,
+                             method=method)
+
+  def apply(self, params: Params, x: jax.Array, *, train: bool = False,
+            rng: jax.Array | None = None, normalized: bool = False) -> jax.Array:
+    """Logits [B, num_classes] for a uint8 (or [0, 1] float) NHWC batch.
+
+    `rng` (the dropout key) is required when `train=True` and the module has
+    dropout. `normalized=True`: `x` is already `normalize`d (e.g. FedCCRL's style
+    mixing, which works on the normalized input).
+    """
+    return self._run(params, x, train, rng, normalized, None)
+
+  def features(self, params: Params, x: jax.Array, *, train: bool = False,
+               rng: jax.Array | None = None, normalized: bool = False
+               ) -> jax.Array:
+    """Penultimate representation [B, F] (the input of the last Linear layer)."""
+    return self._run(params, x, train, rng, normalized, "features")
+
+  def head(self, params: Params, feats: jax.Array) -> jax.Array:
+    """Logits from `features` output (the last Linear layer, `fc2`)."""
+    return layers.Dense(self.num_classes).apply({"params": params["fc2"]}, feats)
+
+
+@functools.lru_cache(maxsize=64)
+def _jitted_init(model: Model):
+  x = np.zeros((1,) + tuple(model.input_shape), np.float32)  # not a tracer
+
+  def init(key):
+    with layers.init_rng_mode():
+      params = model.module.init({"params": key}, x, train=False)["params"]
+    return flax.core.unfreeze(params)
+
+  return jax.jit(init)
+
+
+def _inception_cnn(num_classes, conv_impl, **kw):
+  return InceptionCNN(num_classes=num_classes, conv_impl=conv_impl, **kw)
+
+
+def _small_cnn(num_classes, conv_impl, **kw):
+  return SmallCNN(num_classes=num_classes, conv_impl=conv_impl, **kw)
+
+
+def _mlp(num_classes, conv_impl, **kw):
+  del conv_impl
+  return MLP(num_classes=num_classes, **kw)
+
+
+_REGISTRY = {
+    "inception_cnn": _inception_cnn,
+    "small_cnn": _small_cnn,
+    "mlp": _mlp,
+}
+
+
+def available() -> tuple[str, ...]:
+  """Names accepted by `get_model`."""
+  return tuple(_REGISTRY)
+
+
+def _per_channel(v, ch: int, what: str) -> tuple[float, ...]:
+  v = tuple(float(a) for a in (v if isinstance(v, (tuple, list)) else (v,)))
+  if len(v) == 1:
+    return v * ch
+  if len(v) != ch:
+    raise ValueError(f"{what} has {len(v)} entries for {ch} input channels")
+  return v
+
+
+def get_model(name: str, *, input_shape, num_classes: int, mean=(0.5,),
+              std=(0.5,), conv_impl: str = "auto", **kwargs) -> Model:
+  """Builds a registered model.
+
+  Args:
+    name: one of `available()`.
+    input_shape: (H, W, channels); CNNs need H and W divisible by 4.
+    num_classes: number of output logits.
+    mean, std: per-channel normalization in [0, 1] units (one value broadcasts).
+    conv_impl: "im2col" | "custom_vjp" | "xla" | "auto" ("xla" on GPU/TPU; on CPU
+      decided per layer, see `layers.resolve_conv_impl`).
+    **kwargs: module fields, e.g. `dropout`, `hidden_relu`, `hidden`,
+      `weight_init` (alias `init`): "torch" (default) or "flax".
+  """
+  if name not in _REGISTRY:
+    raise ValueError(f"unknown model {name!r}; available: {available()}")
+  h, w, ch = (int(v) for v in input_shape)
+  if name != "mlp" and (h % 4 or w % 4):
+    raise ValueError(f"{name} needs H and W divisible by 4, got {input_shape}")
+  if "init" in kwargs:  # Alias: `init=` is the modules' `weight_init`.
+    kwargs["weight_init"] = kwargs.pop("init")
+  module = _REGISTRY[name](int(num_classes), layers.resolve_conv_impl(conv_impl),
+                           **kwargs)
+  return Model(name=name, module=module, input_shape=(h, w, ch),
+               num_classes=int(num_classes), mean=_per_channel(mean, ch, "mean"),
+               std=_per_channel(std, ch, "std"))
+
+
+from fedjax_dg.models.hypernetwork import (  # noqa: E402
+    HyperNetwork, hypernetwork_module, init_hypernetwork, make_hypernetwork)
+
+__all__ = [
+    "MLP", "HyperNetwork", "InceptionCNN", "Model", "NaiveInception", "Params",
+    "SmallCNN", "available", "cnn", "get_model", "hypernetwork_module",
+    "init_hypernetwork", "layers", "make_hypernetwork",
+]

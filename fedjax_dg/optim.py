@@ -1,0 +1,37 @@
+"""Optimizer factory shared by clients and servers (optax only)."""
+
+from __future__ import annotations
+
+import optax
+
+OPTIMIZERS = ("sgd", "adam", "adamw")
+
+
+def make_optimizer(name: str, lr: float, weight_decay: float = 0.0,
+                   momentum: float = 0.0, clip_norm: float = 0.0,
+                   decay_mask=None) -> optax.GradientTransformation:
+  """An optax optimizer with PyTorch semantics for `weight_decay`.
+
+  "sgd" and "adam" add `weight_decay * w` to the gradient before the update, as
+  `torch.optim.SGD/Adam(weight_decay=...)` do (the papers' reference code);
+  "adamw" decouples it. `clip_norm > 0` clips the global gradient norm first
+  (pFedHN's reference code clips at 50). `decay_mask` (a pytree of bools or a
+  callable) limits weight decay to some leaves.
+  """
+  if name not in OPTIMIZERS:
+    raise ValueError(f"optimizer={name!r} is not supported; allowed: {OPTIMIZERS}")
+  if lr <= 0:
+    raise ValueError(f"learning rate must be > 0, got {lr}")
+  parts = []
+  if clip_norm and clip_norm > 0:
+    parts.append(optax.clip_by_global_norm(clip_norm))
+  if name == "adamw":
+    parts.append(optax.adamw(lr, weight_decay=weight_decay, mask=decay_mask))
+    return optax.chain(*parts)
+  if weight_decay:
+    parts.append(optax.add_decayed_weights(weight_decay, mask=decay_mask))
+  if name == "sgd":
+    parts.append(optax.sgd(lr, momentum=momentum or None))
+  else:
+    parts.append(optax.adam(lr))
+  return optax.chain(*parts)

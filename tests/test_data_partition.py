@@ -1,0 +1,203 @@
+"""Partition invariants over many seeds and settings (plain loops, no hypothesis)."""
+
+import itertools
+import warnings
+
+import numpy as np
+import pytest
+
+from fedjax_dg.data import partition
+from fedjax_dg.data.partition import PartitionSpec
+
+
+def _domains(sizes):
+  return np.concatenate([np.full(n, j) for j, n in enumerate(sizes)])
+
+
+def _assert_disjoint(parts, allowed):
+  allp = np.concatenate(parts)
+  assert len(allp) == len(np.unique(allp)), "an example is used twice"
+  assert set(allp.tolist()) <= set(np.asarray(allowed).tolist())
+
+
+def test_leave_one_domain_out():
+  domains = _domains([5, 7, 3])
+  src, tgt = partition.leave_one_domain_out(domains, 1)
+  assert set(domains[tgt]) == {1} and len(tgt) == 7
+  assert 1 not in set(domains[src]) and len(src) == 8
+  with pytest.raises(ValueError, match="target=4"):
+    partition.leave_one_domain_out(domains, 4)
+
+
+def test_domain_split_parts_follow_alg5():
+  # N=2 clients, d=2, S=3 domains (the paper's Fig. 2b): a=1, b=1, largest gets 2.
+  assert partition.domain_split_parts([10, 30, 20], 2, 2) == [1, 2, 1]
+  assert partition.domain_split_parts([10, 30, 20], 4, 3) == [4, 4, 4]
+  assert partition.domain_split_parts([5, 5, 5], 3, 2) == [2, 2, 2]
+  assert partition.domain_split_parts([5, 9, 5, 9], 3, 3) == [2, 3, 2, 2]  # tie
+
+
+def test_domain_split_exactly_d_domains_for_many_settings():
+  rng = np.random.default_rng(0)
+  checked = 0
+  for s, n, seed in itertools.product(range(1, 7), range(1, 11), range(3)):
+    sizes = rng.integers(40, 90, size=s)
+    domains = _domains(sizes)
+    source = np.arange(len(domains))
+    for d in range(1, s + 1):
+      if n * d < s:
+        continue  # Leaves domains unused: tested separately.
+      parts = partition.domain_split(domains, source, n, d, seed)
+      assert len(parts) == n
+      _assert_disjoint(parts, source)
+      assert sum(len(p) for p in parts) == len(source)  # Every domain fully used.
+      for p in parts:
+        assert len(np.unique(domains[p])) == d
+      checked += 1
+  assert checked > 400
+
+
+def test_domain_split_is_seeded_and_random_over_clients():
+  domains = _domains([30, 40, 50])
+  a = partition.domain_split(domains, np.arange(120), 4, 2, seed=1)
+  b = partition.domain_split(domains, np.arange(120), 4, 2, seed=1)
+  for x, y in zip(a, b):
+    np.testing.assert_array_equal(x, y)
+  holdings = {
+      tuple(tuple(sorted(set(domains[p]))) for p in
+            partition.domain_split(domains, np.arange(120), 4, 2, seed=s))
+      for s in range(20)
+  }
+  assert len(holdings) > 1  # The client order is permuted by the seed.
+
+
+def test_domain_split_on_source_subset_and_parts_sizes():
+  domains = _domains([20, 20, 20, 20])
+  src, tgt = partition.leave_one_domain_out(domains, 2)
+  parts = partition.domain_split(domains, src, 3, 1, seed=0)
+  _assert_disjoint(parts, src)
+  assert not set(np.concatenate(parts)) & set(tgt)
+  assert sorted(len(p) for p in parts) == [20, 20, 20]
+
+
+def test_domain_split_errors_and_unused_domains():
+  domains = _domains([10, 10, 10])
+  msg = "d=4 but there are only 3 source domains: allowed 1..3"
+  with pytest.raises(ValueError, match=msg):
+    partition.domain_split(domains, np.arange(30), 2, 4)
+  with pytest.raises(ValueError, match="d=0"):
+    partition.domain_split(domains, np.arange(30), 2, 0)
+  with pytest.raises(ValueError, match="num_partitions=0"):
+    partition.domain_split(domains, np.arange(30), 0, 1)
+  with pytest.raises(ValueError, match="has 10 examples but num_partitions=30"):
+    partition.domain_split(domains, np.arange(30), 30, 2)
+  with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    parts = partition.domain_split(_domains([10, 30, 20]), np.arange(60), 2, 1)
+  assert "left unused" in str(w[0].message) and "[0]" in str(w[0].message)
+  assert sorted(len(p) for p in parts) == [20, 30]
+
+
+def test_k_clients_per_domain():
+  domains = _domains([9, 12, 7])
+  for k, seed in itertools.product(range(1, 8), range(3)):
+    parts = partition.k_clients_per_domain(domains, np.arange(28), k, seed)
+    assert len(parts) == 3 * k
+    _assert_disjoint(parts, np.arange(28))
+    for j in range(3):
+      members = parts[j * k:(j + 1) * k]
+      assert all(set(domains[p]) == {j} for p in members)
+      sizes = [len(p) for p in members]
+      assert max(sizes) - min(sizes) <= 1
+  with pytest.raises(ValueError, match="fewer than k=8"):
+    partition.k_clients_per_domain(domains, np.arange(28), 8, 0)
+
+
+def test_iid():
+  for n, seed in itertools.product([1, 3, 10], range(3)):
+    parts = partition.iid(np.arange(5, 105), n, seed)
+    _assert_disjoint(parts, np.arange(5, 105))
+    assert sum(len(p) for p in parts) == 100
+  with pytest.raises(ValueError, match="num_partitions=11 with 10 examples"):
+    partition.iid(np.arange(10), 11)
+
+
+def test_dirichlet_min_size_and_skew_decreases_with_alpha():
+  rng = np.random.default_rng(0)
+  labels = rng.integers(0, 10, size=4000)
+  idx = np.arange(4000)
+  distances = []
+  for alpha in (0.05, 0.5, 5.0, 100.0):
+    parts = partition.dirichlet(labels, idx, 10, alpha, min_partition_size=20, seed=3)
+    _assert_disjoint(parts, idx)
+    assert sum(len(p) for p in parts) == 4000
+    assert min(len(p) for p in parts) >= 20
+    # Mean total-variation distance of client label histograms from uniform.
+    tv = [0.5 * np.abs(np.bincount(labels[p], minlength=10) / len(p) - 0.1).sum()
+          for p in parts]
+    distances.append(np.mean(tv))
+  assert all(a > b for a, b in zip(distances, distances[1:])), distances
+  assert distances[-1] < 0.1 and distances[0] > 0.5
+
+
+def test_dirichlet_errors():
+  labels = np.repeat(np.arange(5), 20)
+  with pytest.raises(ValueError, match="alpha=0.001 .*min_partition_size=19"):
+    partition.dirichlet(labels, np.arange(100), 5, 0.001, min_partition_size=19,
+                        seed=0, max_tries=5)
+  with pytest.raises(ValueError, match="min_partition_size=30 with 100 examples"):
+    partition.dirichlet(labels, np.arange(100), 5, 1.0, min_partition_size=30)
+  with pytest.raises(ValueError, match="alpha"):
+    partition.dirichlet(labels, np.arange(100), 5, -1.0)
+  with pytest.raises(ValueError, match="alpha"):
+    partition.dirichlet(labels, np.arange(100), 5, [1.0, 2.0])
+
+
+def test_few_shot_target():
+  target = np.arange(100, 150)
+  shots, rest = partition.few_shot_target(target, 4, 5, seed=2)
+  assert [len(s) for s in shots] == [5] * 4 and len(rest) == 30
+  _assert_disjoint(shots + [rest], target)
+  assert len(np.concatenate(shots + [rest])) == 50
+  shots0, rest0 = partition.few_shot_target(target, 4, 0)
+  assert all(len(s) == 0 for s in shots0) and len(rest0) == 50
+  with pytest.raises(ValueError, match="few_shot_k=13 with 50 target examples"):
+    partition.few_shot_target(target, 4, 13)
+
+
+def test_partition_spec_validation():
+  assert PartitionSpec("hfedf", num_partitions=3).name == "domain_split"
+  msg = "name='ring': allowed domain_split, k_per_domain, iid, dirichlet"
+  with pytest.raises(ValueError, match=msg):
+    PartitionSpec("ring", num_partitions=3)
+  with pytest.raises(ValueError, match="num_partitions is required"):
+    PartitionSpec("iid")
+  with pytest.raises(ValueError, match="num_partitions=0"):
+    PartitionSpec("iid", num_partitions=0)
+  with pytest.raises(ValueError, match="alpha=0"):
+    PartitionSpec("dirichlet", num_partitions=3, alpha=0)
+  with pytest.raises(ValueError, match="PartitionSpec.k is required"):
+    PartitionSpec("k_per_domain")
+  with pytest.raises(ValueError, match="d=5 but there are only 3 source domains"):
+    PartitionSpec(num_partitions=3, d=5).validate(3)
+  with pytest.raises(ValueError, match="multiple of the 3 source domains"):
+    PartitionSpec("k_per_domain", num_partitions=4).validate(3)
+  with pytest.raises(ValueError, match="unknown partition settings \\['clients'\\]"):
+    partition.as_spec({"name": "iid", "clients": 3})
+  assert partition.as_spec({"name": "iid"}, num_partitions=2).num_partitions == 2
+
+
+def test_make_partition_dispatch():
+  domains = _domains([20, 30, 25])
+  labels = np.arange(75) % 5
+  src = np.flatnonzero(domains != 0)
+  kw = dict(domains=domains, labels=labels, indices=src)
+  assert len(partition.make_partition(PartitionSpec(num_partitions=4, d=2), **kw)) == 4
+  assert len(partition.make_partition({"name": "k_per_domain", "k": 3}, **kw)) == 6
+  assert len(partition.make_partition(name="k_per_domain", num_partitions=4, **kw)) == 4
+  assert len(partition.make_partition(name="iid", num_partitions=5, **kw)) == 5
+  parts = partition.make_partition(name="dirichlet", num_partitions=3, alpha=1.0,
+                                   min_partition_size=5, **kw)
+  _assert_disjoint(parts, src)
+  with pytest.raises(ValueError, match="d=3 but there are only 2 source domains"):
+    partition.make_partition(name="hfedf", num_partitions=4, d=3, **kw)

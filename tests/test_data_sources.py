@@ -1,0 +1,346 @@
+"""Data sources: own TFDS builders on tiny generated data, conversion, caching."""
+
+import gzip
+import io
+import os
+import types
+
+import numpy as np
+from PIL import Image
+import pytest
+
+from fedjax_dg.data import sources
+from fedjax_dg.data.builders import domainbed_folder
+from fedjax_dg.data.builders import rotated_fashion_mnist as rfm
+
+PACS_DOMAINS = ("art_painting", "cartoon", "photo", "sketch")
+CLASSES = ("giraffe", "dog", "house")  # Deliberately unsorted on disk creation.
+FMNIST_DIR = "/usr/share/datasets/fashion-mnist"
+
+
+# ---------------------------------------------------------------------------
+# Helpers that write tiny datasets.
+
+
+def _class_color(c):
+  return (40 * c + 10, 200 - 30 * c, 77)
+
+
+def write_pacs_tree(root, classes=CLASSES, domains=PACS_DOMAINS, per_class=2):
+  """domains x classes x per_class images of different sizes and formats."""
+  for d_i, d in enumerate(domains):
+    for c in classes:
+      c_i = sorted(classes).index(c)
+      folder = os.path.join(root, d, c)
+      os.makedirs(folder, exist_ok=True)
+      for i in range(per_class):
+        h, w = 12 + 3 * i + d_i, 17 - i
+        rgb = np.broadcast_to(np.array(_class_color(c_i), np.uint8), (h, w, 3))
+        if d == "sketch" and i == 0:  # RGBA PNG: converted to RGB when prepared.
+          rgba = np.concatenate([rgb, np.full((h, w, 1), 255, np.uint8)], -1)
+          Image.fromarray(rgba).save(os.path.join(folder, f"{i}.png"))
+        elif i == 1:
+          Image.fromarray(rgb).save(os.path.join(folder, f"{i}.png"))
+        else:
+          Image.fromarray(np.ascontiguousarray(rgb)).save(
+              os.path.join(folder, f"{i}.jpg"), quality=100)
+  return root
+
+
+def write_idx(path, array):
+  header = bytes([0, 0, 8, array.ndim])
+  header += np.asarray(array.shape, ">u4").tobytes()
+  with gzip.open(path, "wb") as f:
+    f.write(header + np.ascontiguousarray(array, np.uint8).tobytes())
+
+
+def write_fake_fashion_mnist(folder, n_train=48, n_test=12, seed=1):
+  rng = np.random.default_rng(seed)
+  images = rng.integers(0, 256, (n_train + n_test, 28, 28), dtype=np.uint8)
+  labels = (np.arange(n_train + n_test) % 10).astype(np.uint8)
+  os.makedirs(folder, exist_ok=True)
+  write_idx(os.path.join(folder, "train-images-idx3-ubyte.gz"), images[:n_train])
+  write_idx(os.path.join(folder, "train-labels-idx1-ubyte.gz"), labels[:n_train])
+  write_idx(os.path.join(folder, "t10k-images-idx3-ubyte.gz"), images[n_train:])
+  write_idx(os.path.join(folder, "t10k-labels-idx1-ubyte.gz"), labels[n_train:])
+  return images, labels
+
+
+# ---------------------------------------------------------------------------
+# Names and errors.
+
+
+def test_available_and_unknown_name():
+  names = sources.available()
+  for n in ("rotated_fashion_mnist", "pacs", "office_home", "vlcs",
+            "fashion_mnist", "cifar10", "cifar100", "domainnet"):
+    assert n in names
+  with pytest.raises(ValueError, match="available: rotated_fashion_mnist"):
+    sources.load("mnist_typo")
+
+
+@pytest.mark.parametrize("field", ["image_size", "max_per_domain"])
+def test_invalid_sizes_are_rejected(tmp_path, field):
+  with pytest.raises(ValueError, match=field):
+    sources.load("pacs", data_dir=str(tmp_path), **{field: 0})
+
+
+# ---------------------------------------------------------------------------
+# DomainBed folders.
+
+
+def test_pacs_folder_prepare_load_resize(tmp_path):
+  root = write_pacs_tree(str(tmp_path / "PACS"))
+  data_dir = str(tmp_path / "data")
+  ds = sources.load("pacs", data_dir=data_dir, manual_dir=root, image_size=8)
+  assert ds.images.shape == (24, 8, 8, 3) and ds.images.dtype == np.uint8
+  assert ds.labels.dtype == np.int32 and ds.domains.dtype == np.int32
+  assert ds.class_names == ("dog", "giraffe", "house")
+  assert ds.domain_names == PACS_DOMAINS
+  assert ds.domain_counts() == {d: 6 for d in PACS_DOMAINS}
+  for c in range(3):  # Labels follow the class folders (constant class colors).
+    colors = ds.images[ds.labels == c].reshape(-1, 3).mean(0)
+    np.testing.assert_allclose(colors, _class_color(c), atol=2)
+  # Second load comes from the npz cache, without TFDS or the image folder.
+  again = sources.load("pacs", data_dir=data_dir, image_size=8)
+  np.testing.assert_array_equal(again.images, ds.images)
+  np.testing.assert_array_equal(again.labels, ds.labels)
+  assert again.class_names == ds.class_names
+  # Another size reads the prepared TFDS data (the image folder may be gone).
+  other = sources.load("pacs", data_dir=data_dir, image_size=5,
+                       manual_dir=str(tmp_path / "gone"))
+  assert other.images.shape == (24, 5, 5, 3)
+  assert "24 images" in sources.prepare("pacs", data_dir=data_dir)
+
+
+def test_pacs_different_sizes_need_image_size(tmp_path):
+  root = write_pacs_tree(str(tmp_path / "PACS"))
+  with pytest.raises(ValueError, match="pass image_size"):
+    sources.load("pacs", data_dir=str(tmp_path / "data"), manual_dir=root)
+
+
+def test_pacs_max_per_domain_env_var_and_nested_root(tmp_path, monkeypatch):
+  write_pacs_tree(str(tmp_path / "download" / "PACS"))
+  monkeypatch.setenv("FEDJAX_DG_PACS_DIR", str(tmp_path / "download"))
+  kw = dict(data_dir=str(tmp_path / "data"), image_size=4, max_per_domain=2)
+  a = sources.load("pacs", seed=3, **kw)
+  assert a.domain_counts() == {d: 2 for d in PACS_DOMAINS}
+  b = sources.load("pacs", seed=3, **kw)
+  np.testing.assert_array_equal(a.images, b.images)
+  c = sources.load("pacs", seed=4, **kw)
+  assert c.num_examples == 8
+
+
+def test_missing_folder_error_names_layout(tmp_path):
+  with pytest.raises(FileNotFoundError) as e:
+    sources.load("office_home", data_dir=str(tmp_path), image_size=8)
+  msg = str(e.value)
+  assert "<root>/<domain>/<class>/*.jpg" in msg
+  assert "Art, Clipart, Product, Real World" in msg
+  assert "drive.google.com" in msg and "FEDJAX_DG_OFFICE_HOME_DIR" in msg
+  assert os.path.join(str(tmp_path), "downloads", "manual", "office_home") in msg
+
+
+def test_missing_domain_and_inconsistent_classes(tmp_path):
+  root = write_pacs_tree(str(tmp_path / "a"), domains=PACS_DOMAINS[:3])
+  with pytest.raises(FileNotFoundError, match=r"lacks the domain folders \['sketch'\]"):
+    sources.load("pacs", data_dir=str(tmp_path / "d"), manual_dir=root,
+                 image_size=4)
+  root = write_pacs_tree(str(tmp_path / "b"))
+  os.makedirs(os.path.join(root, "photo", "zebra"))
+  Image.new("RGB", (5, 5)).save(os.path.join(root, "photo", "zebra", "z.jpg"))
+  with pytest.raises(ValueError, match=r"only in 'photo': \['zebra'\]"):
+    sources.load("pacs", data_dir=str(tmp_path / "d"), manual_dir=root,
+                 image_size=4)
+
+
+def test_scan_reports_empty_class_folder(tmp_path):
+  root = write_pacs_tree(str(tmp_path / "PACS"))
+  for d in PACS_DOMAINS:
+    os.makedirs(os.path.join(root, d, "empty"))
+  with pytest.raises(FileNotFoundError, match="no image files"):
+    domainbed_folder.scan(root, "pacs", PACS_DOMAINS, "")
+
+
+# ---------------------------------------------------------------------------
+# Rotated Fashion-MNIST on fake IDX files.
+
+
+def test_read_idx_roundtrip(tmp_path):
+  a = np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4)
+  write_idx(str(tmp_path / "x.gz"), a)
+  np.testing.assert_array_equal(rfm.read_idx(str(tmp_path / "x.gz")), a)
+
+
+def test_rotation_is_counter_clockwise_like_pil():
+  image = np.zeros((28, 28), np.uint8)
+  image[2:6, 10:20] = 255  # A bar near the top edge.
+  np.testing.assert_array_equal(rfm.rotate(image, 90), np.rot90(image))
+  assert rfm.rotate(image, 0) is image
+  want = np.asarray(Image.fromarray(image).rotate(
+      15, resample=Image.Resampling.BILINEAR, fillcolor=0))
+  np.testing.assert_array_equal(rfm.rotate(image, 15), want)
+
+
+def test_rotated_fashion_mnist_builder(tmp_path):
+  raw, raw_labels = write_fake_fashion_mnist(str(tmp_path / "idx"))
+  data_dir = str(tmp_path / "data")
+  ds = sources.load("rotated_fashion_mnist", data_dir=data_dir,
+                    manual_dir=str(tmp_path / "idx"))
+  assert ds.domain_names == ("0", "15", "30", "45", "60", "75")
+  assert ds.class_names[0] == "T-shirt/top" and ds.num_classes == 10
+  assert ds.images.shape == (60, 28, 28, 1)
+  assert ds.domain_counts() == {d: 10 for d in ds.domain_names}
+  # Round robin after one seeded shuffle, checked on the stored source indices.
+  builder = rfm.RotatedFashionMnist(data_dir=data_dir, file_format="array_record")
+  source = builder.as_data_source()["train"]
+  records = source.__getitems__(list(range(len(source))))
+  order = np.random.default_rng(0).permutation(60)
+  position = np.argsort(order)
+  for r in records:
+    i = r["source_index"]
+    assert r["domain"] == position[i] % 6
+    assert r["label"] == raw_labels[i]
+    want = rfm.rotate(raw[i], rfm.ANGLES[r["domain"]])
+    np.testing.assert_array_equal(r["image"][..., 0], want)
+    if r["domain"] == 0:
+      np.testing.assert_array_equal(r["image"][..., 0], raw[i])
+  # The DomainDataset holds the same images, domain by domain.
+  zero = {raw[r["source_index"]].tobytes() for r in records if r["domain"] == 0}
+  assert {im[..., 0].tobytes() for im in ds.images[ds.domains == 0]} == zero
+
+
+def test_rotated_fashion_mnist_cache_and_resize(tmp_path, monkeypatch):
+  write_fake_fashion_mnist(str(tmp_path / "idx"))
+  monkeypatch.setenv("FEDJAX_DG_FASHION_MNIST_DIR", str(tmp_path / "idx"))
+  monkeypatch.setenv("FEDJAX_DG_DATA_DIR", str(tmp_path / "data"))
+  line = sources.prepare("rotated_fashion_mnist")
+  assert "60 images 28x28x1" in line and "6 domains" in line
+  first = sources.load("rotated_fashion_mnist", image_size=32, max_per_domain=4)
+  assert first.images.shape == (24, 32, 32, 1)
+
+  def no_tfds(*args, **kwargs):
+    raise AssertionError("should have been served from the cache")
+
+  monkeypatch.setattr(sources, "_read", no_tfds)
+  second = sources.load("rotated_fashion_mnist", image_size=32, max_per_domain=4)
+  np.testing.assert_array_equal(first.images, second.images)
+  np.testing.assert_array_equal(first.labels, second.labels)
+  np.testing.assert_array_equal(first.domains, second.domains)
+  # New sizes are derived from the native-size cache, still without TFDS.
+  full = sources.load("rotated_fashion_mnist")
+  small = sources.load("rotated_fashion_mnist", image_size=14)
+  assert small.images.shape == (60, 14, 14, 1)
+  want = sources.decode_image(full.images[7], 1, 14)
+  np.testing.assert_array_equal(small.images[7], want)
+
+
+def test_rotated_fashion_mnist_missing_source_says_what_to_do(tmp_path, monkeypatch):
+  def offline(data_dir):
+    raise ConnectionError("no network")
+
+  monkeypatch.setattr(rfm, "read_tfds_catalog", offline)
+  with pytest.raises(FileNotFoundError) as e:
+    sources.load("rotated_fashion_mnist", data_dir=str(tmp_path / "data"),
+                 manual_dir=str(tmp_path / "nothing"))
+  msg = str(e.value)
+  assert "sudo apt-get install dataset-fashion-mnist" in msg
+  assert "FEDJAX_DG_FASHION_MNIST_DIR" in msg
+  assert "github.com/zalandoresearch/fashion-mnist" in msg
+  assert "network" in msg and "no network" in msg
+
+
+# ---------------------------------------------------------------------------
+# TFDS catalog passthrough, with fake data sources.
+
+
+def _png(array):
+  buf = io.BytesIO()
+  Image.fromarray(array).save(buf, format="PNG")
+  return buf.getvalue()
+
+
+class FakeSource:
+  """Quacks like an ArrayRecordDataSource (len, __getitems__, dataset_info)."""
+
+  def __init__(self, records, class_names):
+    self.records = records
+    label = types.SimpleNamespace(names=list(class_names))
+    self.dataset_info = types.SimpleNamespace(features={"label": label})
+
+  def __len__(self):
+    return len(self.records)
+
+  def __getitems__(self, indices):
+    return [self.records[i] for i in indices]
+
+
+def _fake_split(n, value, encoded):
+  recs = []
+  for i in range(n):
+    im = np.full((6, 6, 3), value + i, np.uint8)
+    recs.append({"image": _png(im) if encoded else im, "label": i % 3})
+  return recs
+
+
+def test_dataset_from_sources_with_fake_sources():
+  domain_sources = {
+      "clipart": [_fake_split(5, 0, True), _fake_split(3, 100, False)],
+      "real": [_fake_split(4, 200, True)],
+  }
+  ds = sources.dataset_from_sources(
+      "fake", domain_sources, class_names=("a", "b", "c"), channels=3)
+  assert ds.domain_names == ("clipart", "real")
+  assert ds.images.shape == (12, 6, 6, 3)
+  np.testing.assert_array_equal(ds.domains, [0] * 8 + [1] * 4)
+  np.testing.assert_array_equal(ds.images[5, 0, 0], [100, 100, 100])
+  np.testing.assert_array_equal(ds.labels[:8], [0, 1, 2, 0, 1, 0, 1, 2])
+  sub = sources.dataset_from_sources(
+      "fake", domain_sources, class_names=("a", "b", "c"), channels=1,
+      image_size=3, max_per_domain=2, seed=5)
+  assert sub.images.shape == (4, 3, 3, 1)
+  assert sub.domain_counts() == {"clipart": 2, "real": 2}
+
+
+def test_catalog_passthrough_with_fake_tfds(tmp_path, monkeypatch):
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  calls = []
+
+  def fake_data_source(name, data_dir=None, decoders=None):
+    calls.append(name)
+    domain = name.split("/")[1]
+    value = sources.DOMAINNET_DOMAINS.index(domain) * 20
+    names = [f"class{i}" for i in range(3)]
+    return {"train": FakeSource(_fake_split(3, value, True), names),
+            "test": FakeSource(_fake_split(2, value + 10, True), names)}
+
+  monkeypatch.setattr(tfds, "data_source", fake_data_source)
+  ds = sources.load("domainnet", data_dir=str(tmp_path), image_size=4)
+  assert calls == [f"domainnet/{d}" for d in sources.DOMAINNET_DOMAINS]
+  assert ds.domain_names == sources.DOMAINNET_DOMAINS
+  assert ds.class_names == ("class0", "class1", "class2")
+  assert ds.images.shape == (30, 4, 4, 3)
+  assert "30 images" in sources.prepare("domainnet", data_dir=str(tmp_path))
+
+
+def test_catalog_error_explains_tensorflow():
+  missing = ModuleNotFoundError("No module named 'tensorflow'")
+  err = sources.catalog_error("cifar10", missing)
+  assert "pip install tensorflow-cpu" in str(err) and "cifar10" in str(err)
+
+
+# ---------------------------------------------------------------------------
+# The real embedded dataset (only where the Debian package is installed).
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists(os.path.join(
+    FMNIST_DIR, "train-images-idx3-ubyte.gz")), reason="no dataset-fashion-mnist")
+def test_real_rotated_fashion_mnist(tmp_path):
+  line = sources.prepare("rotated_fashion_mnist", data_dir=str(tmp_path),
+                         manual_dir=FMNIST_DIR)
+  assert "70000 images 28x28x1" in line
+  ds = sources.load("rotated_fashion_mnist", data_dir=str(tmp_path), image_size=32)
+  assert ds.images.shape == (70000, 32, 32, 1)
+  assert ds.domain_counts() == {
+      "0": 11667, "15": 11667, "30": 11667, "45": 11667, "60": 11666, "75": 11666}

@@ -1,0 +1,128 @@
+"""Server transforms against independent computations (brute-force autodiff, numpy)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from fedjax_dg import server
+from fedjax_dg.server.hypernetwork import HyperParams, hypernetwork_step
+
+jax.config.update("jax_enable_x64", False)
+
+
+def tiny_generator(key, e=3, hidden=5):
+  """h(theta, emb) -> {'w': [4, 2], 'b': [2]}: a 2-layer tanh MLP generator."""
+  k = jax.random.split(key, 3)
+  theta = {"l1": jax.random.normal(k[0], (e, hidden)) * 0.5,
+           "w": jax.random.normal(k[1], (hidden, 8)) * 0.5,
+           "b": jax.random.normal(k[2], (hidden, 2)) * 0.5}
+
+  def h(th, emb):
+    z = jnp.tanh(emb @ th["l1"])
+    return {"w": (z @ th["w"]).reshape(4, 2), "b": z @ th["b"]}
+
+  return h, theta
+
+
+def brute_force(h, theta, emb, deltas, temperature=1.0):
+  """Per-client gradients g_i = d/dtheta <h(theta, e_i), delta_i>, stacked."""
+  m = emb.shape[0]
+  g_theta, g_emb = [], []
+  for i in range(m):
+    d_i = jax.tree.map(lambda d: d[i], deltas)
+    f = lambda th, e: sum(jnp.vdot(a, b) for a, b in zip(
+        jax.tree.leaves(h(th, e)), jax.tree.leaves(d_i)))
+    gt, ge = jax.grad(f, argnums=(0, 1))(theta, emb[i])
+    g_theta.append(np.concatenate([np.ravel(x) for x in jax.tree.leaves(gt)]))
+    g_emb.append(np.asarray(ge))
+  G = np.stack(g_theta)
+  g_avg = G.mean(0)
+  cos = G @ g_avg / (np.linalg.norm(G, axis=1) * np.linalg.norm(g_avg))
+  w = np.exp(cos / temperature) / np.exp(cos / temperature).sum()
+  # Embedding gradients as full [m, N=m, e] tables (client i only touches row i).
+  E = np.zeros((m, m, emb.shape[1]))
+  for i in range(m):
+    E[i, i] = g_emb[i]
+  Ef = E.reshape(m, -1)
+  e_avg = Ef.mean(0)
+  cos_e = Ef @ e_avg / (np.linalg.norm(Ef, axis=1) * np.linalg.norm(e_avg))
+  w_e = np.exp(cos_e / temperature) / np.exp(cos_e / temperature).sum()
+  return dict(G=G, w=w, cos=cos, g=(w[:, None] * G).sum(0),
+              cos_e=cos_e, w_e=w_e, g_emb=np.stack(g_emb) * w_e[:, None])
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.3])
+def test_gradalign_matches_brute_force(temperature):
+  h, theta = tiny_generator(jax.random.key(0))
+  m = 5
+  emb = jax.random.normal(jax.random.key(1), (m, 3))
+  deltas = {"w": jax.random.normal(jax.random.key(2), (m, 4, 2)),
+            "b": jax.random.normal(jax.random.key(3), (m, 2))}
+  got = server.hypernetwork_grads(h, theta, emb, deltas, align=True,
+                                  temperature=temperature, norm_batch_size=2)
+  want = brute_force(h, theta, emb, deltas, temperature)
+  np.testing.assert_allclose(got.cos_theta, want["cos"], rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(got.weights_theta, want["w"], rtol=1e-4)
+  flat = np.concatenate([np.ravel(x) for x in jax.tree.leaves(got.theta)])
+  np.testing.assert_allclose(flat, want["g"], rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(got.cos_emb, want["cos_e"], rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(got.weights_emb, want["w_e"], rtol=1e-4)
+  np.testing.assert_allclose(got.embeddings, want["g_emb"], rtol=1e-4, atol=1e-6)
+  # The best-aligned client gets the largest weight (softmax of +cos).
+  assert int(np.argmax(got.weights_theta)) == int(np.argmax(want["cos"]))
+
+
+def test_without_gradalign_is_the_plain_mean():
+  h, theta = tiny_generator(jax.random.key(4))
+  emb = jax.random.normal(jax.random.key(5), (3, 3))
+  deltas = {"w": jax.random.normal(jax.random.key(6), (3, 4, 2)),
+            "b": jax.random.normal(jax.random.key(7), (3, 2))}
+  got = server.hypernetwork_grads(h, theta, emb, deltas, align=False)
+  want = brute_force(h, theta, emb, deltas)
+  flat = np.concatenate([np.ravel(x) for x in jax.tree.leaves(got.theta)])
+  np.testing.assert_allclose(flat, want["G"].mean(0), rtol=1e-4, atol=1e-6)
+
+
+def test_hypernetwork_step_moves_generated_params_toward_trained():
+  h, theta = tiny_generator(jax.random.key(8))
+  n = 4
+  hp = HyperParams(theta=theta, embeddings=jax.random.normal(jax.random.key(9), (n, 3)))
+  gen = jax.vmap(h, in_axes=(None, 0))
+  start = gen(hp.theta, hp.embeddings)
+  target = jax.tree.map(lambda x: x + 0.3 * jax.random.normal(jax.random.key(10), x.shape),
+                        start)
+  for align in (True, False):
+    step = hypernetwork_step(h, optax.sgd(0.05), align=align)
+    new_hp, _, _ = step.update(hp, step.init(hp), jnp.arange(n), start, target)
+    before = optax.tree.norm(optax.tree.sub(start, target))
+    after = optax.tree.norm(optax.tree.sub(gen(new_hp.theta, new_hp.embeddings), target))
+    assert float(after) < float(before), (align, before, after)
+
+
+def test_ema_sequence_matches_hand_computation():
+  decay, warm = 0.75, 2
+  t = server.ema(decay, warm)
+  thetas = [np.array([1.0, -2.0]) * (k + 1) for k in range(6)]
+  state = t.init(jnp.asarray(thetas[0]))
+  outs, ema = [], None
+  for r, th in enumerate(thetas):
+    out, state = t.update(jnp.asarray(th), state, jnp.int32(r))
+    outs.append(np.asarray(out))
+    # Hand computation of Alg. 4.
+    if r < warm:
+      want = th
+    elif r == warm:
+      ema, want = th, th
+    else:
+      ema = decay * th + (1 - decay) * ema
+      want = ema
+    np.testing.assert_allclose(outs[-1], want, rtol=1e-6)
+  assert not np.allclose(outs[-1], thetas[-1])  # smoothing actually happened
+
+
+def test_weighted_mean_weights_by_examples():
+  stacked = {"w": jnp.array([[1.0], [3.0]])}
+  out, _ = server.weighted_mean().update(stacked, (), jnp.array([1, 3]))
+  np.testing.assert_allclose(out["w"], [2.5])
