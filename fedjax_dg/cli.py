@@ -12,8 +12,21 @@ DEMO = os.path.join(EXPERIMENTS, "demo.py")
 FULL = os.path.join(EXPERIMENTS, "rfmnist_hfedf.py")
 
 
+def enable_compilation_cache() -> str:
+  """Persistent XLA compilation cache: runs with the same shapes (another target
+  domain, a second `make demo`) reuse compiled programs instead of recompiling."""
+  import jax
+  path = os.environ.get("FEDJAX_DG_JAX_CACHE") or os.path.join(
+      os.environ.get("FEDJAX_DG_DATA_DIR")
+      or os.path.expanduser(os.path.join("~", ".cache", "fedjax_dg")), "jax_cache")
+  jax.config.update("jax_compilation_cache_dir", path)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+  return path
+
+
 def _run(config_path: str, overrides: list[str], resume: str | None) -> int:
   from fedjax_dg import config as config_lib, experiment, report
+  enable_compilation_cache()
   cfg = config_lib.apply_overrides(config_lib.load(config_path), overrides)
   results = experiment.run(cfg, run_dir=resume)
   print()

@@ -40,6 +40,7 @@ def base_config() -> ConfigDict:
       min_partition_size=1,
       few_shot_k=0,            # target-domain images injected per client
       val_fraction=0.1,        # each client's id-validation share
+      normalization="dataset",  # input stats: "dataset" (all images) | "train"
       data_dir="",             # TFDS data dir ("" = $FEDJAX_DG_DATA_DIR or ~/.cache)
       manual_dir="",           # folder with manually downloaded data
   ))

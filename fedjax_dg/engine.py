@@ -228,15 +228,8 @@ def run(alg: Algorithm, data, model, cfg: EngineConfig, *,
   num_clients = int(np.asarray(train.n).shape[0])
   cfg.validate(num_clients)
   root_key = jax.random.key(cfg.seed)
-  round_fn = make_round(alg, cfg, num_clients)
-
-  @functools.partial(jax.jit, static_argnums=(4,), donate_argnums=(0,))
-  def run_chunk(carry, r0, train, root_key, length):
-    rounds = r0 + jnp.arange(length)
-    return jax.lax.scan(lambda c, r: round_fn(c, r, train, root_key), carry,
-                        rounds)
-
-  eval_step = _make_eval(alg, model, cfg.eval_batch_size)
+  init_fn, run_chunk, eval_step = _programs(alg, model, _program_key(cfg),
+                                            num_clients)
   val = tuple(map(jnp.asarray,
                   _pad_clients(data.val, _eval_batch(cfg, data.val.x.shape[1]))))
   ood_full, ood_sub = _ood_sets(data, cfg)
@@ -244,10 +237,7 @@ def run(alg: Algorithm, data, model, cfg: EngineConfig, *,
   train = jax.tree.map(jnp.asarray, train)
   if resolve_mapping(cfg.client_mapping) == "shard":
     train = jax.device_put(train, NamedSharding(client_mesh(), P("clients")))
-  # A fresh copy of every leaf: init may alias buffers (EMA copy = params), and the
-  # chunk donates its carry.
-  carry = jax.tree.map(lambda x: jnp.array(x, copy=True),
-                       alg.init(jax.random.fold_in(root_key, 2**31 - 1)))
+  carry = init_fn(jax.random.fold_in(root_key, 2**31 - 1))
   history: list[dict] = []
   round_metrics: dict[str, list] = {}
   r0 = 0
@@ -284,6 +274,32 @@ def run(alg: Algorithm, data, model, cfg: EngineConfig, *,
   server, clients = carry
   return RunResult(alg.name, server, clients, history, round_metrics, final,
                    time.perf_counter() - t0)
+
+
+def _program_key(cfg: EngineConfig) -> EngineConfig:
+  """The fields of `cfg` that shape the compiled programs (not rounds, seed, ...)."""
+  return EngineConfig(rounds=1, epochs=cfg.epochs, batch_size=cfg.batch_size,
+                      cohort_size=cfg.cohort_size, client_mapping=cfg.client_mapping,
+                      map_batch_size=cfg.map_batch_size,
+                      eval_batch_size=cfg.eval_batch_size)
+
+
+@functools.lru_cache(maxsize=32)
+def _programs(alg: Algorithm, model, cfg: EngineConfig, num_clients: int):
+  """Jitted (init, chunk, eval) of one algorithm, shared by every run that uses the
+  same Algorithm and model objects: other target domains with equal shapes, other
+  seeds and resumed runs reuse the traced and compiled programs."""
+  round_fn = make_round(alg, cfg, num_clients)
+
+  @functools.partial(jax.jit, static_argnums=(4,), donate_argnums=(0,))
+  def run_chunk(carry, r0, train, root_key, length):
+    rounds = r0 + jnp.arange(length)
+    return jax.lax.scan(lambda c, r: round_fn(c, r, train, root_key), carry,
+                        rounds)
+
+  # One compiled program (not dozens of eager ops), and distinct output buffers
+  # even where init aliases (EMA copy = params): the chunk donates its carry.
+  return jax.jit(alg.init), run_chunk, _make_eval(alg, model, cfg.eval_batch_size)
 
 
 def _eval_batch(cfg: EngineConfig, n: int) -> int:

@@ -91,24 +91,49 @@ def load_dataset(cfg: ConfigDict):
 
 
 def federate(cfg: ConfigDict, dataset, target):
+  """The FederatedData of one held-out `target`; errors name the config fields."""
   from fedjax_dg.data import federated, partition
   d = cfg.data
   n_sources = dataset.num_domains - (target is not None)
   per_domain = partition.ALIASES.get(d.partition, d.partition) == "k_per_domain"
-  spec = partition.PartitionSpec(
-      name=d.partition,
-      num_partitions=d.num_clients or (None if per_domain else n_sources),
-      d=d.d, k=None if (per_domain and d.num_clients) else d.k_per_domain,
-      alpha=d.alpha, min_partition_size=d.min_partition_size,
-      few_shot_k=d.few_shot_k, seed=cfg.seed)
-  return federated.build(dataset, spec, target_domain=target,
-                         val_fraction=d.val_fraction, seed=cfg.seed)
+  try:
+    spec = partition.PartitionSpec(
+        name=d.partition,
+        num_partitions=d.num_clients or (None if per_domain else n_sources),
+        d=d.d, k=None if (per_domain and d.num_clients) else d.k_per_domain,
+        alpha=d.alpha, min_partition_size=d.min_partition_size,
+        few_shot_k=d.few_shot_k, seed=cfg.seed)
+    return federated.build(dataset, spec, target_domain=target,
+                           val_fraction=d.val_fraction, seed=cfg.seed)
+  except ValueError as e:
+    raise ValueError(
+        f"{e} [config: data.partition={d.partition!r}, data.num_clients="
+        f"{d.num_clients} (0 = one per source domain), data.d={d.d}, "
+        f"data.k_per_domain={d.k_per_domain}, data.max_per_domain="
+        f"{d.max_per_domain}, held-out target {target!r}]") from e
 
 
-def make_model(cfg: ConfigDict, fed):
+def normalization(cfg: ConfigDict, dataset, fed) -> tuple[tuple, tuple]:
+  """Per-channel (mean, std) for the model's input normalization.
+
+  "dataset": statistics of all the dataset's images, the same for every target
+  domain and seed (like DomainBed's fixed per-dataset constants; no labels used),
+  so every run of an experiment reuses one compiled program. "train": statistics
+  of this federation's training images only (recompiles per target domain).
+  """
+  if cfg.data.normalization == "train":
+    return fed.mean, fed.std
+  if cfg.data.normalization != "dataset":
+    raise ValueError(f"data.normalization={cfg.data.normalization!r}: allowed "
+                     "'dataset' or 'train'")
+  from fedjax_dg.data.federated import channel_stats
+  return channel_stats(dataset.images[None], np.array([len(dataset.images)]))
+
+
+def make_model(cfg: ConfigDict, fed, mean, std):
   from fedjax_dg import models
   return models.get_model(cfg.model.name, input_shape=fed.train.x.shape[2:],
-                          num_classes=fed.num_classes, mean=fed.mean, std=fed.std,
+                          num_classes=fed.num_classes, mean=mean, std=std,
                           conv_impl=cfg.model.conv_impl)
 
 
@@ -132,9 +157,16 @@ def run(cfg: ConfigDict, run_dir: str | None = None, *, echo=print) -> dict:
   done = {(r["algorithm"], r["target"]) for r in results["runs"]}
   echo(f"run directory: {run_dir}" + (" (resuming)" if resume else ""))
   t0 = time.perf_counter()
-  for target in targets:
-    fed = federate(cfg, dataset, target)
-    model = make_model(cfg, fed)
+  # One model and one Algorithm object per client count: runs with equal shapes
+  # (other target domains) reuse the same traced and compiled programs.
+  # Every federation is built (and validated) before any compute.
+  feds = [federate(cfg, dataset, target) for target in targets]
+  model, built = None, {}
+  for target, fed in zip(targets, feds):
+    if model is None:
+      model = make_model(cfg, fed, *normalization(cfg, dataset, fed))
+    elif cfg.data.normalization == "train":
+      model = make_model(cfg, fed, fed.mean, fed.std)
     echo(f"target {target}: {fed.num_clients} clients holding "
          f"{[list(c) for c in fed.client_domains]}, "
          f"{int(np.sum(np.asarray(fed.train.n)))} training examples")
@@ -142,7 +174,10 @@ def run(cfg: ConfigDict, run_dir: str | None = None, *, echo=print) -> dict:
       if (name, str(target)) in done:
         echo(f"{name} / {target}: already finished, kept from results.json")
         continue
-      alg = algorithms.build(name, model, fed.num_clients, cfg)
+      key = (name, fed.num_clients, model)
+      if key not in built:
+        built[key] = algorithms.build(name, model, fed.num_clients, cfg)
+      alg = built[key]
       ckpt = os.path.join(run_dir, "checkpoints", f"{name}--{target}")
       res = engine.run(alg, fed, model, ecfg, checkpoint_dir=ckpt)
       if not cfg.train.keep_checkpoints:
