@@ -225,6 +225,8 @@ def run(alg: Algorithm, data, model, cfg: EngineConfig, *,
   one is resumed from (same final parameters as an uninterrupted run).
   """
   train = data.pooled().train if alg.pooled else data.train
+  if alg.pooled:  # one pooled "client" trains every round
+    cfg = dataclasses.replace(cfg, cohort_size=0)
   num_clients = int(np.asarray(train.n).shape[0])
   cfg.validate(num_clients)
   root_key = jax.random.key(cfg.seed)

@@ -62,6 +62,9 @@ def validate(cfg: ConfigDict) -> None:
   if cfg.model.name not in models.available():
     raise ValueError(f"unknown model model.name={cfg.model.name!r}; allowed: "
                      f"{models.available()}")
+  if cfg.data.normalization not in ("dataset", "train"):
+    raise ValueError(f"data.normalization={cfg.data.normalization!r}: allowed "
+                     "'dataset' or 'train'")
   if cfg.data.num_clients < 0:
     raise ValueError(f"data.num_clients={cfg.data.num_clients}: allowed values "
                      "are 0 (one client per source domain) or a positive count")
@@ -123,9 +126,6 @@ def normalization(cfg: ConfigDict, dataset, fed) -> tuple[tuple, tuple]:
   """
   if cfg.data.normalization == "train":
     return fed.mean, fed.std
-  if cfg.data.normalization != "dataset":
-    raise ValueError(f"data.normalization={cfg.data.normalization!r}: allowed "
-                     "'dataset' or 'train'")
   from fedjax_dg.data.federated import channel_stats
   return channel_stats(dataset.images[None], np.array([len(dataset.images)]))
 
@@ -140,14 +140,20 @@ def make_model(cfg: ConfigDict, fed, mean, std):
 def run(cfg: ConfigDict, run_dir: str | None = None, *, echo=print) -> dict:
   """Runs every (target domain, algorithm) of `cfg`; returns the results dict."""
   validate(cfg)
+  # Data, federations and engine settings are all checked before a run directory
+  # is created or anything is computed.
+  dataset = load_dataset(cfg)
+  targets = target_domains(cfg, dataset.domain_names)
+  feds = [federate(cfg, dataset, target) for target in targets]
+  ecfg = engine_config(cfg)
+  for fed in feds:
+    ecfg.validate(fed.num_clients)
+
   resume = run_dir is not None and os.path.exists(os.path.join(run_dir, "config.json"))
   run_dir = run_dir or make_run_dir(cfg.output_dir, cfg.name)
   os.makedirs(run_dir, exist_ok=True)
   with open(os.path.join(run_dir, "config.json"), "w") as f:
     f.write(cfg.to_json(indent=2))
-  dataset = load_dataset(cfg)
-  targets = target_domains(cfg, dataset.domain_names)
-  ecfg = engine_config(cfg)
   results = dict(name=cfg.name, run_dir=run_dir, dataset=dataset.name,
                  domains=list(dataset.domain_names), targets=[str(t) for t in targets],
                  algorithms=list(cfg.algorithms), runs=[])
@@ -158,9 +164,7 @@ def run(cfg: ConfigDict, run_dir: str | None = None, *, echo=print) -> dict:
   echo(f"run directory: {run_dir}" + (" (resuming)" if resume else ""))
   t0 = time.perf_counter()
   # One model and one Algorithm object per client count: runs with equal shapes
-  # (other target domains) reuse the same traced and compiled programs.
-  # Every federation is built (and validated) before any compute.
-  feds = [federate(cfg, dataset, target) for target in targets]
+  # (other target domains, seeds) reuse the same traced and compiled programs.
   model, built = None, {}
   for target, fed in zip(targets, feds):
     if model is None:

@@ -83,6 +83,7 @@ def test_run_writes_results_table_and_plots_and_never_overwrites(tiny_config, ca
     ("train.nonexistent=1", "unknown config key 'train.nonexistent'"),
     ("train.rounds=abc", "train.rounds"),
     ("data.partition=banana", "partition"),
+    ("data.normalization=imagenet", "data.normalization"),
 ])
 def test_invalid_settings_stop_with_a_clear_error(tiny_config, override, needle):
   path, _ = tiny_config
@@ -92,3 +93,11 @@ def test_invalid_settings_stop_with_a_clear_error(tiny_config, override, needle)
   assert proc.returncode == 2, proc.stderr[-2000:]
   assert needle in proc.stderr, proc.stderr[-2000:]
   assert "Traceback" not in proc.stderr
+
+
+def test_failed_validation_leaves_no_run_directory(tiny_config):
+  path, out = tiny_config
+  before = set(os.listdir(out)) if os.path.isdir(out) else set()
+  assert cli.main(["run", "--config", path, "--set", "data.d=6"]) == 2
+  after = set(os.listdir(out)) if os.path.isdir(out) else set()
+  assert after == before
