@@ -46,7 +46,8 @@ def base_config() -> ConfigDict:
   ))
   c.model = ConfigDict(dict(name="inception_cnn", conv_impl="auto"))
   c.train = ConfigDict(dict(
-      rounds=200, eval_every=5, epochs=2, batch_size=64, cohort_size=0,
+      rounds=200, eval_every=5, epochs=2, local_steps=0, batch_size=64,
+      cohort_size=0,
       client_mapping="auto", map_batch_size=1, eval_batch_size=500,
       ood_eval_max=2000, progress=True,
       keep_checkpoints=False,  # False: a finished run's checkpoint is deleted

@@ -50,6 +50,7 @@ class EngineConfig:
   rounds: int
   eval_every: int = 5
   epochs: int = 2
+  local_steps: int = 0          # > 0: this many local steps instead of epochs
   batch_size: int = 64
   cohort_size: int = 0          # 0: every client every round
   client_mapping: str = "auto"
@@ -64,6 +65,7 @@ class EngineConfig:
         ("rounds", self.rounds >= 1, "an integer >= 1"),
         ("eval_every", self.eval_every >= 1, "an integer >= 1"),
         ("epochs", self.epochs >= 1, "an integer >= 1"),
+        ("local_steps", self.local_steps >= 0, "0 (use epochs) or an integer >= 1"),
         ("batch_size", self.batch_size >= 1, "an integer >= 1"),
         ("cohort_size", 0 <= self.cohort_size <= num_clients,
          f"0 (all clients) or 1..{num_clients}"),
@@ -139,7 +141,8 @@ def make_round(alg: Algorithm, cfg: EngineConfig, num_clients: int):
 
   def train_one(start, x, y, n, key, ctx):
     return local_update(alg.loss, alg.optimizer, start, x, y, n, key, ctx,
-                        batch_size=cfg.batch_size, epochs=cfg.epochs)
+                        batch_size=cfg.batch_size, epochs=cfg.epochs,
+                        steps=alg.local_steps or cfg.local_steps)
 
   def round_fn(carry, r, train, root_key):
     server, clients = carry
@@ -280,7 +283,8 @@ def run(alg: Algorithm, data, model, cfg: EngineConfig, *,
 
 def _program_key(cfg: EngineConfig) -> EngineConfig:
   """The fields of `cfg` that shape the compiled programs (not rounds, seed, ...)."""
-  return EngineConfig(rounds=1, epochs=cfg.epochs, batch_size=cfg.batch_size,
+  return EngineConfig(rounds=1, epochs=cfg.epochs, local_steps=cfg.local_steps,
+                      batch_size=cfg.batch_size,
                       cohort_size=cfg.cohort_size, client_mapping=cfg.client_mapping,
                       map_batch_size=cfg.map_batch_size,
                       eval_batch_size=cfg.eval_batch_size)

@@ -38,6 +38,7 @@ def engine_config(cfg: ConfigDict) -> engine.EngineConfig:
   t = cfg.train
   return engine.EngineConfig(
       rounds=t.rounds, eval_every=t.eval_every, epochs=t.epochs,
+      local_steps=t.local_steps,
       batch_size=t.batch_size, cohort_size=t.cohort_size,
       client_mapping=t.client_mapping, map_batch_size=t.map_batch_size,
       seed=cfg.seed, eval_batch_size=t.eval_batch_size,
@@ -180,7 +181,7 @@ def run(cfg: ConfigDict, run_dir: str | None = None, *, echo=print) -> dict:
         continue
       key = (name, fed.num_clients, model)
       if key not in built:
-        built[key] = algorithms.build(name, model, fed.num_clients, cfg)
+        built[key] = algorithms.build(name, model, fed.num_clients, cfg, data=fed)
       alg = built[key]
       ckpt = os.path.join(run_dir, "checkpoints", f"{name}--{target}")
       res = engine.run(alg, fed, model, ecfg, checkpoint_dir=ckpt)

@@ -79,3 +79,19 @@ def test_fedprox_term_pulls_toward_start():
   params = {"w": jnp.array([1.0, 2.0, 4.0])}
   batch = Batch(jnp.zeros((1, 1)), jnp.zeros((1,), jnp.int32), jnp.ones((1,)))
   np.testing.assert_allclose(loss(params, batch, None, start), 0.5 * 2.0 * (1 + 9))
+
+
+def test_fixed_local_steps_mode_runs_exactly_that_many_steps():
+  """steps > 0: every client takes `steps` steps whatever its size (pFedHN)."""
+  rng = np.random.default_rng(1)
+  x = rng.integers(0, 255, (12, 2, 2, 1)).astype(np.uint8)
+  y = rng.integers(0, 3, (12,)).astype(np.int32)
+  params = {"w": jnp.zeros((4, 3)), "b": jnp.zeros((3,))}
+  count = {"w": jnp.zeros((4, 3)), "b": jnp.zeros((3,))}
+  # A "loss" whose gradient is 1 for b[0]: SGD(lr=1) subtracts 1 per step taken.
+  loss = lambda p, batch, rng, ctx: p["b"][0] + 0.0 * jnp.sum(batch.mask)
+  for n, steps in ((12, 7), (3, 7), (5, 1)):
+    got, _ = local_update(loss, optax.sgd(1.0), params, jnp.asarray(x),
+                          jnp.asarray(y), jnp.int32(n), jax.random.key(0),
+                          batch_size=4, epochs=2, steps=steps)
+    assert float(got["b"][0]) == -steps

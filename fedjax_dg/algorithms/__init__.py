@@ -18,8 +18,13 @@ def client_optimizer(cfg, name: str):
   return make_optimizer(c["optimizer"], c["lr"], c["weight_decay"], c["momentum"])
 
 
-def build(name: str, model, num_clients: int, cfg) -> Algorithm:
-  """Builds algorithm `name` for `model` and `num_clients` clients from `cfg`."""
+def build(name: str, model, num_clients: int, cfg, data=None) -> Algorithm:
+  """Builds algorithm `name` for `model` and `num_clients` clients from `cfg`.
+
+  `data` (the run's FederatedData) is for algorithms that derive something from
+  the clients' data before training (e.g. fixed data-conditioned embeddings).
+  """
+  del data  # no algorithm of this registry needs it yet
   if name not in ALGORITHMS:
     raise ValueError(f"unknown algorithm {name!r}; allowed: {ALGORITHMS}")
   opt = client_optimizer(cfg, name)

@@ -46,6 +46,8 @@ class Algorithm:
   eval_params(server_state, client_state) -> parameters to evaluate: stacked
       [N, ...] if `personalized`, else one model shared by every client.
   pooled: train one "client" on the union of the clients' data (Central).
+  local_steps: > 0 overrides the engine's epochs with a fixed number of local
+      steps for every client (pFedHN's inner steps).
   """
   name: str
   init: Callable[[jax.Array], tuple[PyTree, PyTree]]
@@ -58,3 +60,4 @@ class Algorithm:
   client_ctx: Callable[[PyTree, PyTree], Any] = _start_is_ctx
   client_end: Callable[[PyTree, PyTree], PyTree] = _keep_state
   pooled: bool = False
+  local_steps: int = 0

@@ -88,16 +88,24 @@ def match_varying(values: PyTree, like: jax.Array) -> PyTree:
 def local_update(loss_fn: LossFn, optimizer: optax.GradientTransformation,
                  params: PyTree, x: jax.Array, y: jax.Array, n: jax.Array,
                  key: jax.Array, ctx: Any = None, *, batch_size: int,
-                 epochs: int) -> tuple[PyTree, jax.Array]:
-  """Trains one client for `epochs` epochs; returns (params, mean loss).
+                 epochs: int, steps: int = 0) -> tuple[PyTree, jax.Array]:
+  """Trains one client; returns (params, mean loss over its steps).
 
-  The optimizer state starts fresh every call (every round), as in the papers'
-  reference code. `x`: uint8 [n_max, ...], `y`: [n_max], `n`: scalar count.
+  `epochs` passes over the client's own `n` examples, or, with `steps > 0`,
+  exactly `steps` steps for every client (pFedHN's "inner steps"), cycling through
+  fresh permutations. The optimizer state starts fresh every call (every round),
+  as in the papers' reference code. `x`: uint8 [n_max, ...], `y`: [n_max], `n`:
+  scalar count.
   """
   n_max = x.shape[0]
-  steps = num_steps(n_max, batch_size, epochs)
   perm_key, step_key = jax.random.split(key)
-  perms = epoch_permutations(perm_key, n, n_max, epochs)
+  if steps > 0:  # at most one epoch per step: `steps` permutations suffice
+    perms = epoch_permutations(perm_key, n, n_max, steps)
+    steps_taken = jnp.where(n > 0, steps, 1)
+  else:
+    steps = num_steps(n_max, batch_size, epochs)
+    perms = epoch_permutations(perm_key, n, n_max, epochs)
+    steps_taken = epochs * jnp.maximum((n + batch_size - 1) // batch_size, 1)
   grad_fn = jax.value_and_grad(loss_fn)
 
   def step(carry, s):
@@ -116,5 +124,4 @@ def local_update(loss_fn: LossFn, optimizer: optax.GradientTransformation,
   init = match_varying(
       (params, optimizer.init(params), jnp.zeros((), jnp.float32)), n)
   (params, _, loss_sum), _ = jax.lax.scan(step, init, jnp.arange(steps))
-  steps_taken = epochs * jnp.maximum((n + batch_size - 1) // batch_size, 1)
   return params, loss_sum / steps_taken
