@@ -275,7 +275,7 @@ def run(alg: Algorithm, data, model, cfg: EngineConfig, *,
     bar.close()
   if ckpt is not None:
     ckpt.close()
-  final = dict(round=r0, **eval_step(carry, val, ood_full))
+  final = dict(round=r0, **eval_step(carry, val, ood_full, details=True))
   server, clients = carry
   return RunResult(alg.name, server, clients, history, round_metrics, final,
                    time.perf_counter() - t0)
@@ -331,6 +331,7 @@ def _ood_sets(data, cfg: EngineConfig):
 def _make_eval(alg: Algorithm, model, eval_batch_size: int):
   """Returns eval(carry, val, ood) -> dict of host floats/lists."""
   apply_fn = lambda p, x: model.apply(p, x, train=False)
+  eval_params = jax.jit(alg.eval_params)
 
   @functools.partial(jax.jit, static_argnums=(2, 3))
   def scores(carry, arrays, bs_val, bs_ood):
@@ -349,7 +350,7 @@ def _make_eval(alg: Algorithm, model, eval_batch_size: int):
         out["ood"] = evaluate.scores(apply_fn, params, ox, oy, om, bs_ood)
     return out
 
-  def run_eval(carry, val, ood):
+  def run_eval(carry, val, ood, details=False):
     bs_val = min(eval_batch_size, val[0].shape[1])
     bs_ood = None if ood is None else min(eval_batch_size, ood[0].shape[0])
     s = jax.device_get(scores(carry, (val, ood), bs_val, bs_ood))
@@ -358,6 +359,16 @@ def _make_eval(alg: Algorithm, model, eval_batch_size: int):
     if ood is not None:
       ood_acc = np.atleast_1d(s["ood"].correct / np.maximum(s["ood"].count, 1))
       out.update(ood_acc=float(np.mean(ood_acc)), ood_acc_per_client=ood_acc.tolist())
+    if details:  # calibration over all clients' predictions, divergence, extras
+      bins = lambda b: np.asarray(b).reshape(-1, *np.asarray(b).shape[-2:]).sum(0)
+      out["calibration"] = {k: evaluate.calibration_summary(bins(v.bins))
+                            for k, v in s.items()}
+      server, clients = carry
+      if alg.personalized:
+        out["weight_divergence"] = evaluate.weight_divergence(
+            jax.device_get(eval_params(server, clients)))
+      out["extras"] = jax.tree.map(lambda a: np.asarray(a).tolist(),
+                                   jax.device_get(alg.extras(server, clients)))
     return out
 
   return run_eval

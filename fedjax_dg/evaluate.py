@@ -16,10 +16,15 @@ import numpy as np
 PyTree = Any
 
 
+CONFIDENCE_BINS = 15  # equal-width bins of the top-class probability over [0, 1]
+
+
 class Scores(NamedTuple):
   correct: jax.Array  # number of correct predictions
   count: jax.Array    # number of real (unpadded) examples
   nll: jax.Array      # summed negative log-likelihood
+  # [3, CONFIDENCE_BINS] per confidence bin: examples, summed confidence, correct.
+  bins: jax.Array
 
 
 def pad_to_multiple(x: np.ndarray, y: np.ndarray, multiple: int):
@@ -44,10 +49,54 @@ def scores(apply_fn, params: PyTree, x: jax.Array, y: jax.Array,
     logp = jax.nn.log_softmax(apply_fn(params, bx))
     hit = (jnp.argmax(logp, -1) == by).astype(jnp.float32)
     nll = -jnp.take_along_axis(logp, by[:, None], axis=1)[:, 0]
-    return jnp.stack([jnp.sum(hit * bm), jnp.sum(bm), jnp.sum(nll * bm)])
+    conf = jnp.exp(jnp.max(logp, -1))
+    b = jnp.clip((conf * CONFIDENCE_BINS).astype(jnp.int32), 0, CONFIDENCE_BINS - 1)
+    per_bin = jax.ops.segment_sum(jnp.stack([bm, conf * bm, hit * bm], 1), b,
+                                  num_segments=CONFIDENCE_BINS).T
+    return jnp.stack([jnp.sum(hit * bm), jnp.sum(bm), jnp.sum(nll * bm)]), per_bin
 
-  tot = jnp.sum(jax.lax.map(one, (xb, yb, mb)), axis=0)
-  return Scores(tot[0], tot[1], tot[2])
+  tot, bins = jax.tree.map(lambda a: jnp.sum(a, axis=0),
+                           jax.lax.map(one, (xb, yb, mb)))
+  return Scores(tot[0], tot[1], tot[2], bins)
+
+
+def expected_calibration_error(bins: np.ndarray) -> float:
+  """ECE = sum_b n_b / N |accuracy_b - confidence_b| from `Scores.bins` [3, B]."""
+  count, conf, correct = np.asarray(bins, np.float64)
+  total = count.sum()
+  if total == 0:
+    return float("nan")
+  nz = count > 0
+  return float(np.sum(np.abs(correct[nz] - conf[nz])) / total)
+
+
+def calibration_summary(bins: np.ndarray) -> dict:
+  """ECE and confidence histograms of correct and incorrect predictions."""
+  count, _, correct = np.asarray(bins, np.float64)
+  return dict(ece=expected_calibration_error(bins),
+              hist_correct=correct.astype(int).tolist(),
+              hist_incorrect=(count - correct).astype(int).tolist(),
+              bin_edges=np.linspace(0, 1, count.shape[0] + 1).round(4).tolist())
+
+
+def weight_divergence(stacked_params: PyTree) -> dict[str, float]:
+  """Per parameter tensor: mean over client pairs of ||w_i - w_j|| / mean ||w_i||.
+
+  The "Euclidean weight divergence between client models, per layer" of the hFedF
+  paper (Fig. 5b), normalized by the tensor's mean norm so layers compare.
+  """
+  out = {}
+  for path, w in jax.tree_util.tree_flatten_with_path(stacked_params)[0]:
+    w = np.asarray(w, np.float64).reshape(w.shape[0], -1)
+    c = w.shape[0]
+    if c < 2:
+      continue
+    sq = np.sum(w**2, 1)
+    d2 = np.maximum(sq[:, None] + sq[None, :] - 2 * w @ w.T, 0.0)
+    pair = np.sqrt(d2[np.triu_indices(c, 1)]).mean()
+    name = "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+    out[name] = float(pair / max(np.sqrt(sq).mean(), 1e-12))
+  return out
 
 
 def per_client_scores(apply_fn, stacked_params: PyTree | None, shared_params,

@@ -1,10 +1,12 @@
-"""Paper-style tables and learning-curve plots from a run's results dict."""
+"""Paper-style tables of a run's results dict, and its figures (`plots`)."""
 
 from __future__ import annotations
 
 import os
 
 import numpy as np
+
+from fedjax_dg import plots
 
 
 def _cell(values) -> str:
@@ -49,35 +51,20 @@ def text_table(results: dict) -> str:
   return "\n".join([fmt(header), rule] + [fmt(r) for r in rows])
 
 
-def plot_curves(results: dict, path: str) -> str:
-  """id / ood accuracy and training loss vs round, per algorithm (mean over targets)."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  metrics = [("id_acc", "id accuracy"), ("ood_acc", "ood accuracy"),
-             ("train_loss", "training loss")]
-  fig, axes = plt.subplots(1, 3, figsize=(15, 4), constrained_layout=True)
+def calibration_table(results: dict) -> str:
+  """Markdown: ECE of id and ood predictions per algorithm (mean over targets)."""
+  lines = []
   for alg in results["algorithms"]:
-    runs = [r for r in results["runs"] if r["algorithm"] == alg and r["history"]]
-    if not runs:
-      continue
-    for ax, (key, label) in zip(axes, metrics):
-      curves = [[h.get(key, np.nan) for h in r["history"]] for r in runs]
-      n = min(len(c) for c in curves)
-      rounds = [h["round"] for h in runs[0]["history"][:n]]
-      stack = np.array([c[:n] for c in curves], dtype=float)
-      line, = ax.plot(rounds, np.nanmean(stack, 0), label=alg, lw=2)
-      for c in stack:
-        ax.plot(rounds, c, color=line.get_color(), alpha=0.2, lw=1)
-      ax.set_xlabel("round")
-      ax.set_ylabel(label)
-  axes[0].legend()
-  fig.suptitle(f"{results['name']}: {results['dataset']}, mean over held-out "
-               "domains (thin: each domain)")
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return path
+    cal = [r["final"].get("calibration", {}) for r in results["runs"]
+           if r["algorithm"] == alg]
+    vals = [np.mean([c[s]["ece"] for c in cal if s in c]) if any(s in c for c in cal)
+            else None for s in ("id", "ood")]
+    if any(v is not None for v in vals):
+      lines.append(f"| {alg} | " + " | ".join("-" if v is None else f"{v:.3f}"
+                                             for v in vals) + " |")
+  if not lines:
+    return ""
+  return "\n".join(["| algorithm | ECE id | ECE ood |", "|---|---:|---:|"] + lines)
 
 
 def write_all(results: dict, run_dir: str) -> list[str]:
@@ -88,6 +75,13 @@ def write_all(results: dict, run_dir: str) -> list[str]:
     f.write("Final accuracy (%) per held-out target domain; id = each client's "
             "model on its own held-out source split, ood = on the unseen domain.\n\n")
     f.write(markdown_table(results) + "\n")
+    ece = calibration_table(results)
+    if ece:
+      f.write("\nExpected calibration error (15 bins, mean over held-out domains; "
+              "lower is better):\n\n" + ece + "\n")
   paths.append(md)
-  paths.append(plot_curves(results, os.path.join(run_dir, "curves.png")))
+  for name, draw in plots.ALL.items():
+    path = draw(results, os.path.join(run_dir, name))
+    if path is not None:
+      paths.append(path)
   return paths

@@ -50,7 +50,13 @@ def test_run_writes_results_table_and_plots_and_never_overwrites(tiny_config, ca
   for r in res["runs"]:
     assert [h["round"] for h in r["history"]] == [1, 2]
     assert 0.0 <= r["final"]["ood_acc"] <= 1.0
-  for f in ("table.md", "curves.png", "config.json"):
+    cal = r["final"]["calibration"]
+    assert 0.0 <= cal["ood"]["ece"] <= 1.0
+    assert sum(cal["id"]["hist_correct"]) + sum(cal["id"]["hist_incorrect"]) > 0
+    assert ("weight_divergence" in r["final"]) == (r["algorithm"] == "hfedf")
+  assert "ECE ood" in open(os.path.join(out, run_dir, "table.md")).read()
+  for f in ("table.md", "curves.png", "config.json", "gradalign.png",
+            "confidence.png", "weight_divergence.png"):
     assert os.path.getsize(os.path.join(out, run_dir, f)) > 0
   # Finished runs' checkpoints are removed (train.keep_checkpoints=False).
   assert not os.listdir(os.path.join(out, run_dir, "checkpoints"))

@@ -48,6 +48,8 @@ class Algorithm:
   pooled: train one "client" on the union of the clients' data (Central).
   local_steps: > 0 overrides the engine's epochs with a fixed number of local
       steps for every client (pFedHN's inner steps).
+  extras(server_state, client_state) -> dict of arrays reported with the final
+      evaluation for analysis (e.g. hFedF's learned client embeddings).
   """
   name: str
   init: Callable[[jax.Array], tuple[PyTree, PyTree]]
@@ -61,3 +63,4 @@ class Algorithm:
   client_end: Callable[[PyTree, PyTree], PyTree] = _keep_state
   pooled: bool = False
   local_steps: int = 0
+  extras: Callable[[PyTree, PyTree], dict] = lambda server, clients: {}

@@ -1,0 +1,178 @@
+"""Figures of a run directory's results (the hFedF paper's analyses).
+
+Every function takes the results dict written by `experiment.run` and a path,
+draws with matplotlib's Agg backend and returns the path, or None when the results
+hold nothing to draw (e.g. no hFedF run for the GradAlign figure).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _plt():
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  return plt
+
+
+def _runs(results: dict, algorithm: str | None = None) -> list[dict]:
+  return [r for r in results["runs"]
+          if algorithm is None or r["algorithm"] == algorithm]
+
+
+def learning_curves(results: dict, path: str) -> str | None:
+  """id / ood accuracy and training loss per eval (mean over targets; thin: each)."""
+  plt = _plt()
+  metrics = [("id_acc", "id accuracy"), ("ood_acc", "ood accuracy"),
+             ("train_loss", "training loss")]
+  fig, axes = plt.subplots(1, 3, figsize=(15, 4), constrained_layout=True)
+  drawn = False
+  for alg in results["algorithms"]:
+    runs = [r for r in _runs(results, alg) if r["history"]]
+    if not runs:
+      continue
+    drawn = True
+    for ax, (key, label) in zip(axes, metrics):
+      curves = [[h.get(key, np.nan) for h in r["history"]] for r in runs]
+      n = min(len(c) for c in curves)
+      rounds = [h["round"] for h in runs[0]["history"][:n]]
+      stack = np.array([c[:n] for c in curves], dtype=float)
+      line, = ax.plot(rounds, np.nanmean(stack, 0), label=alg, lw=2, marker=".")
+      for c in stack:
+        ax.plot(rounds, c, color=line.get_color(), alpha=0.2, lw=1)
+      ax.set_xlabel("round")
+      ax.set_ylabel(label)
+  if not drawn:
+    plt.close(fig)
+    return None
+  axes[0].legend()
+  fig.suptitle(f"{results['name']}: {results['dataset']}, mean over held-out "
+               "domains (thin: each domain)")
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
+
+
+def gradalign_weights(results: dict, path: str,
+                      algorithm: str = "hfedf") -> str | None:
+  """Fig. 5a (weights per client over rounds) and Fig. 7 (final weights)."""
+  runs = [r for r in _runs(results, algorithm)
+          if r.get("round_metrics", {}).get("gradalign_theta")]
+  if not runs:
+    return None
+  plt = _plt()
+  fig, axes = plt.subplots(1, 2, figsize=(13, 4), constrained_layout=True,
+                           gridspec_kw=dict(width_ratios=[3, 2]))
+  for r in runs:
+    w = np.asarray(r["round_metrics"]["gradalign_theta"])
+    for i in range(w.shape[1]):
+      axes[0].plot(np.arange(1, len(w) + 1), w[:, i], alpha=0.5, lw=1)
+  axes[0].axhline(1.0 / w.shape[1], color="k", ls=":", lw=1, label="uniform")
+  axes[0].set(xlabel="round", ylabel="GradAlign weight (theta)",
+              title="per client and held-out domain")
+  axes[0].legend()
+  final = np.array([np.asarray(r["round_metrics"]["gradalign_theta"])[-1]
+                    for r in runs])
+  im = axes[1].imshow(final, cmap="Blues", aspect="auto")
+  axes[1].set(xlabel="client", ylabel="held-out domain",
+              yticks=range(len(runs)), yticklabels=[r["target"] for r in runs],
+              title="final weights")
+  fig.colorbar(im, ax=axes[1])
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
+
+
+def weight_divergence(results: dict, path: str) -> str | None:
+  """Fig. 5b: per-layer divergence between client models, per personalized method."""
+  per_alg = {}
+  for r in results["runs"]:
+    div = r["final"].get("weight_divergence")
+    if div:
+      per_alg.setdefault(r["algorithm"], []).append(div)
+  if not per_alg:
+    return None
+  plt = _plt()
+  layers = list(next(iter(per_alg.values()))[0])
+  fig, ax = plt.subplots(figsize=(max(8, 0.6 * len(layers)), 4),
+                         constrained_layout=True)
+  width = 0.8 / len(per_alg)
+  for k, (alg, divs) in enumerate(per_alg.items()):
+    mean = [np.mean([d[l] for d in divs if l in d]) for l in layers]
+    ax.bar(np.arange(len(layers)) + k * width, mean, width, label=alg)
+  ax.set_xticks(np.arange(len(layers)) + 0.4 - width / 2)
+  ax.set_xticklabels(layers, rotation=60, ha="right", fontsize=7)
+  ax.set_ylabel("mean pairwise ||w_i - w_j|| / mean ||w_i||")
+  ax.set_title("weight divergence between client models (mean over held-out domains)")
+  ax.legend()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
+
+
+def embeddings(results: dict, path: str, algorithm: str = "hfedf") -> str | None:
+  """Fig. 6a: the learned client embeddings (first two coordinates / PCA)."""
+  runs = [r for r in _runs(results, algorithm)
+          if r["final"].get("extras", {}).get("embeddings")]
+  if not runs:
+    return None
+  plt = _plt()
+  fig, axes = plt.subplots(1, len(runs), figsize=(3.2 * len(runs), 3),
+                           constrained_layout=True, squeeze=False)
+  for ax, r in zip(axes[0], runs):
+    e = np.asarray(r["final"]["extras"]["embeddings"], float)
+    if e.shape[1] == 1:
+      xy = np.concatenate([e, np.zeros_like(e)], 1)
+    elif e.shape[1] == 2:
+      xy = e
+    else:
+      c = e - e.mean(0)
+      xy = c @ np.linalg.svd(c, full_matrices=False)[2][:2].T
+    ax.scatter(xy[:, 0], xy[:, 1], c=np.arange(len(e)), cmap="tab10", s=40)
+    for i, (a, b) in enumerate(xy):
+      ax.annotate(str(i), (a, b), fontsize=8)
+    ax.set_title(f"held out: {r['target']}", fontsize=9)
+    if e.shape[1] == 1:
+      ax.set_yticks([])
+  fig.suptitle(f"{algorithm} client embeddings")
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
+
+
+def confidence(results: dict, path: str) -> str | None:
+  """Fig. 6b: top-class probability of correct / incorrect predictions, id / ood."""
+  algs = [a for a in results["algorithms"]
+          if any(r["final"].get("calibration") for r in _runs(results, a))]
+  if not algs:
+    return None
+  plt = _plt()
+  fig, axes = plt.subplots(2, 2, figsize=(11, 7), constrained_layout=True)
+  for alg in algs:
+    for col, split in enumerate(("id", "ood")):
+      cal = [r["final"]["calibration"][split] for r in _runs(results, alg)
+             if split in r["final"].get("calibration", {})]
+      if not cal:
+        continue
+      edges = np.asarray(cal[0]["bin_edges"])
+      centers = (edges[:-1] + edges[1:]) / 2
+      ece = np.mean([c["ece"] for c in cal])
+      for row, key in enumerate(("hist_correct", "hist_incorrect")):
+        h = np.sum([c[key] for c in cal], 0).astype(float)
+        axes[row, col].plot(centers, h / max(h.sum(), 1), marker=".",
+                            label=f"{alg} (ECE {ece:.3f})")
+  for row, what in enumerate(("correct", "incorrect")):
+    for col, split in enumerate(("id", "ood")):
+      axes[row, col].set(title=f"{what} predictions ({split})",
+                         xlabel="predicted-class probability", ylabel="density")
+      axes[row, col].legend(fontsize=8)
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
+
+
+ALL = {"curves.png": learning_curves, "gradalign.png": gradalign_weights,
+       "weight_divergence.png": weight_divergence, "embeddings.png": embeddings,
+       "confidence.png": confidence}
