@@ -4,9 +4,12 @@ One FedAvg round and one hFedF round of the hFedF Inception CNN (32x32x3 uint8, 
 classes) at C clients, 10 local SGD steps of batch 64 per client (640 examples per
 client, epochs=1), the same synthetic data for every variant:
 
-  engine  (a) the engine's jitted chunk (`engine._programs`, as `engine.run` builds
+  engine  (a) the engine's jitted chunk (`engine.programs`, as `engine.run` builds
               it) called with length 1: ONE program per round, `client_mapping="auto"`
-              (= sequential `lax.map` over clients on CPU);
+              with one XLA:CPU device per core, as the `fedjax-dg` command sets up
+              JAX (`engine.use_cpu_devices`): the cohort sharded over the devices,
+              sequential `lax.map` over each device's clients (`--cpu-devices 1`:
+              one device, `lax.map` over all clients);
   loop    (b) the FedJAX execution model: a Python loop over clients calling
               `jax.jit(local_update)` for one client, then the server step from
               Python: FedAvg = jitted weighted mean of the C models; hFedF = jitted
@@ -122,10 +125,12 @@ def _server_of(alg_name, server):
 
 def worker_engine(spec, x, y):
   """(a), and (c)/(c') through the engine's `central` algorithm on pooled data."""
+  from fedjax_dg import engine
+  if spec["cpu_devices"] != 1:  # as the fedjax-dg command sets up JAX
+    engine.use_cpu_devices(spec["cpu_devices"] or None)
   jax, model, opt, loss = _jax_common(spec)
   import jax.numpy as jnp
   import numpy as np
-  from fedjax_dg import engine
   from fedjax_dg.data.federated import ClientArrays
   c = spec["clients"]
   variant = spec["variant"]
@@ -139,12 +144,12 @@ def worker_engine(spec, x, y):
     n_clients = 1
   cfg = engine.EngineConfig(rounds=1, eval_every=1, epochs=1, batch_size=batch,
                             client_mapping=spec["mapping"], progress=False)
-  init_fn, run_chunk, _ = engine._programs(alg, model, engine._program_key(cfg),
-                                           n_clients)
-  train = ClientArrays(x=jnp.asarray(x), y=jnp.asarray(y),
-                       n=jnp.full((n_clients,), x.shape[1], jnp.int32))
+  progs = engine.programs(alg, model, cfg, n_clients)
+  run_chunk = progs.chunk
+  train = progs.layout.put_clients(ClientArrays(
+      x=x, y=y, n=np.full((n_clients,), x.shape[1], np.int32)))
   root = jax.random.key(0)
-  carry = init_fn(jax.random.fold_in(root, 2**31 - 1))
+  carry = progs.init(jax.random.fold_in(root, 2**31 - 1))
   name = "central" if variant != "engine" else spec["alg"]
   before = jax.tree.map(np.asarray, _server_of(name, carry[0]))
   state = {"carry": carry, "r": 0}
@@ -390,9 +395,13 @@ def worker_main(spec):
 class Worker:
   def __init__(self, spec, log):
     self.spec, self.log = spec, log
+    # On a GPU, JAX takes 75 % of its memory per process by default: the
+    # workers share one device, so each allocates only what it uses.
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
     self.proc = subprocess.Popen(
         [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(spec)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
+        env=env)
     self.error = None
     self.ready = self.read()
 
@@ -501,6 +510,10 @@ def main(argv=None):
   ap.add_argument("--client-opt", default="sgd", choices=["sgd", "adam"])
   ap.add_argument("--lr", type=float, default=0.01)
   ap.add_argument("--mapping", default="auto", help="engine client_mapping")
+  ap.add_argument("--cpu-devices", type=int, default=0,
+                  help="XLA:CPU devices of the engine's process (engine and "
+                  "central): 0 = one per core, as `fedjax-dg` sets up JAX "
+                  "(engine.use_cpu_devices); 1 = JAX's default single device")
   ap.add_argument("--torch-threads", type=int, default=0,
                   help="torch.set_num_threads (0: torch's default)")
   ap.add_argument("--no-diagnose", action="store_true",
@@ -527,6 +540,7 @@ def main(argv=None):
         spec = dict(alg=alg, clients=c, variant=v, steps=args.steps,
                     client_opt=args.client_opt,
                     lr=args.lr, mapping=args.mapping,
+                    cpu_devices=args.cpu_devices,
                     torch_threads=args.torch_threads,
                     diagnose=not args.no_diagnose)
         t0 = time.perf_counter()
@@ -606,7 +620,8 @@ def report(rows, central, args, info):
         f"torch {info['torch']}, Python {info['python']}.")
   print(f"Workload: inception_cnn 32x32x3 uint8, 7 classes, {args.steps} local steps x "
         f"batch {BATCH} per client, client optimizer {args.client_opt} "
-        f"lr {args.lr}, engine client_mapping={args.mapping!r}.")
+        f"lr {args.lr}, engine client_mapping={args.mapping!r}, engine CPU "
+        f"devices {args.cpu_devices or 'one per core'}.")
   print()
   print("| algorithm | C | variant | ms / round (median) | range | timed rounds | "
         "ms / client-step | server step ms | peak RSS GiB | cores used: own / "

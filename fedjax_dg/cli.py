@@ -12,10 +12,14 @@ DEMO = os.path.join(EXPERIMENTS, "demo.py")
 FULL = os.path.join(EXPERIMENTS, "rfmnist_hfedf.py")
 
 
-def enable_compilation_cache() -> str:
-  """Persistent XLA compilation cache: runs with the same shapes (another target
-  domain, a second `make demo`) reuse compiled programs instead of recompiling."""
+def setup_jax() -> str:
+  """Sets up JAX for runs: one XLA:CPU device per core (`engine.use_cpu_devices`;
+  clients then run on the cores concurrently), and a persistent XLA compilation
+  cache: runs with the same shapes (another target domain, a second `make demo`)
+  reuse compiled programs instead of recompiling."""
   import jax
+  from fedjax_dg import engine
+  engine.use_cpu_devices()
   path = os.environ.get("FEDJAX_DG_JAX_CACHE") or os.path.join(
       os.environ.get("FEDJAX_DG_DATA_DIR")
       or os.path.expanduser(os.path.join("~", ".cache", "fedjax_dg")), "jax_cache")
@@ -26,7 +30,7 @@ def enable_compilation_cache() -> str:
 
 def _run(config_path: str, overrides: list[str], resume: str | None) -> int:
   from fedjax_dg import config as config_lib, experiment, report
-  enable_compilation_cache()
+  setup_jax()
   cfg = config_lib.apply_overrides(config_lib.load(config_path), overrides)
   results = experiment.run(cfg, run_dir=resume)
   print()
@@ -88,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
       from fedjax_dg import sweep
       if args.command == "report":
         return sweep.main_report(args)
-      enable_compilation_cache()
+      setup_jax()
       return sweep.main_sweep(args)
     return _run(args.config, args.set, args.resume)
   except (ValueError, FileNotFoundError, RuntimeError) as e:

@@ -117,40 +117,57 @@ def test_invalid_settings_fail_before_compute(fed3, field, value):
 
 SHARDED = textwrap.dedent("""
     import os
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count={devices}"
     import dataclasses, sys
     sys.path.insert(0, {tests!r})
     import jax, jax.numpy as jnp
     from conftest import synthetic_federation
     from fedjax_dg import engine, models
     from fedjax_dg.algorithms.fedavg import fedavg
+    from fedjax_dg.algorithms.hfedf import hfedf
     from fedjax_dg.algorithms.local_only import local_only
     from fedjax_dg.client import objectives
     from fedjax_dg.optim import make_optimizer
-    assert jax.device_count() == 8
-    fed = synthetic_federation(num_clients=8, d=2, num_domains=5, per_domain=40)
+    assert jax.device_count() == {devices}
+    n = {clients}
+    fed = synthetic_federation(num_clients=n, d=2, num_domains=5, per_domain=40)
     model = models.get_model("mlp", input_shape=fed.image_shape,
                              num_classes=fed.num_classes, mean=fed.mean, std=fed.std)
-    cfg = engine.EngineConfig(rounds=2, eval_every=2, epochs=1, batch_size=8,
+    cfg = engine.EngineConfig(rounds=2, eval_every=1, epochs=1, batch_size=8,
                               progress=False, eval_batch_size=8)
     loss = objectives.cross_entropy(model)
+    opt = make_optimizer("adam", 1e-2)
     worst = 0.0
-    for alg in (fedavg(model, make_optimizer("adam", 1e-2), loss),
-                local_only(model, make_optimizer("adam", 1e-2), loss, num_clients=8)):
+    algs = [fedavg(model, opt, loss), local_only(model, opt, loss, num_clients=n)]
+    if {with_hfedf}:  # a server step over the sharded (and padded) cohort
+      algs.append(hfedf(model, opt, loss, num_clients=n, ema_warmup=1))
+    for alg in algs:
       one = engine.run(alg, fed, model, dataclasses.replace(cfg, client_mapping="map"))
-      eight = engine.run(alg, fed, model, dataclasses.replace(cfg, client_mapping="shard"))
+      auto = dataclasses.replace(cfg, client_mapping="auto")
+      progs = engine.programs(alg, model, auto, n)
+      assert progs.layout.mapping == "shard", progs.layout
+      print("MESH", progs.layout.mesh.size)
+      many = engine.run(alg, fed, model, auto)
+      # One compile per run: the second chunk reused the first one's program.
+      assert progs.chunk._cache_size() == 1, progs.chunk._cache_size()
       d = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(
           jax.tree.leaves((one.server, one.clients)),
-          jax.tree.leaves((eight.server, eight.clients))))
+          jax.tree.leaves((many.server, many.clients))))
       worst = max(worst, d)
+      assert one.final["id_acc_per_client"] == many.final["id_acc_per_client"]
     print("MAXDIFF", worst)
 """)
 
 
-def test_sharded_over_8_devices_matches_one_device():
+@pytest.mark.parametrize("devices,clients,mesh", [(8, 8, 8), (2, 5, 2)])
+def test_sharded_over_host_devices_matches_one_device(devices, clients, mesh):
+  """8 clients on 8 devices; 5 on 2 (the cohort padded to 6 inside the mapper)."""
   tests = os.path.dirname(os.path.abspath(__file__))
-  out = subprocess.run([sys.executable, "-c", SHARDED.format(tests=tests)],
-                       capture_output=True, text=True, timeout=600)
+  script = SHARDED.format(tests=tests, devices=devices, clients=clients,
+                          with_hfedf=devices == 2)
+  out = subprocess.run([sys.executable, "-c", script], capture_output=True,
+                       text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
+  assert f"MESH {mesh}" in out.stdout
   diff = float(out.stdout.split("MAXDIFF")[1])
   assert diff < 1e-5, diff
