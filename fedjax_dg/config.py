@@ -26,6 +26,12 @@ def base_config() -> ConfigDict:
   c.seed = 0
   c.algorithms = ("hfedf", "fedavg")
   c.output_dir = "runs"
+  # A HyperGenFL Table 1 scenario ("standard" | "advanced" | "extreme"; "" =
+  # none): sets data.num_clients, train.cohort_size and data.alpha (only those;
+  # presets.resolve_scenario), so a sweep can grid over it: --grid
+  # scenario=standard,advanced,extreme. Giving one of the three fields another
+  # value as well is an error.
+  c.scenario = ""
 
   c.data = ConfigDict(dict(
       name="rotated_fashion_mnist",

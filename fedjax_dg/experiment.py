@@ -45,10 +45,19 @@ def engine_config(cfg: ConfigDict) -> engine.EngineConfig:
       ood_eval_max=t.ood_eval_max, progress=t.progress)
 
 
+def resolve(cfg: ConfigDict) -> ConfigDict:
+  """A copy of `cfg` with its presets expanded (`scenario`, HyperGenFL Table 1)."""
+  from fedjax_dg import presets
+  cfg = cfg.copy_and_resolve_references()
+  presets.resolve_scenario(cfg)
+  return cfg
+
+
 def validate(cfg: ConfigDict) -> None:
   """Checks settings that need no data, before any compute."""
   from fedjax_dg.data import sources
   from fedjax_dg import models
+  cfg = resolve(cfg)
   algs = tuple(cfg.algorithms)
   if not algs:
     raise ValueError("algorithms is empty: name at least one of "
@@ -155,6 +164,7 @@ def make_model(cfg: ConfigDict, fed, mean, std):
 
 def run(cfg: ConfigDict, run_dir: str | None = None, *, echo=print) -> dict:
   """Runs every (target domain, algorithm) of `cfg`; returns the results dict."""
+  cfg = resolve(cfg)
   validate(cfg)
   # Data, federations and engine settings are all checked before a run directory
   # is created or anything is computed.
@@ -187,8 +197,9 @@ def run(cfg: ConfigDict, run_dir: str | None = None, *, echo=print) -> dict:
       model = make_model(cfg, fed, *normalization(cfg, dataset, fed))
     elif cfg.data.normalization == "train":
       model = make_model(cfg, fed, fed.mean, fed.std)
+    holding = [list(c) for c in fed.client_domains]
     echo(f"target {target}: {fed.num_clients} clients holding "
-         f"{[list(c) for c in fed.client_domains]}, "
+         f"{holding if len(holding) <= 12 else str(holding[:12])[:-1] + ', ...]'}, "
          f"{int(np.sum(np.asarray(fed.train.n)))} training examples, "
          f"server split {fed.server_size} examples")
     for name in cfg.algorithms:

@@ -192,18 +192,16 @@ SCENARIO_ALIASES = {"std": "standard", "adv": "advanced", "ext": "extreme"}
 def scenario_values(scenario: str, dataset: str | None = None) -> dict[str, Any]:
   """{"section.key": value} of a HyperGenFL scenario (and dataset), flat.
 
-  Baseline entries (`fedprox.mu`, `moon.*`) are included; `apply_scenario`
-  sets them only where the config has them.
+  Table 1's own values (clients, cohort, beta) are named by the top-level key
+  `scenario` and expanded when a run starts (`resolve_scenario`), so that a sweep
+  can grid over `scenario`. Baseline entries (`fedprox.mu`, `moon.*`) are
+  included; `apply_scenario` sets them only where the config has them.
   """
   key = SCENARIO_ALIASES.get(scenario.lower(), scenario.lower())
   if key not in SCENARIOS:
     raise ValueError(f"unknown scenario {scenario!r}; available: "
                      f"{tuple(SCENARIOS)}")
-  sc = SCENARIOS[key]
-  out = dict(HYPERGENFL_COMMON)
-  out.update({"data.num_clients": sc["num_clients"],
-              "train.cohort_size": sc["cohort_size"],
-              "data.alpha": sc["beta"]})
+  out = dict(HYPERGENFL_COMMON, scenario=key)
   if dataset is not None:
     if dataset not in HYPERGENFL_DATASETS:
       raise ValueError(f"unknown HyperGenFL dataset {dataset!r}; available: "
@@ -219,9 +217,43 @@ def scenario_values(scenario: str, dataset: str | None = None) -> dict[str, Any]
   return out
 
 
+# The fields a scenario fixes (Table 1), with their base_config defaults.
+SCENARIO_FIELDS = {"data.num_clients": ("num_clients", 0),
+                   "train.cohort_size": ("cohort_size", 0),
+                   "data.alpha": ("beta", 0.5)}
+
+
+def resolve_scenario(cfg: ConfigDict) -> list[str]:
+  """Applies `cfg.scenario` (in place): Table 1's clients, cohort and beta.
+
+  A field that already holds a value other than its default and the scenario's
+  is a conflict (`--set scenario=extreme --set data.alpha=0.3`): an error
+  naming both, never a silent choice. Idempotent. Returns the applied values.
+  """
+  name = cfg.get("scenario", "")
+  if not name:
+    return []
+  key = SCENARIO_ALIASES.get(name.lower(), name.lower())
+  if key not in SCENARIOS:
+    raise ValueError(f"unknown scenario={name!r}; allowed: {tuple(SCENARIOS)} "
+                     "or '' (none)")
+  applied = []
+  for path, (field, default) in SCENARIO_FIELDS.items():
+    section, leaf = path.split(".")
+    want, have = SCENARIOS[key][field], cfg[section][leaf]
+    if have != default and have != want:
+      raise ValueError(f"scenario={name!r} sets {path}={want!r}, but {path}="
+                       f"{have!r} was given too: drop one of the two")
+    cfg[section][leaf] = type(default)(want)
+    applied.append(f"{path}={want!r}")
+  return applied
+
+
 def apply_scenario(cfg: ConfigDict, scenario: str, *, dataset: str | None = None,
                    strict: bool = False) -> list[str]:
-  """Sets HyperGenFL scenario `scenario` (Table 1) on `cfg` in place.
+  """Sets HyperGenFL scenario `scenario` (Table 1) on `cfg` in place: its shared
+  settings, and `cfg.scenario`, which fixes clients / cohort / beta when the run
+  starts (`resolve_scenario`; `experiment.resolve` shows the expanded config).
 
   With `dataset` ("fashion_mnist", "cifar10", "cifar100", "tiny_imagenet") also
   the paper's backbone, input size, local epochs and evaluation split for it;
@@ -232,6 +264,10 @@ def apply_scenario(cfg: ConfigDict, scenario: str, *, dataset: str | None = None
   """
   applied, missing = [], []
   for path, value in scenario_values(scenario, dataset).items():
+    if "." not in path:  # `scenario` itself
+      cfg[path] = value
+      applied.append(f"{path}={value!r}")
+      continue
     section, leaf = path.split(".", 1)
     node = cfg.get(section)
     required = section in ("data", "train", "model", "client")
@@ -251,5 +287,6 @@ def apply_scenario(cfg: ConfigDict, scenario: str, *, dataset: str | None = None
 
 
 __all__ = ["ALIASES", "HYPERGENFL_BASELINES", "HYPERGENFL_COMMON",
-           "HYPERGENFL_DATASETS", "SAME_AS", "SCENARIOS", "TABLE10", "apply",
-           "apply_scenario", "available", "scenario_values", "values"]
+           "HYPERGENFL_DATASETS", "SAME_AS", "SCENARIOS", "SCENARIO_FIELDS",
+           "TABLE10", "apply", "apply_scenario", "available",
+           "resolve_scenario", "scenario_values", "values"]

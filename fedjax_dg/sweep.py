@@ -196,6 +196,10 @@ def check(p: Plan, *, data: bool = True) -> list[int]:
     return [1] * len(p.cells)
   datasets, checked, num_targets = {}, {}, []
   for cell, cfg in zip(p.cells, p.configs):
+    try:
+      cfg = experiment.resolve(cfg)
+    except ValueError as e:
+      raise ValueError(f"sweep cell {describe(cell)}: {e}") from None
     d = cfg.data
     load_key = (d.name, d.image_size, d.data_dir, d.manual_dir, d.max_per_domain,
                 cfg.seed if d.max_per_domain else None)
@@ -426,21 +430,34 @@ def load_records(sweep_dir: str) -> tuple[dict, list[dict]]:
 
 
 def plot_curves(records: list[dict], path: str) -> str:
-  """id / ood accuracy vs round, mean over targets and seeds, per (variant, d)."""
+  """id / ood accuracy vs round, mean over targets and seeds, per (variant, d);
+  with HyperGenFL scenarios one row of panels per scenario."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  fig, axes = plt.subplots(1, 2, figsize=(14, 4.8), constrained_layout=True)
-  for ax, metric in zip(axes, ("id", "ood")):
-    for (variant, d), (rounds, mean) in tables.curves(records, metric).items():
-      ax.plot(rounds, [100 * m for m in mean], label=f"{variant}, d={d}", lw=1.5)
-    ax.set_xlabel("round")
-    ax.set_ylabel(f"{metric} accuracy (%)")
-    ax.grid(alpha=0.3)
-  handles, labels = axes[0].get_legend_handles_labels()
-  if handles:
-    axes[1].legend(handles, labels, fontsize=7, loc="best",
-                   ncol=1 + len(labels) // 12)
+  scenarios = sorted({r.get("scenario") for r in records}, key=lambda s: (
+      s is not None, tables.SCENARIO_ORDER.index(s)
+      if s in tables.SCENARIO_ORDER else len(tables.SCENARIO_ORDER), s or ""))
+  fig, axes = plt.subplots(len(scenarios), 2, squeeze=False,
+                           figsize=(14, 4.8 * len(scenarios)),
+                           constrained_layout=True)
+  lab = tables.eval_label(records)
+  for (ax_id, ax_ood), scenario in zip(axes, scenarios):
+    subset = [r for r in records if r.get("scenario") == scenario]
+    name = {r["variant"]: r["row"] if scenario else r["variant"] for r in subset}
+    for ax, metric in ((ax_id, "id"), (ax_ood, "ood")):
+      for (variant, d), (rounds, mean) in tables.curves(subset, metric).items():
+        label = name[variant] + ("" if scenario else f", d={d}")
+        ax.plot(rounds, [100 * m for m in mean], label=label, lw=1.5)
+      ax.set_xlabel("round")
+      ax.set_ylabel(f"{metric if metric == 'id' else lab} accuracy (%)")
+      ax.grid(alpha=0.3)
+      if scenario:
+        ax.set_title(f"scenario {scenario}")
+    handles, labels = ax_id.get_legend_handles_labels()
+    if handles:
+      ax_ood.legend(handles, labels, fontsize=7, loc="best",
+                    ncol=1 + len(labels) // 12)
   fig.suptitle("evaluation history, mean over held-out targets and seeds")
   fig.savefig(path, dpi=110)
   plt.close(fig)
@@ -456,6 +473,9 @@ def report_tables(records: list[dict], ds=None) -> list[tuple[str, tables.Table]
     raise ValueError(f"--d {missing}: no finished run has those d; present: {present}")
   out = [("table2", tables.table2(records)),
          ("table2_best", tables.table2(records, "best"))]
+  scenarios = tables.scenario_table(records)
+  if scenarios is not None:
+    out.insert(0, ("scenarios", scenarios))
   t3 = tables.table3(records)
   if t3 is not None:
     out.append(("table3", t3))
@@ -525,7 +545,7 @@ def main_sweep(args) -> int:
 
 def main_report(args) -> int:
   paths = write_report(args.sweep_dir, args.out, args.d)
-  with open(paths[0]) as f:   # table2.md
+  with open(paths[0]) as f:   # the first table (scenarios.md or table2.md)
     print(f.read())
   print("wrote " + ", ".join(paths))
   return 0

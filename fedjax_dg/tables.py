@@ -31,6 +31,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
+from typing import Any
 
 import numpy as np
 
@@ -124,6 +125,9 @@ def run_record(cell: str, seed: int, d: int, settings: dict, config: dict,
   label = ", ".join(f"{k}={v}" for k, v in {**own, **general}.items())
   extra = ", ".join(f"{k}={v}" for k, v in general.items())
   name = display_name(algorithm, config)
+  # The scenario table's row: the variant without its scenario setting.
+  row = ", ".join(f"{k}={v}" for k, v in {**own, **general}.items()
+                  if k != "scenario")
   final = run.get("final") or {}
   curve = [(h["round"], h.get("id_acc"), h.get("ood_acc"))
            for h in run.get("history") or []]
@@ -135,6 +139,8 @@ def run_record(cell: str, seed: int, d: int, settings: dict, config: dict,
   return dict(
       cell=cell, seed=seed, d=d, algorithm=algorithm,
       variant=name + (f" [{label}]" if label else ""), label=label, extra=extra,
+      scenario=config.get("scenario") or None,
+      row=name + (f" [{row}]" if row else ""),
       settings=dict(settings), target=str(run["target"]),
       final_round=final.get("round"), id_acc=final.get("id_acc"),
       ood_acc=final.get("ood_acc"),
@@ -176,15 +182,17 @@ def _std(values, ddof: int) -> float | None:
   return float(np.std(values, ddof=ddof))
 
 
-def aggregate(records: list[dict], metric: str, ddof: int = 1
-              ) -> dict[tuple[str, int], Agg]:
-  """{(variant, d): Agg} of `metric` (a record field such as "ood_acc")."""
+def aggregate(records: list[dict], metric: str, ddof: int = 1, *,
+              rows: str = "variant", columns: str = "d"
+              ) -> dict[tuple[str, Any], Agg]:
+  """{(variant, d): Agg} of `metric` (a record field such as "ood_acc"); other
+  record fields as the row / column keys: {(row, scenario): Agg}."""
   by_seed: dict[tuple, dict[int, list[float]]] = {}
   runs: dict[tuple, int] = {}
   for r in records:
     if r.get(metric) is None:
       continue
-    key = (r["variant"], r["d"], r["target"])
+    key = (r[rows], r[columns], r["target"])
     by_seed.setdefault(key, {}).setdefault(r["seed"], []).append(float(r[metric]))
     runs[key[:2]] = runs.get(key[:2], 0) + 1
   out: dict[tuple, Agg] = {}
@@ -341,6 +349,57 @@ def table2(records: list[dict], which: str = "final") -> Table:
            "mean over seeds. Arrows compare with FedAvg; bold = best federated "
            "method per column.")
   return Table(f"Table 2 shape ({which})", header, rows, csv_header, csv_rows, notes)
+
+
+SCENARIO_ORDER = ("standard", "advanced", "extreme")
+
+
+def scenario_table(records: list[dict]) -> Table | None:
+  """HyperGenFL's Table 2-5 shape: rows = algorithms, columns = Table 1
+  scenarios x {best over rounds (the paper's number), final}; accuracy on the
+  held-out evaluation split, mean ± std over seeds (μ over targets if several).
+  None when no record has a scenario."""
+  recs = [r for r in records if r.get("scenario")]
+  if not recs:
+    return None
+  order = lambda s: (SCENARIO_ORDER.index(s) if s in SCENARIO_ORDER
+                     else len(SCENARIO_ORDER), s)
+  scenarios = sorted({r["scenario"] for r in recs}, key=order)
+  aggs = {w: aggregate(recs, METRICS[w][1], rows="row", columns="scenario")
+          for w in ("best", "final")}
+  lab = eval_label(recs)
+  rows_meta, seen = [], set()
+  for v in _variants(recs):   # paper order; one row per variant sans scenario
+    row = next(r["row"] for r in recs if r["variant"] == v["variant"])
+    if row not in seen:
+      seen.add(row)
+      rows_meta.append(dict(v, row=row))
+  header = ["algorithm"] + [f"{s} {w}" for s in scenarios for w in ("best", "final")]
+  csv_header = ["row", "algorithm"] + [f"{s}_{w}{x}" for s in scenarios
+                                       for w in ("best", "final")
+                                       for x in ("", "_std", "_seeds")]
+  rows, csv_rows, values = [], [], []
+  for meta in rows_meta:
+    line, out, nums = [meta["row"]], [meta["row"], meta["algorithm"]], []
+    for s in scenarios:
+      for w in ("best", "final"):
+        agg = aggs[w].get((meta["row"], s))
+        mean = agg.mu if agg else None
+        stds = [st.std for st in agg.per_target.values()] if agg else []
+        std = stds[0] if len(stds) == 1 else None
+        seeds = min(st.seeds for st in agg.per_target.values()) if agg else 0
+        line.append(pct(mean) + (f" ± {100 * std:.1f}" if std is not None else ""))
+        nums.append(mean)
+        out += [_num(mean), "" if std is None else 100 * std, seeds]
+    rows.append(line)
+    csv_rows.append(out)
+    values.append(nums)
+  _bold_best(rows, values, [True] * len(rows), [""] * len(rows))
+  notes = (f"Accuracy (%) on the held-out {lab} split: best = the highest "
+           "evaluation over rounds (what the HyperGenFL paper reports), final = "
+           "after the last round; mean ± std over seeds. Bold = best per column.")
+  return Table("Scenario table (HyperGenFL Tables 2-5 shape)", header, rows,
+               csv_header, csv_rows, notes)
 
 
 def per_domain(records: list[dict], d: int, which: str = "final") -> Table:

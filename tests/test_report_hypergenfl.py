@@ -84,9 +84,12 @@ def test_tables_best_and_final_with_test_naming():
     ("standard", 10, 5, 0.5), ("advanced", 100, 20, 0.25),
     ("extreme", 100, 20, 0.1)])
 def test_scenarios_follow_table1(name, clients, active, beta):
+  from fedjax_dg import experiment  # pylint: disable=g-import-not-at-top
   cfg = config.base_config()
   applied = presets.apply_scenario(cfg, name)
   assert cfg.data.partition == "dirichlet" and cfg.data.targets == "test"
+  assert cfg.scenario == name and f"scenario={name!r}" in applied
+  cfg = experiment.resolve(cfg)
   assert (cfg.data.num_clients, cfg.train.cohort_size, cfg.data.alpha) == (
       clients, active, beta)
   assert (cfg.train.rounds, cfg.train.batch_size, cfg.train.epochs) == (100, 32, 10)
@@ -94,7 +97,6 @@ def test_scenarios_follow_table1(name, clients, active, beta):
   assert (cfg.client.optimizer, cfg.client.lr, cfg.client.weight_decay) == (
       "adamw", 0.01, 1e-5)
   assert cfg.data.min_partition_size == 10
-  assert f"data.alpha={beta!r}" in applied
   assert cfg.fedprox.mu == 0.01
 
 
@@ -132,7 +134,7 @@ def test_scenario_errors_and_optional_sections():
   with pytest.raises(ValueError, match="moon"):
     presets.apply_scenario(cfg, "standard", strict=True)
   values = presets.scenario_values("extreme", "cifar100")
-  assert values["moon.temperature"] == 0.5 and values["data.alpha"] == 0.1
+  assert values["moon.temperature"] == 0.5 and values["scenario"] == "extreme"
 
 
 def test_targets_all_on_split_datasets_is_the_evaluation_split_only():
@@ -146,3 +148,65 @@ def test_targets_all_on_split_datasets_is_the_evaluation_split_only():
   assert experiment.target_domains(c, ("train", "val")) == ["val"]
   c.data.name = "rotated_fashion_mnist"
   assert experiment.target_domains(c, ("0", "15")) == ["0", "15"]
+
+
+def test_scenario_field_sets_table1_values_and_rejects_conflicts():
+  from fedjax_dg import experiment  # pylint: disable=g-import-not-at-top
+  cfg = config.apply_overrides(config.base_config(), ["scenario=extreme"])
+  resolved = experiment.resolve(cfg)
+  assert (resolved.data.num_clients, resolved.train.cohort_size,
+          resolved.data.alpha) == (100, 20, 0.1)
+  assert cfg.data.num_clients == 0           # resolve works on a copy
+  again = experiment.resolve(resolved)       # idempotent
+  assert again.data.alpha == 0.1
+  # The scenario's own value given twice is fine; another value is an error.
+  ok = config.apply_overrides(config.base_config(),
+                              ["scenario=advanced", "data.num_clients=100"])
+  assert experiment.resolve(ok).data.alpha == 0.25
+  bad = config.apply_overrides(config.base_config(),
+                               ["scenario=extreme", "data.alpha=0.3"])
+  with pytest.raises(ValueError, match=r"data\.alpha=0\.1.*data\.alpha=0\.3"):
+    experiment.resolve(bad)
+  with pytest.raises(ValueError, match="scenario='hard'.*standard"):
+    experiment.validate(config.apply_overrides(config.base_config(),
+                                               ["scenario=hard"]))
+  assert experiment.resolve(config.base_config()).data.num_clients == 0
+
+
+def _scenario_records():
+  """FedAvg and HG-FL in two scenarios, two seeds each; best != final."""
+  records = []
+  for scenario, shift in (("extreme", -0.2), ("standard", 0.0)):
+    for seed in (0, 1):
+      res = _results()
+      for run in res["runs"]:
+        for h in run["history"]:
+          h["ood_acc"] += shift + 0.02 * seed
+        run["final"]["ood_acc"] = run["history"][-1]["ood_acc"]
+      cfg = {"seed": seed, "data": {"d": 1}, "scenario": scenario}
+      records += tables.records_from_cell(
+          f"scenario={scenario}__seed={seed}",
+          {"scenario": scenario, "seed": str(seed)}, cfg, res)
+  return records
+
+
+def test_scenario_table_rows_are_methods_columns_are_scenarios():
+  records = _scenario_records()
+  t = tables.scenario_table(records)
+  # Table 1's order, not first-seen order; best (the paper's number) then final.
+  assert t.header == ["algorithm", "standard best", "standard final",
+                      "extreme best", "extreme final"]
+  rows = {r[0]: r[1:] for r in t.rows}
+  assert set(rows) == {"FedAvg", "HG-FL"}
+  # FedAvg: best 55 / final 50 (+1 for seed 1 on average), std over 2 seeds.
+  assert rows["FedAvg"][0] == "56.0 ± 1.4" and rows["FedAvg"][1] == "51.0 ± 1.4"
+  assert rows["FedAvg"][2] == "36.0 ± 1.4"
+  assert rows["HG-FL"][1] == "**61.0 ± 1.4**"   # the best final in that column
+  csv_row = dict(zip(t.csv_header, t.csv_rows[0]))
+  assert csv_row["standard_best_seeds"] == 2
+  assert abs(csv_row["extreme_final"] - 31.0) < 1e-9
+  # The d-shaped tables keep one row per scenario (never averaged over them).
+  t2 = tables.table2(records)
+  assert len(t2.rows) == 4
+  assert tables.scenario_table(tables.records_from_cell(
+      "c0", {}, {"seed": 0, "data": {"d": 1}}, _results())) is None
