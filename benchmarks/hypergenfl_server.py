@@ -30,9 +30,10 @@ import json
 import platform
 import resource
 import statistics
-import subprocess
 import sys
 import time
+
+from _worker import emit, run_worker
 
 VARIANTS = ("fedavg", "hypergenfl", "hypergenfl_tensor")
 
@@ -93,26 +94,19 @@ def main(argv=None) -> int:
   args = ap.parse_args(argv)
   if args.worker:
     spec = json.loads(args.worker)
-    print("@@" + json.dumps(worker(spec["variant"], spec["clients"],
-                                   spec["model"], spec["reps"])))
+    emit(worker(spec["variant"], spec["clients"], spec["model"], spec["reps"]))
     return 0
 
   model_name = args.model or default_model()
   rows = []
   for m in args.clients:
     for variant in args.variants:
-      spec = json.dumps(dict(variant=variant, clients=m, model=model_name,
-                             reps=args.reps))
-      proc = subprocess.run([sys.executable, __file__, "--worker", spec],
-                            capture_output=True, text=True)
-      line = [l for l in proc.stdout.splitlines() if l.startswith("@@")]
-      if proc.returncode or not line:
-        err = (proc.stderr.strip().splitlines() or ["?"])[-1][:120]
-        rows.append(dict(variant=variant, clients=m, skipped=
-                         f"failed (rc {proc.returncode}): {err}"))
-        print(f"[{variant} m={m}] failed rc={proc.returncode}", flush=True)
+      row, why = run_worker(__file__, dict(variant=variant, clients=m,
+                                           model=model_name, reps=args.reps))
+      if row is None:
+        rows.append(dict(variant=variant, clients=m, skipped=why))
+        print(f"[{variant} m={m}] {why}", flush=True)
         continue
-      row = json.loads(line[0][2:])
       rows.append(row)
       print(f"[{variant} m={m}] {row['ms']:.2f} ms, peak {row['peak_mib']:.0f} MiB",
             flush=True)

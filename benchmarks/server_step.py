@@ -32,9 +32,10 @@ import json
 import platform
 import resource
 import statistics
-import subprocess
 import sys
 import time
+
+from _worker import emit, run_worker
 
 
 def worker(variant: str, c: int, reps: int) -> dict:
@@ -106,7 +107,7 @@ def main(argv=None) -> int:
   args = ap.parse_args(argv)
   if args.worker:
     spec = json.loads(args.worker)
-    print("@@" + json.dumps(worker(spec["variant"], spec["clients"], spec["reps"])))
+    emit(worker(spec["variant"], spec["clients"], spec["reps"]))
     return 0
 
   p_hyper = None
@@ -120,26 +121,22 @@ def main(argv=None) -> int:
                            f"the [C, P_hyper] stack alone needs {need:.0f} GiB"))
           print(f"[{variant} C={c}] skipped: needs {need:.0f} GiB", flush=True)
           continue
-      spec = json.dumps(dict(variant=variant, clients=c, reps=args.reps))
-      proc = subprocess.run([sys.executable, __file__, "--worker", spec],
-                            capture_output=True, text=True)
-      line = [l for l in proc.stdout.splitlines() if l.startswith("@@")]
-      if proc.returncode or not line:
-        rows.append(dict(variant=variant, clients=c, skipped=
-                         f"failed (rc {proc.returncode}): "
-                         + proc.stderr.strip().splitlines()[-1][:120]))
-        print(f"[{variant} C={c}] failed rc={proc.returncode}", flush=True)
+      row, why = run_worker(__file__, dict(variant=variant, clients=c,
+                                           reps=args.reps))
+      if row is None:
+        rows.append(dict(variant=variant, clients=c, skipped=why))
+        print(f"[{variant} C={c}] {why}", flush=True)
         continue
-      row = json.loads(line[0][2:])
       p_hyper = row["p_hyper"]
       rows.append(row)
       print(f"[{variant} C={c}] {row['ms']:.0f} ms, peak {row['peak_gib']:.2f} GiB",
             flush=True)
 
   import jax
+  size = (f"hypernetwork {p_hyper:,} parameters ({p_hyper * 4 / 2**20:.0f} MiB per "
+          "gradient)" if p_hyper else "no variant finished")
   print(f"\nMachine: {platform.processor() or platform.machine()}, "
-        f"jax {jax.__version__}; hypernetwork {p_hyper:,} parameters "
-        f"({p_hyper * 4 / 2**20:.0f} MiB per gradient)\n")
+        f"jax {jax.__version__}; {size}\n")
   print("| variant | C | server step ms (median) | peak RSS GiB | "
         "peak / (C x hypernetwork gradient) |")
   print("|---|---|---|---|---|")

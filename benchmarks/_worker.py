@@ -1,0 +1,31 @@
+"""One measurement in its own process, for the benchmarks that compare variants.
+
+A variant's peak RSS (`resource.getrusage`) is only its own when it runs alone in
+a fresh process: the parent re-runs its script with `--worker JSON`, the worker
+prints one line `@@<json result>`.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+
+def emit(result: dict) -> None:
+  """Worker side: hand the result to the parent."""
+  print("@@" + json.dumps(result), flush=True)
+
+
+def run_worker(script: str, spec: dict) -> tuple[dict | None, str]:
+  """Parent side: (the worker's result, "") or (None, why it failed)."""
+  proc = subprocess.run([sys.executable, script, "--worker", json.dumps(spec)],
+                        capture_output=True, text=True)
+  line = [l for l in proc.stdout.splitlines() if l.startswith("@@")]
+  if proc.returncode == 0 and line:
+    return json.loads(line[-1][2:]), ""
+  if proc.returncode < 0:  # SIGKILL from the kernel's OOM killer leaves no stderr
+    why = f"killed by signal {-proc.returncode} (out of memory?)"
+  else:
+    why = (proc.stderr.strip().splitlines() or ["no error output"])[-1][:120]
+  return None, f"failed (rc {proc.returncode}): {why}"
