@@ -261,6 +261,26 @@ def test_table3_differences_to_full_hfedf():
       is None
 
 
+def test_table3_of_a_grid_names_its_reference():
+  """An hfedf.* grid (Fig. 11's EMA sweep) has no plain hFedF row: differences are
+  to the grid's first value, and the notes say so."""
+  recs = []
+  for decay, acc in (("0.25", 0.6), ("0.75", 0.65)):
+    runs = [dict(algorithm="hfedf", target="A", history=[],
+                 final=dict(round=1, id_acc=acc, ood_acc=acc))]
+    recs += tables.records_from_cell(
+        f"c{decay}", {"hfedf.ema_decay": decay, "seed": "0"},
+        dict(seed=0, data=dict(d=1), hfedf=dict(ema_decay=float(decay))),
+        dict(runs=runs))
+  table = tables.table3(recs)
+  rows = _rows(table)
+  first, second = list(rows)
+  assert "0.25" in first and "0.75" in second
+  assert rows[second]["d1_ood_vs_hfedf"] == pytest.approx(5.0)
+  assert f"`{first}`" in table.notes and "full hFedF" not in table.notes
+  assert "difference to full hFedF" in tables.table3(_constructed()).notes
+
+
 def test_records_best_over_rounds_and_ablation_names_from_grid():
   rec = _constructed()[0]
   assert (rec["best_id_round"], rec["best_ood_round"]) == (2, 3)
