@@ -328,8 +328,11 @@ def run(alg: Algorithm, data, model, cfg: EngineConfig, *,
   root_key = jax.random.key(cfg.seed)
   progs = _programs(alg, model, _program_key(cfg), num_clients)
   run_chunk, eval_step = progs.chunk, progs.eval
-  val = tuple(map(jnp.asarray,
-                  _pad_clients(data.val, _eval_batch(cfg, data.val.x.shape[1]))))
+  # No id-validation examples at all (data.val_fraction = 0): no id evaluation;
+  # the history then has no id_acc (reports show "-"), never a made-up 0.
+  val = (tuple(map(jnp.asarray,
+                   _pad_clients(data.val, _eval_batch(cfg, data.val.x.shape[1]))))
+         if np.asarray(data.val.n).any() else None)
   ood_full, ood_sub = _ood_sets(data, cfg)
 
   train = progs.layout.put_clients(train)
@@ -358,7 +361,8 @@ def run(alg: Algorithm, data, model, cfg: EngineConfig, *,
       on_eval(entry)
     if bar is not None:
       bar.update(length)
-      bar.set_postfix(loss=f"{entry['train_loss']:.3f}", id=f"{entry['id_acc']:.3f}",
+      bar.set_postfix(loss=f"{entry['train_loss']:.3f}",
+                      id=f"{entry.get('id_acc', float('nan')):.3f}",
                       ood=f"{entry.get('ood_acc', float('nan')):.3f}")
     if ckpt is not None:
       ckpt.save(r0, carry, dict(round=r0, history=history,
@@ -447,7 +451,12 @@ def _ood_sets(data, cfg: EngineConfig):
 
 
 def _make_eval(alg: Algorithm, model, eval_batch_size: int):
-  """Returns eval(carry, val, ood) -> dict of host floats/lists."""
+  """Returns eval(carry, val, ood) -> dict of host floats/lists.
+
+  `val` / `ood` None: that evaluation is skipped and its keys are absent. A
+  client without id-validation examples is None in id_acc_per_client and left
+  out of id_acc (the mean over clients).
+  """
   apply_fn = lambda p, x: model.apply(p, x, train=False)
   eval_params = jax.jit(alg.eval_params)
 
@@ -455,10 +464,13 @@ def _make_eval(alg: Algorithm, model, eval_batch_size: int):
   def scores(carry, arrays, bs_val, bs_ood):
     server, clients = carry
     params = alg.eval_params(server, clients)
-    (vx, vy, vm), ood = arrays
+    val, ood = arrays
     stacked, shared = (params, None) if alg.personalized else (None, params)
-    out = {"id": evaluate.per_client_scores(apply_fn, stacked, shared, vx, vy, vm,
-                                            bs_val)}
+    out = {}
+    if val is not None:
+      vx, vy, vm = val
+      out["id"] = evaluate.per_client_scores(apply_fn, stacked, shared, vx, vy, vm,
+                                             bs_val)
     if ood is not None:
       ox, oy, om = ood
       if alg.personalized:
@@ -469,11 +481,16 @@ def _make_eval(alg: Algorithm, model, eval_batch_size: int):
     return out
 
   def run_eval(carry, val, ood, details=False):
-    bs_val = min(eval_batch_size, val[0].shape[1])
+    bs_val = None if val is None else min(eval_batch_size, val[0].shape[1])
     bs_ood = None if ood is None else min(eval_batch_size, ood[0].shape[0])
     s = jax.device_get(scores(carry, (val, ood), bs_val, bs_ood))
-    id_acc = s["id"].correct / np.maximum(s["id"].count, 1)
-    out = dict(id_acc=float(np.mean(id_acc)), id_acc_per_client=id_acc.tolist())
+    out = {}
+    if val is not None:
+      count = np.asarray(s["id"].count)
+      id_acc = np.asarray(s["id"].correct) / np.maximum(count, 1)
+      out.update(id_acc=float(np.mean(id_acc[count > 0])),
+                 id_acc_per_client=[float(a) if c > 0 else None
+                                    for a, c in zip(id_acc, count)])
     if ood is not None:
       ood_acc = np.atleast_1d(s["ood"].correct / np.maximum(s["ood"].count, 1))
       out.update(ood_acc=float(np.mean(ood_acc)), ood_acc_per_client=ood_acc.tolist())

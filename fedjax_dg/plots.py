@@ -22,6 +22,14 @@ def _runs(results: dict, algorithm: str | None = None) -> list[dict]:
           if algorithm is None or r["algorithm"] == algorithm]
 
 
+def _legend_or_note(ax, note: str, **legend_kw) -> None:
+  """The axes' legend, or `note` across an empty panel (a split not evaluated)."""
+  if ax.lines:
+    ax.legend(**legend_kw)
+  else:
+    ax.text(0.5, 0.5, note, ha="center", va="center", transform=ax.transAxes)
+
+
 def learning_curves(results: dict, path: str) -> str | None:
   """id / ood accuracy and training loss per eval (mean over targets; thin: each)."""
   plt = _plt()
@@ -41,6 +49,8 @@ def learning_curves(results: dict, path: str) -> str | None:
       n = min(len(c) for c in curves)
       rounds = [h["round"] for h in runs[0]["history"][:n]]
       stack = np.array([c[:n] for c in curves], dtype=float)
+      if np.isnan(stack).all():  # not evaluated (no id-validation / target split)
+        continue
       line, = ax.plot(rounds, np.nanmean(stack, 0), label=alg, lw=2, marker=".")
       for c in stack:
         ax.plot(rounds, c, color=line.get_color(), alpha=0.2, lw=1)
@@ -49,7 +59,8 @@ def learning_curves(results: dict, path: str) -> str | None:
   if not drawn:
     plt.close(fig)
     return None
-  axes[0].legend()
+  for ax, (_, label) in zip(axes, metrics):
+    _legend_or_note(ax, f"{label}: not evaluated")
   fig.suptitle(f"{results['name']}: {results['dataset']}, mean over held-out "
                "domains (thin: each domain)")
   fig.savefig(path, dpi=110)
@@ -165,11 +176,14 @@ def confidence(results: dict, path: str) -> str | None:
         h = np.sum([c[key] for c in cal], 0).astype(float)
         axes[row, col].plot(centers, h / max(h.sum(), 1), marker=".",
                             label=f"{alg} (ECE {ece:.3f})")
+  from fedjax_dg.report import eval_label  # pylint: disable=g-import-not-at-top
+  names = {"id": "id", "ood": eval_label(results.get("targets", ()))}
   for row, what in enumerate(("correct", "incorrect")):
     for col, split in enumerate(("id", "ood")):
+      split = names[split]
       axes[row, col].set(title=f"{what} predictions ({split})",
                          xlabel="predicted-class probability", ylabel="density")
-      axes[row, col].legend(fontsize=8)
+      _legend_or_note(axes[row, col], f"no {split} evaluation", fontsize=8)
   fig.savefig(path, dpi=110)
   plt.close(fig)
   return path

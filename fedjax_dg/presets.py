@@ -170,6 +170,9 @@ HYPERGENFL_COMMON: dict[str, Any] = {
     # Not in the paper: flwr-datasets' default; keeps every client trainable
     # (Table 1's scenarios all succeed with it, tests/test_data_partition.py).
     "data.min_partition_size": 10,
+    # Clients train on their whole partition; the paper evaluates only on the
+    # test split (no id evaluation then: the engine skips it).
+    "data.val_fraction": 0.0,
     "train.rounds": 100,
     "train.batch_size": 32,
     "train.epochs": 10,

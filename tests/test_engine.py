@@ -5,17 +5,20 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_dg import engine, models, tree
+from conftest import synthetic_domains
+from fedjax_dg import engine, models, plots, report, tree
 from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.algorithms.local_only import local_only
 from fedjax_dg.client import objectives
 from fedjax_dg.client.update import local_update
+from fedjax_dg.data import federated, partition
 from fedjax_dg.optim import make_optimizer
 
 CFG = engine.EngineConfig(rounds=4, eval_every=2, epochs=1, batch_size=8,
@@ -103,6 +106,53 @@ def test_cohort_and_persistent_client_state(fed3):
   many = engine.run(alg, fed3, model, dataclasses.replace(cfg, rounds=6, eval_every=6))
   cohorts = [tuple(sorted(c)) for c in many.round_metrics["cohort"]]
   assert all(len(set(c)) == 2 for c in cohorts) and len(set(cohorts)) > 1
+
+
+def test_no_id_validation_split_means_no_id_accuracy_not_zero(tmp_path):
+  """val_fraction = 0 (clients train on their whole partition, HyperGenFL):
+  the id evaluation is skipped, never reported as 0 %; reports show "-"."""
+  ds = synthetic_domains()
+  spec = partition.PartitionSpec(name="domain_split", num_partitions=3, d=1, seed=0)
+  fed = federated.build(ds, spec, target_domain=0, val_fraction=0.0, seed=0)
+  assert int(np.asarray(fed.val.n).sum()) == 0
+  model = mlp(fed)
+  alg = fedavg(model, make_optimizer("adam", 1e-2), objectives.cross_entropy(model))
+  res = engine.run(alg, fed, model, CFG)
+  assert len(res.history) == 2
+  for entry in res.history + [res.final]:
+    assert "id_acc" not in entry and "id_acc_per_client" not in entry, entry
+    assert 0.0 <= entry["ood_acc"] <= 1.0
+  assert set(res.final["calibration"]) == {"ood"}
+  results = dict(targets=["dom0"], algorithms=["fedavg"],
+                 runs=[dict(algorithm="fedavg", target="dom0", final=res.final,
+                            history=res.history)])
+  header, rows = report.table_rows(results)
+  cells = dict(zip(header, rows[0]))
+  assert cells["id dom0"] == cells["best id μ"] == "-"
+  assert cells["ood dom0"] == f"{100 * res.final['ood_acc']:.1f}"
+  with warnings.catch_warnings():  # no mean of an all-NaN curve, no empty legend
+    warnings.simplefilter("error", RuntimeWarning)
+    warnings.simplefilter("error", UserWarning)
+    for name, plot in (("c.png", plots.learning_curves),
+                       ("p.png", plots.confidence)):
+      assert plot(dict(results, name="t", dataset="synthetic"),
+                  str(tmp_path / name))
+      assert (tmp_path / name).stat().st_size > 0
+
+
+def test_client_without_validation_examples_is_left_out_of_the_id_mean(fed3):
+  model = mlp(fed3)
+  alg = fedavg(model, make_optimizer("adam", 1e-2), objectives.cross_entropy(model))
+  full = engine.run(alg, fed3, model, CFG)
+  n = np.asarray(fed3.val.n).copy()
+  n[1] = 0
+  part = engine.run(alg, dataclasses.replace(
+      fed3, val=dataclasses.replace(fed3.val, n=n)), model, CFG)
+  assert leaves_equal(full.server, part.server)  # training does not see val
+  want = full.final["id_acc_per_client"]
+  got = part.final["id_acc_per_client"]
+  assert got[1] is None and got[0] == want[0] and got[2] == want[2]
+  assert part.final["id_acc"] == pytest.approx((want[0] + want[2]) / 2, abs=1e-12)
 
 
 @pytest.mark.parametrize("field,value", [("rounds", 0), ("eval_every", 0),

@@ -109,6 +109,21 @@ def test_module_vs_tensor_granularity_counts():
     hg.layer_groups(mlp, "block")
 
 
+def test_resnet50_layers_groupnorm_is_one_module():
+  """ResNet-50: 53 convs (stem, 16 x 3 in blocks, 4 shortcuts; no bias), each
+  followed by a GroupNorm (scale, bias), and the head: 107 modules, 161 tensors.
+  Under "module" a GroupNorm's scale and bias share one weight."""
+  model = models.get_model("resnet50", input_shape=(28, 28, 1), num_classes=10)
+  params = jax.eval_shape(model.init, jax.random.key(0))
+  layer_of, names = hg.layer_groups(params, "module")
+  assert len(names) == 53 + 53 + 1
+  assert len(hg.layer_groups(params, "tensor")[1]) == len(layer_of) == 53 + 2 * 53 + 2
+  size = {n: layer_of.count(i) for i, n in enumerate(names)}
+  gn = [n for n in names if "gn" in n.split("/")[-1]]
+  assert len(gn) == 53 and all(size[n] == 2 for n in gn)
+  assert all(size[n] == 1 for n in names if "conv" in n.split("/")[-1])
+
+
 @pytest.mark.parametrize("granularity", ["module", "tensor"])
 def test_weights_are_positive_and_sum_to_one_per_layer(granularity):
   _, hn, phi, layer_of = weight_net(tiny_model(), granularity=granularity)
