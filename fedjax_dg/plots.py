@@ -22,12 +22,9 @@ def _runs(results: dict, algorithm: str | None = None) -> list[dict]:
           if algorithm is None or r["algorithm"] == algorithm]
 
 
-def _legend_or_note(ax, note: str, **legend_kw) -> None:
-  """The axes' legend, or `note` across an empty panel (a split not evaluated)."""
-  if ax.lines:
-    ax.legend(**legend_kw)
-  else:
-    ax.text(0.5, 0.5, note, ha="center", va="center", transform=ax.transAxes)
+def _note(ax, text: str) -> None:
+  """`text` across an empty panel (a split that was not evaluated)."""
+  ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes)
 
 
 def learning_curves(results: dict, path: str) -> str | None:
@@ -56,11 +53,15 @@ def learning_curves(results: dict, path: str) -> str | None:
         ax.plot(rounds, c, color=line.get_color(), alpha=0.2, lw=1)
       ax.set_xlabel("round")
       ax.set_ylabel(label)
+      ax.xaxis.get_major_locator().set_params(integer=True)  # rounds
   if not drawn:
     plt.close(fig)
     return None
+  drawn_axes = [ax for ax in axes if ax.lines]
+  drawn_axes[0].legend()  # one legend: the first panel with curves
   for ax, (_, label) in zip(axes, metrics):
-    _legend_or_note(ax, f"{label}: not evaluated")
+    if not ax.lines:
+      _note(ax, f"{label}: not evaluated")
   fig.suptitle(f"{results['name']}: {results['dataset']}, mean over held-out "
                "domains (thin: each domain)")
   fig.savefig(path, dpi=110)
@@ -183,7 +184,10 @@ def confidence(results: dict, path: str) -> str | None:
       split = names[split]
       axes[row, col].set(title=f"{what} predictions ({split})",
                          xlabel="predicted-class probability", ylabel="density")
-      _legend_or_note(axes[row, col], f"no {split} evaluation", fontsize=8)
+      if axes[row, col].lines:
+        axes[row, col].legend(fontsize=8)
+      else:
+        _note(axes[row, col], f"no {split} evaluation")
   fig.savefig(path, dpi=110)
   plt.close(fig)
   return path
