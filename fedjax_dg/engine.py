@@ -361,9 +361,9 @@ def run(alg: Algorithm, data, model, cfg: EngineConfig, *,
       on_eval(entry)
     if bar is not None:
       bar.update(length)
-      bar.set_postfix(loss=f"{entry['train_loss']:.3f}",
-                      id=f"{entry.get('id_acc', float('nan')):.3f}",
-                      ood=f"{entry.get('ood_acc', float('nan')):.3f}")
+      bar.set_postfix({short: f"{entry[key]:.3f}" for short, key in
+                       (("loss", "train_loss"), ("id", "id_acc"), ("ood", "ood_acc"))
+                       if key in entry})
     if ckpt is not None:
       ckpt.save(r0, carry, dict(round=r0, history=history,
                                 round_metrics=round_metrics))

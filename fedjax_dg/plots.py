@@ -35,12 +35,10 @@ def learning_curves(results: dict, path: str) -> str | None:
   metrics = [("id_acc", "id accuracy"), ("ood_acc", f"{lab} accuracy"),
              ("train_loss", "training loss")]
   fig, axes = plt.subplots(1, 3, figsize=(15, 4), constrained_layout=True)
-  drawn = False
   for alg in results["algorithms"]:
     runs = [r for r in _runs(results, alg) if r["history"]]
     if not runs:
       continue
-    drawn = True
     for ax, (key, label) in zip(axes, metrics):
       curves = [[h.get(key, np.nan) for h in r["history"]] for r in runs]
       n = min(len(c) for c in curves)
@@ -54,11 +52,11 @@ def learning_curves(results: dict, path: str) -> str | None:
       ax.set_xlabel("round")
       ax.set_ylabel(label)
       ax.xaxis.get_major_locator().set_params(integer=True)  # rounds
+  drawn = [ax for ax in axes if ax.lines]
   if not drawn:
     plt.close(fig)
     return None
-  drawn_axes = [ax for ax in axes if ax.lines]
-  drawn_axes[0].legend()  # one legend: the first panel with curves
+  drawn[0].legend()  # one legend: the first panel with curves
   for ax, (_, label) in zip(axes, metrics):
     if not ax.lines:
       _note(ax, f"{label}: not evaluated")
@@ -178,10 +176,8 @@ def confidence(results: dict, path: str) -> str | None:
         axes[row, col].plot(centers, h / max(h.sum(), 1), marker=".",
                             label=f"{alg} (ECE {ece:.3f})")
   from fedjax_dg.report import eval_label  # pylint: disable=g-import-not-at-top
-  names = {"id": "id", "ood": eval_label(results.get("targets", ()))}
   for row, what in enumerate(("correct", "incorrect")):
-    for col, split in enumerate(("id", "ood")):
-      split = names[split]
+    for col, split in enumerate(("id", eval_label(results.get("targets", ())))):
       axes[row, col].set(title=f"{what} predictions ({split})",
                          xlabel="predicted-class probability", ylabel="density")
       if axes[row, col].lines:
