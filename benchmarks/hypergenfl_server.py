@@ -64,8 +64,9 @@ def worker(variant: str, m: int, model_name: str, reps: int) -> dict:
   trained = jax.jit(lambda s: jax.tree.map(
       lambda x: x + 1e-2 * jax.random.normal(jax.random.key(2), x.shape), s))(
           start)
-  result = ClientResult(ids, start, trained, jnp.full((m,), 500), jnp.ones(m))
-  step = jax.jit(lambda s, r: alg.server_update(s, r, None, jnp.int32(3)))
+  result = ClientResult(ids, jnp.int32(3), start, trained, jnp.full((m,), 500),
+                        jnp.ones(m))
+  step = jax.jit(lambda s, r: alg.server_update(s, r, None))
   call = lambda: step(server, result)
 
   t = time.perf_counter()
@@ -77,7 +78,7 @@ def worker(variant: str, m: int, model_name: str, reps: int) -> dict:
     jax.block_until_ready(call())
     times.append(time.perf_counter() - t)
   peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10  # MiB
-  p = tree.num_params(server["params"])
+  p = tree.num_params(server.params)
   return dict(variant=variant, clients=m, ms=1000 * statistics.median(times),
               first_s=first, peak_mib=peak, params=p,
               stack_mib=m * p * 4 / 2**20)

@@ -104,7 +104,7 @@ def _build_alg(name, model, opt, loss, c):
     from fedjax_dg.algorithms.fedavg import fedavg
     return fedavg(model, opt, loss)
   if name == "central":
-    from fedjax_dg.algorithms.fedavg import central
+    from fedjax_dg.algorithms.central import central
     return central(model, opt, loss)
   from fedjax_dg.algorithms.hfedf import hfedf
   return hfedf(model, opt, loss, num_clients=c)
@@ -120,7 +120,9 @@ def _fingerprint(jax, before, after):
 
 
 def _server_of(alg_name, server):
-  return server["params"] if alg_name != "hfedf" else tuple(server["hp"])
+  """The trained server parameters of an engine state (or the loop's dict)."""
+  get = server.get if isinstance(server, dict) else server._asdict().get
+  return get("params") if alg_name != "hfedf" else tuple(get("hp"))
 
 
 def worker_engine(spec, x, y):
@@ -155,7 +157,8 @@ def worker_engine(spec, x, y):
   state = {"carry": carry, "r": 0}
 
   def one_round():
-    carry, metrics = run_chunk(state["carry"], jnp.int32(state["r"]), train, root, 1)
+    carry, metrics = run_chunk(state["carry"], jnp.int32(state["r"]), train, root,
+                               None, 1)
     jax.block_until_ready((carry, metrics))
     state["carry"], state["r"] = carry, state["r"] + 1
     return {}
@@ -172,10 +175,10 @@ def worker_engine(spec, x, y):
     ids = jnp.arange(c)
     start = jax.jit(alg.client_start)(server, None, ids)
     trained = jax.tree.map(lambda a: a * 0.999, start)
-    res = ClientResult(ids=ids, start=start, params=trained,
+    res = ClientResult(ids=ids, round=jnp.int32(1), start=start, params=trained,
                        num_examples=jnp.full((c,), x.shape[1], jnp.int32),
                        loss=jnp.zeros((c,)))
-    step = jax.jit(lambda s, r: alg.server_update(s, r, root, jnp.int32(1)))
+    step = jax.jit(lambda s, r: alg.server_update(s, r, root))
     gen = jax.jit(lambda s: alg.client_start(s, None, ids))
     out = {}
     for key, fn in (("server_s", lambda: step(server, res)),
@@ -205,6 +208,7 @@ def worker_loop(spec, x, y):
   root = jax.random.key(0)
   server = jax.jit(alg.init)(jax.random.fold_in(root, 2**31 - 1))[0]
   before = jax.tree.map(np.asarray, _server_of(spec["alg"], server))
+  server = server._asdict()
   # Per-client device arrays prepared once, outside the timed rounds.
   xs = [jnp.asarray(x[i]) for i in range(c)]
   ys = [jnp.asarray(y[i]) for i in range(c)]
@@ -287,6 +291,9 @@ def worker_loop(spec, x, y):
       return optax.apply_updates(hp, updates), opt_state
 
     ema_step = jax.jit(ema.update)
+    # The loop's own server state: the raw optimizer and EMA states.
+    state["server"] = {"hp": server["hp"], "opt": server_opt.init(server["hp"]),
+                       "ema": ema.init(server["hp"])}
 
     def one_round():
       s = state["server"]
@@ -303,7 +310,7 @@ def worker_loop(spec, x, y):
       g = weighted_sum(grads, cos)
       del grads
       new_hp, opt_state = adam_step(hp, s["opt"], g)
-      new_hp, ema_state = ema_step(new_hp, s["ema"], jnp.int32(state["r"]))
+      new_hp, ema_state = ema_step(new_hp, s["ema"])
       jax.block_until_ready(new_hp)
       state["server"] = {"hp": new_hp, "opt": opt_state, "ema": ema_state}
       state["r"] += 1

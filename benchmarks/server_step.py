@@ -58,14 +58,17 @@ def worker(variant: str, c: int, reps: int) -> dict:
   noise = jax.jit(lambda s: jax.tree.map(
       lambda x: x + 1e-3 * jax.random.normal(jax.random.key(1), x.shape), s))
   trained = noise(start)
-  result = ClientResult(ids, start, trained, jnp.ones(c), jnp.ones(c))
-  p_hyper = tree.num_params(server["hp"].theta)
+  # Round 10: after the EMA's warm-up (its counter lives in the server state).
+  server = server._replace(ema=server.ema._replace(count=jnp.int32(10)))
+  result = ClientResult(ids, jnp.int32(10), start, trained, jnp.ones(c),
+                        jnp.ones(c))
+  p_hyper = tree.num_params(server.hp.theta)
 
   if variant in ("engine", "engine_vjp"):
-    step = jax.jit(lambda s, r: alg.server_update(s, r, None, jnp.int32(10)))
+    step = jax.jit(lambda s, r: alg.server_update(s, r, None))
     call = lambda: step(server, result)
   else:
-    hp = server["hp"]
+    hp = server.hp
     module = models.hypernetwork.hypernetwork_module(model)
     h = lambda th, v: module.apply({"params": th}, v)
 

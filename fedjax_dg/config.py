@@ -1,15 +1,25 @@
-"""Experiment configuration: ml_collections ConfigDicts, `--set key=value` overrides.
+"""Experiment configuration: locked ml_collections ConfigDicts, `--set key=value`.
 
 An experiment file (`experiments/<name>.py`) defines `get_config()` returning a
-ConfigDict built on `base_config()`. Every field has a type; overriding it with a
-value of another type, or a key that does not exist, is an error naming the key.
+ConfigDict built on `base_config()`. The config is locked: setting a key that
+does not exist (`c.train.round = 3`, `--set train.round=3`) is an error naming the
+closest valid key, and every field keeps its type.
+
+One source of defaults: the algorithm sections are the keyword defaults of each
+algorithm module's `build` (`algorithms.hyperparameters`), their `client`
+sub-sections the module's `CLIENT` (None = the run's `client` value), and
+`train` is `engine.EngineConfig`'s fields. Only what has no other home (data,
+model, the run's client optimizer) is written here.
 """
 
 from __future__ import annotations
 
 import ast
+import dataclasses
+import difflib
 import importlib.util
 import os
+import traceback
 
 import ml_collections
 
@@ -18,6 +28,23 @@ ConfigDict = ml_collections.ConfigDict
 
 class ConfigError(ValueError):
   """A bad setting: names the key, the value and what is allowed."""
+
+
+def train_defaults() -> dict:
+  """`train`: the engine's settings (`EngineConfig` but `seed`, a top-level key)
+  and what happens to a finished run's checkpoints."""
+  from fedjax_dg import engine
+  fields = {f.name: f.default for f in dataclasses.fields(engine.EngineConfig)
+            if f.name != "seed"}
+  return dict(fields, keep_checkpoints=False)  # False: deleted when finished
+
+
+def algorithm_section(section: str) -> ConfigDict:
+  """Algorithm `section`'s hyperparameters (its `build` defaults) and `client`
+  overrides of the run's client optimizer (None: the run's value)."""
+  from fedjax_dg import algorithms
+  return ConfigDict(dict(algorithms.hyperparameters(section),
+                         client=ConfigDict(algorithms.client_defaults(section))))
 
 
 def base_config() -> ConfigDict:
@@ -56,156 +83,25 @@ def base_config() -> ConfigDict:
       manual_dir="",           # folder with manually downloaded data
   ))
   c.model = ConfigDict(dict(name="inception_cnn", conv_impl="auto"))
-  c.train = ConfigDict(dict(
-      rounds=200, eval_every=5, epochs=2, local_steps=0, batch_size=64,
-      cohort_size=0,
-      client_mapping="auto", map_batch_size=1, eval_batch_size=500,
-      ood_eval_max=2000, progress=True,
-      keep_checkpoints=False,  # False: a finished run's checkpoint is deleted
-  ))
-  # The clients' optimizer; an algorithm section's `client` dict overrides fields.
+  c.train = ConfigDict(train_defaults())
+  # The clients' optimizer; an algorithm section's `client` overrides fields.
   c.client = ConfigDict(dict(optimizer="adam", lr=1e-3, weight_decay=1e-4,
                              momentum=0.0))
-
-  c.fedavg = ConfigDict(dict(client=ConfigDict()))
-  c.central = ConfigDict(dict(client=ConfigDict()))
-  c.local_only = ConfigDict(dict(client=ConfigDict()))
-  c.hfedf = ConfigDict(dict(
-      embed_dim=0,             # 0: floor(1 + N/4) (pFedHN's rule, the paper)
-      hidden=50, n_hidden=3,   # Table 8
-      head_init="client_init",  # client_init | default (see docs/faithfulness.md)
-      server_optimizer="adam", server_lr=1e-3, server_weight_decay=1e-5,
-      server_clip_norm=0.0,
-      gradalign=True, temperature=1.0, norm_batch_size=1,
-      gradalign_granularity="model",  # model (the paper) | tensor (per theta tensor)
-      ema=True, ema_decay=0.95, ema_warmup=5,
-      learn_embeddings=True,   # "learned" embeddings only; False: fixed N(0,1)
-      embeddings="learned",    # learned | random (Table 7) | autoencoder (Table 6)
-      # Autoencoder embeddings (App. C.2; the paper gives no training settings):
-      # Adam lr, epochs and batch size over each client's first 100 images.
-      autoencoder_images=100, autoencoder_epochs=50, autoencoder_lr=1e-3,
-      autoencoder_batch_size=20,
-      client=ConfigDict(dict(weight_decay=1e-3)),
-  ))
-  # Baselines. Defaults: the reference code, or Table 10's PACS column where the
-  # hFedF paper tuned a value (Office-Home / VLCS values in the comments).
-  c.fedprox = ConfigDict(dict(
-      mu=1e-2,                 # "L2 regularizer": 1e-2 PACS / OH / VLCS
-      client=ConfigDict(dict(lr=1e-3, weight_decay=1e-4)),  # all three datasets
-  ))
-  c.pfedhn = ConfigDict(dict(
-      embed_dim=0,             # 0: floor(1 + N/4), the reference code's rule
-      hidden=100, n_hidden=3,  # reference code
-      head_init="client_init",  # as hFedF (docs/faithfulness.md); "default"
-      server_optimizer="sgd", server_momentum=0.9, server_clip_norm=50.0,
-      server_lr=1e-2,          # 1e-2 PACS, 1e-3 OH / VLCS (ref. code: 1e-2)
-      server_weight_decay=1e-3,  # 1e-3 PACS, 1e-4 OH / VLCS (ref. code: 1e-3)
-      embed_weight_decay=False,  # the reference code decays them (faithfulness.md)
-      local_steps=0,           # 0: train.epochs (hFedF protocol); 50: ref. code
-      client_clip_norm=0.0,    # 50 in the reference code's inner loop
-      # Table 10: lr 1e-3 all; wd 1e-5 PACS, 1e-4 OH / VLCS. Reference code:
-      # optimizer="sgd", lr=5e-3, momentum=0.9, weight_decay=5e-5.
-      client=ConfigDict(dict(optimizer="adam", lr=1e-3, weight_decay=1e-5,
-                             momentum=0.0)),
-  ))
-  c.fedsr = ConfigDict(dict(
-      z_dim=0,                 # 0: the model's feature width (ref.: 512 = ResNet-18's)
-      l2r_coeff=1e-2,          # ref. code; Table 10: 1e-1 PACS / OH, 1e-2 VLCS
-      cmi_coeff=5e-4,          # ref. code (not tuned in Table 10)
-      client=ConfigDict(dict(lr=1e-3, weight_decay=1e-5)),  # wd 1e-4 OH / VLCS
-  ))
-  c.fedgma = ConfigDict(dict(
-      threshold=0.7,           # mask threshold tau: 0.7 PACS, 0.3 OH, 0.5 VLCS
-      step_size=1.0,           # server step eta: 1 PACS, 1e-2 OH / VLCS
-      client=ConfigDict(dict(lr=1e-3, weight_decay=1e-4)),  # all three datasets
-  ))
-  # HyperGenFL's baselines (not in the hFedF tables): the reference code's
-  # defaults; the client optimizer is the run's (`client`), as for FedAvg.
-  c.moon = ConfigDict(dict(
-      mu=1.0,                  # ref. code default; paper: 5 CIFAR-10, 1 CIFAR-100 /
-                               # Tiny-ImageNet; HyperGenFL sets 0.01
-      temperature=0.5,         # paper, ref. code and HyperGenFL
-      proj_dim=256,            # projection head output (ref. code --out_dim)
-      prev_init="initial",     # initial | global: a client's previous model before
-                               # it has trained (docs/faithfulness.md)
-      # Ref. code: optimizer="sgd", lr=1e-2, momentum=0.9, weight_decay=1e-5.
-      client=ConfigDict(),
-  ))
-  c.fedsam = ConfigDict(dict(
-      rho=0.05,                # SAM radius: Foret et al.'s default (Caldarola et
-                               # al.'s CIFAR scripts: 0.5 / ASAM 0.5 with eta 0)
-      adaptive=False,          # True: ASAM (Kwon et al. 2021), FedASAM (Caldarola)
-      eta=0.01,                # ASAM's T_w = |w| + eta (ASAM ref. code default)
-      # The papers' base optimizer is SGD (Caldarola: lr 1e-2, weight decay 4e-4).
-      client=ConfigDict(),
-  ))
-  # Server-data baselines (HyperGenFL's Tables 2-5): they need
-  # data.server_fraction > 0. Server steps: `steps` if > 0, else `epochs`
-  # passes over the server split in batches of `batch_size`.
-  c.feddf = ConfigDict(dict(
-      epochs=20, steps=0,      # FedLAW ref. code's FedDF: 20 server epochs
-                               # (FedDF: up to 1e4 steps with early stopping)
-      batch_size=128,          # FedLAW ref. code (validate_batchsize)
-      lr=1e-3, cosine=True,    # FedDF Sec. 4: Adam 1e-3, cosine annealing
-      temperature=1.0,         # FedDF Eq. 1 (KL of plain softmaxes)
-      eval_chunk=256,          # images per forward pass of the teachers
-      client=ConfigDict(),
-  ))
-  c.fedbe = ConfigDict(dict(
-      num_samples=10,          # ref. code num_sample_teacher
-      sampler="gaussian",      # gaussian (paper's main) | dirichlet
-      var_scale=1.0,           # std multiplier of the samples (paper: 1; the
-                               # ref. code's 0.1 acts on normalized deltas)
-      dirichlet_alpha=1.0,     # ref. code's Dir(1) (sampler="dirichlet")
-      include_mean=True, include_clients=True,  # paper: {mean, clients, samples}
-      epochs=20, steps=0,      # ref. code server_ep
-      batch_size=128,          # ref. code server_bs
-      lr=1e-3, momentum=0.9, weight_decay=1e-5,  # ref. code ServerUpdate.set_opt
-      swa=True,                # ref. code use_SWA (FedBE's main results)
-      swa_start=0.3,           # share of the steps before SWA (ref.: 500 steps
-                               # of ~1580 on CIFAR-10)
-      swa_freq=25,             # ref. code: a snapshot every 25 steps
-      sharpen_temperature=1.0,  # 1: mean softmax (paper); ref. code's temp: 0.5
-      eval_chunk=256,
-      client=ConfigDict(),
-  ))
-  c.fedlaw = ConfigDict(dict(
-      epochs=20, steps=0,      # ref. code server_epochs
-      batch_size=128,          # ref. code validate_batchsize
-      lr=1e-2,                 # ref. code: 1e-2 CIFAR-10, 5e-3 otherwise
-      b1=0.5, b2=0.999,        # ref. code's Adam betas
-      lambda_init="size",      # size (ref. code: log data shares) | uniform
-      client=ConfigDict(),
-  ))
-  # HyperGenFL (Chen et al., CIKM '25; docs/faithfulness.md "HyperGenFL").
-  c.hypergenfl = ConfigDict(dict(
-      embed_dim=128,           # Sec. 4.1 (= the attention width); Tables 7-8: 64-256
-      embeddings="ones",       # ones (Alg. 1, Sec. 5.1) | onehot (fixed, d = N) |
-                               # random (N(0, 1), learned): Table 6
-      num_heads=4,             # not given; must divide d (and N for onehot, 1/2/4
-                               # are the values that fit 128 and Table 6's 100)
-      attention_layers=1,      # residual MHA blocks (Sec. 5.2; Tables 7-8: 1-3)
-      lam=1e-3,                # lambda of Eq. 5: "a small positive constant",
-                               # no value given
-      granularity="module",    # one weight per module (kernel + bias, Eq. 3's
-                               # "layer") | tensor (per parameter tensor)
-      loss="default",          # server loss (Table 9): default (Eq. 10-17) |
-                               # mse | logcosh
-      order="update_first",    # aggregate with the updated hypernetwork
-                               # (Alg. 1) | aggregate_first
-      server_optimizer="adamw",  # Sec. 4.1: AdamW
-      server_lr=1e-2,          # Sec. 4.1: "learning rate for the hypernetwork 0.01"
-      server_weight_decay=1e-5,  # Sec. 4.1
-      # Clients: the run's optimizer (`client`). Sec. 4.1's "AdamW lr 0.01,
-      # weight decay 1e-5 for the HG-FL" may also describe the clients; batch
-      # size 32 and 10 local epochs are engine settings (train.*).
-      client=ConfigDict(),
-  ))
+  from fedjax_dg import algorithms
+  for section in algorithms.modules():
+    c[section] = algorithm_section(section)
+  c.lock()
   return c
 
 
+def _from_ml_collections(error: Exception) -> bool:
+  frames = traceback.extract_tb(error.__traceback__)
+  return bool(frames) and "ml_collections" in frames[-1].filename
+
+
 def load(path: str) -> ConfigDict:
-  """Loads `get_config()` from an experiment file."""
+  """Loads `get_config()` from an experiment file (an unknown key or a value
+  of the wrong type set there is a ConfigError naming the file)."""
   if not os.path.isfile(path):
     raise FileNotFoundError(f"config file {path!r} does not exist (see experiments/)")
   spec = importlib.util.spec_from_file_location("_fedjax_dg_experiment", path)
@@ -213,7 +109,12 @@ def load(path: str) -> ConfigDict:
   spec.loader.exec_module(module)
   if not hasattr(module, "get_config"):
     raise ConfigError(f"{path} must define get_config() returning a ConfigDict")
-  return module.get_config()
+  try:
+    return module.get_config()
+  except (AttributeError, KeyError, TypeError) as e:
+    if _from_ml_collections(e):
+      raise ConfigError(f"{path}: {str(e).strip(chr(39))}") from e
+    raise
 
 
 def _parse(value: str):
@@ -223,33 +124,59 @@ def _parse(value: str):
     return value
 
 
+def _closest(name: str, options) -> str:
+  close = difflib.get_close_matches(name, [str(o) for o in options], n=1)
+  return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def lookup(config: ConfigDict, key: str):
+  """The value at dotted `key`; a ConfigError naming the first unknown part
+  and the closest valid key."""
+  node, parts = config, key.split(".")
+  for i, part in enumerate(parts):
+    if not isinstance(node, ConfigDict):
+      raise ConfigError(f"unknown config key {key!r}: {'.'.join(parts[:i])!r} "
+                        f"is a {type(node).__name__}, not a section")
+    if part not in node:
+      prefix = ".".join(parts[:i])
+      raise ConfigError(
+          f"unknown config key {key!r}: no {part!r} in "
+          f"{prefix or 'the config'}{_closest(part, node.keys())} (known: "
+          f"{sorted(node.keys())})")
+    node = node[part]
+  return node
+
+
+def coerce(raw: str, old):
+  """A `--set` string as a value of `old`'s type: strings stay verbatim ("0",
+  "0,15" are domain names), ints widen to floats, comma lists become tuples;
+  other values are Python literals (None-valued fields take any literal)."""
+  if isinstance(old, str):
+    return raw
+  value = _parse(raw)
+  if isinstance(old, float) and isinstance(value, int) and not isinstance(value, bool):
+    return float(value)
+  if isinstance(old, tuple) and isinstance(value, (list, str)):
+    return tuple(value.split(",")) if isinstance(value, str) else tuple(value)
+  return value
+
+
 def apply_overrides(config: ConfigDict, overrides: list[str]) -> ConfigDict:
-  """Applies `key.sub=value` strings; values are Python literals or bare strings."""
+  """Applies `key.sub=value` strings (`coerce`) through ml_collections'
+  `update_from_flattened_dict`; unknown keys and wrong types are ConfigErrors."""
   for item in overrides or ():
     if "=" not in item:
       raise ConfigError(f"--set expects key=value, got {item!r}")
     key, raw = item.split("=", 1)
-    node, parts = config, key.strip().split(".")
-    for i, part in enumerate(parts[:-1]):
-      if part not in node or not isinstance(node[part], ConfigDict):
-        raise ConfigError(f"unknown config key {'.'.join(parts[:i + 1])!r}; "
-                       f"known: {sorted(node.keys())}")
-      node = node[part]
-    leaf = parts[-1]
-    if leaf not in node:
-      raise ConfigError(f"unknown config key {key!r}; known at that level: "
-                     f"{sorted(node.keys())}")
-    value = _parse(raw)
-    old = node[leaf]
-    if isinstance(old, str):
-      value = raw  # strings stay verbatim ("0", "0,15" are domain names)
-    if isinstance(old, float) and isinstance(value, int) and not isinstance(value, bool):
-      value = float(value)
-    if isinstance(old, tuple) and isinstance(value, (list, str)):
-      value = tuple(value.split(",")) if isinstance(value, str) else tuple(value)
+    key = key.strip()
+    old = lookup(config, key)
+    if isinstance(old, ConfigDict):
+      raise ConfigError(f"--set {key}: {key!r} is a section; set one of its "
+                        f"keys {sorted(old.keys())}")
+    value = coerce(raw, old)
     try:
-      node[leaf] = value
+      config.update_from_flattened_dict({key: value})
     except TypeError as e:
-      raise ConfigError(f"--set {key}: expected {type(old).__name__} like {old!r}, "
-                      f"got {value!r}") from e
+      raise ConfigError(f"--set {key}: expected {type(old).__name__} like "
+                        f"{old!r}, got {value!r}") from e
   return config

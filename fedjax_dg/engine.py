@@ -5,8 +5,10 @@ Round body (inside the scan, nothing crosses to the host):
     ids    = the cohort (all N clients, or m drawn without replacement)
     start  = algorithm.client_start(server, client_state[ids], ids)   [m, ...]
     local  = map over the cohort of client.update.local_update        [m, ...]
-    server = algorithm.server_update(server, ClientResult(...), key, r)
+             (+ algorithm.client_aux), each client with its ClientContext
+    server = algorithm.server_update(server, ClientResult(...), key)
 
+(the full contract: `algorithms.base`).
 Between chunks of `eval_every` rounds (and only there) the host evaluates, logs,
 moves the progress bar and writes an orbax checkpoint. How the client axis is mapped
 is a setting (`client_mapping`):
@@ -45,16 +47,21 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from fedjax_dg import evaluate, tree
-from fedjax_dg.algorithms.base import Algorithm, ClientResult
+from fedjax_dg.algorithms.base import (Algorithm, ClientContext, ClientData,
+                                      ClientResult, with_frozen)
 from fedjax_dg.client.update import local_update
 
 PyTree = Any
 MAPPINGS = ("auto", "vmap", "map", "shard")
+# `client_aux`'s key: fold_in(client key, AUX_STREAM), a stream the local
+# update (split(client key)) never uses.
+AUX_STREAM = 0x617578
 
 
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
-  rounds: int
+  """How a run is executed (the config's `train` section, plus `seed`)."""
+  rounds: int = 200             # the hFedF papers' 200 rounds
   eval_every: int = 5
   epochs: int = 2
   local_steps: int = 0          # > 0: this many local steps instead of epochs
@@ -149,35 +156,49 @@ def client_mesh(size: int | None = None) -> jax.sharding.Mesh:
                        devices=jax.devices()[:size])
 
 
+def _sequential(map_batch_size: int) -> Callable:
+  """`lax.map` over the clients, `map_batch_size` of them vmapped at a time."""
+  def mapper(f):
+    return lambda shared, *args: jax.lax.map(lambda a: f(shared, *a), args,
+                                             batch_size=map_batch_size)
+  return mapper
+
+
+def _batched(f):
+  """vmap over the leading axis of every argument but the first (`shared`)."""
+  return lambda shared, *args: jax.vmap(f, in_axes=(None,) + (0,) * len(args))(
+      shared, *args)
+
+
 def _inner_mapper(map_batch_size: int) -> Callable:
   if jax.default_backend() != "cpu":
-    return jax.vmap
-  return lambda f: lambda *args: jax.lax.map(lambda a: f(*a), args,
-                                             batch_size=map_batch_size)
+    return _batched
+  return _sequential(map_batch_size)
 
 
 def client_mapper(mapping: str, map_batch_size: int,
                   mesh: jax.sharding.Mesh | None = None) -> Callable:
-  """Returns `mapper(f)` mapping `f` over the leading (client) axis of its args;
+  """Returns `mapper(f)`: `mapper(f)(shared, *args)` maps `f(shared, *rows)` over
+  the leading (client) axis of `args`; `shared` is one copy for every client
+  (vmap `in_axes=None`, closed over by `lax.map`, replicated over the mesh).
   "shard" needs the `mesh` (`client_mesh`)."""
   if mapping == "vmap":
-    return jax.vmap
+    return _batched
   if mapping == "map":
-    return lambda f: lambda *args: jax.lax.map(lambda a: f(*a), args,
-                                               batch_size=map_batch_size)
+    return _sequential(map_batch_size)
   spec = NamedSharding(mesh, P("clients"))
   inner_mapper = _inner_mapper(map_batch_size)
 
   def sharded(f):
-    mapped = jax.shard_map(inner_mapper(f), mesh=mesh, in_specs=P("clients"),
-                           out_specs=P("clients"))
-
-    def call(*args):
+    def call(shared, *args):
       m = jax.tree.leaves(args)[0].shape[0]
       pad = -m % mesh.size  # padded slots repeat the first clients
       if pad:
         args = jax.tree.map(lambda a: jnp.concatenate([a, a[:pad]]), args)
-      out = mapped(*jax.lax.with_sharding_constraint(args, spec))
+      mapped = jax.shard_map(inner_mapper(f), mesh=mesh,
+                             in_specs=(P(),) + (P("clients"),) * len(args),
+                             out_specs=P("clients"))
+      out = mapped(shared, *jax.lax.with_sharding_constraint(args, spec))
       return jax.tree.map(lambda a: a[:m], out) if pad else out
 
     return call
@@ -228,16 +249,26 @@ class Layout:
 
 def make_round(alg: Algorithm, cfg: EngineConfig, num_clients: int,
                layout: Layout | None = None):
-  """round(carry, r, train, root_key) -> (carry, metrics); carry = (server, clients)."""
+  """round(carry, r, train, root_key, frozen) -> (carry, metrics);
+  carry = (server, clients); `frozen` = the algorithm's shared-frozen params."""
   m = cfg.cohort_size or num_clients
   mapper = (layout or Layout.of(cfg, num_clients)).mapper(cfg.map_batch_size)
+  steps = alg.local_steps or cfg.local_steps
 
-  def train_one(start, x, y, n, key, ctx):
-    return local_update(alg.loss, alg.optimizer, start, x, y, n, key, ctx,
-                        batch_size=cfg.batch_size, epochs=cfg.epochs,
-                        steps=alg.local_steps or cfg.local_steps)
+  def train_one(shared, start, x, y, n, key, cid, row, extra):
+    r, common, frozen = shared
+    ctx = ClientContext(id=cid, round=r, start=start, state=row, extra=extra,
+                        shared=common, frozen=frozen)
+    trained, loss = local_update(alg.loss, alg.optimizer, start, x, y, n, key,
+                                 ctx, batch_size=cfg.batch_size,
+                                 epochs=cfg.epochs, steps=steps)
+    aux = None
+    if alg.client_aux is not None:
+      aux = alg.client_aux(ctx, trained, ClientData(x, y, n),
+                           jax.random.fold_in(key, AUX_STREAM))
+    return trained, loss, aux
 
-  def round_fn(carry, r, train, root_key):
+  def round_fn(carry, r, train, root_key, frozen):
     server, clients = carry
     rkey = jax.random.fold_in(root_key, r)
     cohort_key, client_key, server_key = jax.random.split(rkey, 3)
@@ -247,14 +278,16 @@ def make_round(alg: Algorithm, cfg: EngineConfig, num_clients: int,
     else:
       ids, rows, data = jnp.arange(num_clients), clients, train
     start = alg.client_start(server, rows, ids)
-    ctx = alg.client_ctx(start, rows)
+    extra = alg.client_ctx(start, rows, ids)
+    shared = (r, alg.client_shared(server), frozen)
     keys = jax.vmap(jax.random.fold_in, (None, 0))(client_key, ids)
-    trained, losses = mapper(train_one)(start, data.x, data.y, data.n, keys, ctx)
+    trained, losses, aux = mapper(train_one)(shared, start, data.x, data.y,
+                                             data.n, keys, ids, rows, extra)
     new_rows = alg.client_end(rows, trained)
     clients = tree.put(clients, ids, new_rows) if m < num_clients else new_rows
-    result = ClientResult(ids=ids, start=start, params=trained,
-                          num_examples=data.n, loss=losses)
-    server, metrics = alg.server_update(server, result, server_key, r)
+    result = ClientResult(ids=ids, round=r, start=start, params=trained,
+                          num_examples=data.n, loss=losses, aux=aux)
+    server, metrics = alg.server_update(server, result, server_key)
     n = data.n.astype(jnp.float32)
     metrics = dict(metrics, loss=jnp.sum(losses * n) / jnp.sum(n), cohort=ids)
     return (server, clients), metrics
@@ -336,7 +369,9 @@ def run(alg: Algorithm, data, model, cfg: EngineConfig, *,
   ood_full, ood_sub = _ood_sets(data, cfg)
 
   train = progs.layout.put_clients(train)
-  carry = progs.init(jax.random.fold_in(root_key, 2**31 - 1))
+  init_key = jax.random.fold_in(root_key, 2**31 - 1)
+  carry = progs.init(init_key)
+  frozen = progs.frozen(init_key)
   history: list[dict] = []
   round_metrics: dict[str, list] = {}
   r0 = 0
@@ -350,12 +385,13 @@ def run(alg: Algorithm, data, model, cfg: EngineConfig, *,
   t0 = time.perf_counter()
   while r0 < cfg.rounds:
     length = min(cfg.eval_every, cfg.rounds - r0)
-    carry, metrics = run_chunk(carry, jnp.int32(r0), train, root_key, length)
+    carry, metrics = run_chunk(carry, jnp.int32(r0), train, root_key, frozen,
+                               length)
     r0 += length
     for k, v in _to_host(metrics).items():
       round_metrics.setdefault(k, []).extend(v)
     entry = dict(round=r0, train_loss=float(np.mean(round_metrics["loss"][-length:])),
-                 **eval_step(carry, val, ood_sub))
+                 **eval_step(carry, frozen, val, ood_sub))
     history.append(entry)
     if on_eval is not None:
       on_eval(entry)
@@ -371,7 +407,7 @@ def run(alg: Algorithm, data, model, cfg: EngineConfig, *,
     bar.close()
   if ckpt is not None:
     ckpt.close()
-  final = dict(round=r0, **eval_step(carry, val, ood_full, details=True))
+  final = dict(round=r0, **eval_step(carry, frozen, val, ood_full, details=True))
   server, clients = carry
   return RunResult(alg.name, server, clients, history, round_metrics, final,
                    time.perf_counter() - t0)
@@ -390,8 +426,10 @@ class Programs(NamedTuple):
   """The compiled pieces of a run (`programs`)."""
   layout: Layout
   init: Callable      # init(key) -> carry, placed on the layout
-  chunk: Callable     # chunk(carry, r0, train, root_key, length) -> (carry, metrics)
-  eval: Callable      # eval(carry, val, ood, details=False) -> dict of host values
+  frozen: Callable    # frozen(key) -> the shared-frozen parameters (or None)
+  chunk: Callable     # chunk(carry, r0, train, root_key, frozen, length)
+                      #   -> (carry, metrics)
+  eval: Callable      # eval(carry, frozen, val, ood, details=False) -> dict
 
 
 def programs(alg: Algorithm, model, cfg: EngineConfig,
@@ -415,19 +453,23 @@ def _programs(alg: Algorithm, model, cfg: EngineConfig,
   placed = ({} if layout.mesh is None
             else dict(out_shardings=NamedSharding(layout.mesh, P())))
 
-  @functools.partial(jax.jit, static_argnums=(4,), donate_argnums=(0,), **placed)
-  def run_chunk(carry, r0, train, root_key, length):
+  @functools.partial(jax.jit, static_argnums=(5,), donate_argnums=(0,), **placed)
+  def run_chunk(carry, r0, train, root_key, frozen, length):
     rounds = r0 + jnp.arange(length)
-    return jax.lax.scan(lambda c, r: round_fn(c, r, train, root_key), carry,
-                        rounds)
+    return jax.lax.scan(lambda c, r: round_fn(c, r, train, root_key, frozen),
+                        carry, rounds)
 
   # One compiled program (not dozens of eager ops), and distinct output buffers
   # even where init aliases (EMA copy = params): the chunk donates its carry.
   init = jax.jit(alg.init)
+  # Held once, outside the carry; replicated over the mesh like the carry.
+  frozen = jax.jit(alg.frozen) if alg.frozen is not None else lambda key: None
   evaluate_ = _make_eval(alg, model, cfg.eval_batch_size)
   return Programs(
-      layout=layout, init=lambda key: layout.put_carry(init(key)), chunk=run_chunk,
-      eval=lambda carry, *a, **kw: evaluate_(layout.to_one_device(carry), *a, **kw))
+      layout=layout, init=lambda key: layout.put_carry(init(key)),
+      frozen=lambda key: layout.put_carry(frozen(key)), chunk=run_chunk,
+      eval=lambda carry, frozen, *a, **kw: evaluate_(
+          layout.to_one_device(carry), layout.to_one_device(frozen), *a, **kw))
 
 
 def _eval_batch(cfg: EngineConfig, n: int) -> int:
@@ -451,17 +493,18 @@ def _ood_sets(data, cfg: EngineConfig):
 
 
 def _make_eval(alg: Algorithm, model, eval_batch_size: int):
-  """Returns eval(carry, val, ood) -> dict of host floats/lists.
+  """Returns eval(carry, frozen, val, ood) -> dict of host floats/lists.
 
   `val` / `ood` None: that evaluation is skipped and its keys are absent. A
   client without id-validation examples is None in id_acc_per_client and left
   out of id_acc (the mean over clients).
   """
-  apply_fn = lambda p, x: model.apply(p, x, train=False)
   eval_params = jax.jit(alg.eval_params)
 
-  @functools.partial(jax.jit, static_argnums=(2, 3))
-  def scores(carry, arrays, bs_val, bs_ood):
+  @functools.partial(jax.jit, static_argnums=(3, 4))
+  def scores(carry, frozen, arrays, bs_val, bs_ood):
+    # One copy of the frozen parameters, merged per model inside the maps.
+    apply_fn = lambda p, x: model.apply(with_frozen(frozen, p), x, train=False)
     server, clients = carry
     params = alg.eval_params(server, clients)
     val, ood = arrays
@@ -480,10 +523,10 @@ def _make_eval(alg: Algorithm, model, eval_batch_size: int):
         out["ood"] = evaluate.scores(apply_fn, params, ox, oy, om, bs_ood)
     return out
 
-  def run_eval(carry, val, ood, details=False):
+  def run_eval(carry, frozen, val, ood, details=False):
     bs_val = None if val is None else min(eval_batch_size, val[0].shape[1])
     bs_ood = None if ood is None else min(eval_batch_size, ood[0].shape[0])
-    s = jax.device_get(scores(carry, (val, ood), bs_val, bs_ood))
+    s = jax.device_get(scores(carry, frozen, (val, ood), bs_val, bs_ood))
     out = {}
     if val is not None:
       count = np.asarray(s["id"].count)

@@ -35,14 +35,8 @@ def make_run_dir(root: str, name: str) -> str:
 
 
 def engine_config(cfg: ConfigDict) -> engine.EngineConfig:
-  t = cfg.train
-  return engine.EngineConfig(
-      rounds=t.rounds, eval_every=t.eval_every, epochs=t.epochs,
-      local_steps=t.local_steps,
-      batch_size=t.batch_size, cohort_size=t.cohort_size,
-      client_mapping=t.client_mapping, map_batch_size=t.map_batch_size,
-      seed=cfg.seed, eval_batch_size=t.eval_batch_size,
-      ood_eval_max=t.ood_eval_max, progress=t.progress)
+  train = {k: v for k, v in cfg.train.items() if k != "keep_checkpoints"}
+  return engine.EngineConfig(seed=cfg.seed, **train)
 
 
 def resolve(cfg: ConfigDict) -> ConfigDict:
@@ -61,11 +55,11 @@ def validate(cfg: ConfigDict) -> None:
   algs = tuple(cfg.algorithms)
   if not algs:
     raise ValueError("algorithms is empty: name at least one of "
-                     f"{algorithms.ALGORITHMS}")
+                     f"{algorithms.available()}")
   for a in algs:
-    if a not in algorithms.ALGORITHMS:
+    if a not in algorithms.available():
       raise ValueError(f"unknown algorithm {a!r} in algorithms; allowed: "
-                       f"{algorithms.ALGORITHMS}")
+                       f"{algorithms.available()}")
   if cfg.data.name not in sources.available():
     raise ValueError(f"unknown dataset data.name={cfg.data.name!r}; allowed: "
                      f"{sources.available()}")

@@ -108,7 +108,7 @@ VARIANTS = {
     "hfedf@autoencoder": ("hfedf", {"hfedf.embeddings": "autoencoder"}),
     "hypergenfl@aggregate_first": ("hypergenfl",
                                    {"hypergenfl.order": "aggregate_first"}),
-    "hypergenfl@mse": ("hypergenfl", {"hypergenfl.loss": "mse"}),
+    "hypergenfl@mse": ("hypergenfl", {"hypergenfl.server_loss": "mse"}),
     "moon@global": ("moon", {"moon.prev_init": "global"}),
     "fedbe@dirichlet": ("fedbe", {"fedbe.sampler": "dirichlet"}),
 }
@@ -116,7 +116,7 @@ VARIANTS = {
 
 def pinned_names() -> list[str]:
   from fedjax_dg import algorithms
-  return list(algorithms.ALGORITHMS) + list(VARIANTS)
+  return list(algorithms.available()) + list(VARIANTS)
 
 
 def compute(names=None) -> dict:

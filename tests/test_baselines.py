@@ -10,12 +10,14 @@ import optax
 import pytest
 
 from fedjax_dg import algorithms, engine, models, tree
-from fedjax_dg.algorithms.base import ClientResult
+from fedjax_dg.algorithms.base import ClientResult, ServerState
+from fedjax_dg.algorithms.fedsr import Reference
 from fedjax_dg.client import objectives
-from fedjax_dg.client.update import Batch, local_update
+from fedjax_dg.client.update import Batch, ClientContext, local_update
 from fedjax_dg.config import base_config
 from fedjax_dg.models.fedsr import ProbabilisticModel
-from fedjax_dg.server.gma import agreement_mask, gradient_masked_averaging
+from fedjax_dg.server.gma import (GmaState, agreement_mask,
+                                  gradient_masked_averaging)
 
 
 def mlp(fed, **kw):
@@ -79,8 +81,8 @@ def test_fedsr_objective_is_ce_plus_weighted_regularizers(fed3):
   model = mlp(fed3)
   prob = ProbabilisticModel(model, z_dim=4)
   params = {"model": prob.init(jax.random.key(0)),
-            "ref": {"r_mu": jax.random.normal(jax.random.key(1), (3, 4)),
-                    "r_sigma": jnp.ones((3, 4)), "c": jnp.float32(0.8)}}
+            "ref": Reference(r_mu=jax.random.normal(jax.random.key(1), (3, 4)),
+                             r_sigma=jnp.ones((3, 4)), c=jnp.float32(0.8))}
   x, y = fed3.train.x[0, :5], fed3.train.y[0, :5]
   batch = Batch(jnp.asarray(x), jnp.asarray(y), jnp.ones((5,)))
   key = jax.random.key(2)
@@ -101,7 +103,7 @@ def test_fedsr_objective_is_ce_plus_weighted_regularizers(fed3):
   ref = jax.tree.map(np.asarray, params["ref"])
   l2r, cmi = _reference_regularizers(np.asarray(z), np.asarray(mu),
                                      np.asarray(sigma), np.asarray(y),
-                                     ref["r_mu"], ref["r_sigma"], ref["c"])
+                                     ref.r_mu, ref.r_sigma, ref.c)
   np.testing.assert_allclose(got, ce + 0.1 * l2r + 0.01 * cmi, rtol=1e-5)
 
 
@@ -126,7 +128,7 @@ def test_fedsr_reference_parameters_stay_local(fed3):
   cfg = base_config()
   alg = algorithms.build("fedsr", model, fed3.num_clients, cfg)
   server, ref0 = jax.jit(alg.init)(jax.random.key(0))
-  assert set(server["params"]) == {"body", "rep", "cls"}  # no reference here
+  assert set(server.params) == {"body", "rep", "cls"}  # no reference here
   start = alg.client_start(server, ref0, jnp.arange(3))
   assert start["ref"] is ref0  # each client starts from its own reference
   # One round of the engine.
@@ -134,16 +136,16 @@ def test_fedsr_reference_parameters_stay_local(fed3):
       rounds=1, epochs=1, batch_size=16, client_mapping="map"), 3)
   train = jax.tree.map(jnp.asarray, fed3.train)
   (server, ref), _ = jax.jit(round_fn)((server, ref0), jnp.int32(0), train,
-                                       jax.random.key(1))
-  assert ref["r_mu"].shape == (3, fed3.num_classes, 32)
-  assert ref["c"].shape == (3,)
-  for leaf in (ref["r_mu"], ref["r_sigma"]):
+                                       jax.random.key(1), None)
+  assert ref.r_mu.shape == (3, fed3.num_classes, 32)
+  assert ref.c.shape == (3,)
+  for leaf in (ref.r_mu, ref.r_sigma):
     leaf = np.asarray(leaf).reshape(3, -1)
     for i in range(3):
       for j in range(i):
         assert np.abs(leaf[i] - leaf[j]).max() > 1e-4  # not averaged
-  assert np.all(np.abs(np.asarray(ref["r_mu"])).max((1, 2)) > 0)  # trained
-  assert np.all(np.asarray(ref["c"]) != 1.0)
+  assert np.all(np.abs(np.asarray(ref.r_mu)).max((1, 2)) > 0)  # trained
+  assert np.all(np.asarray(ref.c) != 1.0)
 
 
 # ----------------------------------------------------------------------------
@@ -168,13 +170,18 @@ def test_gma_mask_and_update_on_a_constructed_example():
   np.testing.assert_allclose(mask["w"], [1.0, 0.0, 1.0, 0.25])
   np.testing.assert_allclose(mask["b"], 0.0)
   # Weighted mean with p = [1/2, 1/4, 1/4, 0]: [1.5, 1.0, 1.25, 1.0]; b: 0.25.
+  # The aggregator adds the masked step to the server model (zeros here).
+  zero = jax.tree.map(lambda d: np.zeros_like(d[0]), deltas)
   gma = gradient_masked_averaging(threshold=0.5, step_size=0.5)
-  updates, _ = gma.update(deltas, gma.init(None), weights)
-  np.testing.assert_allclose(updates["w"], [0.75, 0.0, 0.625, 0.125])
-  np.testing.assert_allclose(updates["b"], 0.0)
+  new, state = gma.update(deltas, gma.init(zero), zero, weights=weights)
+  np.testing.assert_allclose(new["w"], [0.75, 0.0, 0.625, 0.125])
+  np.testing.assert_allclose(new["b"], 0.0)
+  np.testing.assert_allclose(state.unmasked, 2 / 5)  # w[0], w[2] of 5 entries
   # tau = 0.6 damps A = 1/2 to 1/2.
-  updates, _ = gradient_masked_averaging(0.6, 0.5).update(deltas, (), weights)
-  np.testing.assert_allclose(updates["w"], [0.75, 0.0, 0.3125, 0.125])
+  t = gradient_masked_averaging(0.6, 0.5)
+  new, state = t.update(deltas, t.init(zero), zero, weights=weights)
+  np.testing.assert_allclose(new["w"], [0.75, 0.0, 0.3125, 0.125])
+  np.testing.assert_allclose(state.unmasked, 1 / 5)
 
 
 def test_fedgma_server_adds_the_masked_step(fed3):
@@ -184,15 +191,15 @@ def test_fedgma_server_adds_the_masked_step(fed3):
   alg = algorithms.build("fedgma", mlp(fed3), fed3.num_clients, cfg)
   old = {"w": np.full((4,), 10.0, np.float32), "b": np.float32(3.0)}
   start = tree.broadcast(old, 4)
-  result = ClientResult(ids=jnp.arange(4), start=start,
+  result = ClientResult(ids=jnp.arange(4), round=0, start=start,
                         params=optax.tree.add(start, deltas),
                         num_examples=jnp.asarray(weights),
                         loss=jnp.zeros((4,)))
-  server, metrics = alg.server_update({"params": old, "gma": ()}, result,
-                                      jax.random.key(0), 0)
-  np.testing.assert_allclose(server["params"]["w"],
+  server = ServerState(old, GmaState(jnp.float32(1.0)))
+  server, metrics = alg.server_update(server, result, jax.random.key(0))
+  np.testing.assert_allclose(server.params["w"],
                              [10.75, 10.0, 10.625, 10.125], rtol=1e-6)
-  np.testing.assert_allclose(server["params"]["b"], 3.0)
+  np.testing.assert_allclose(server.params["b"], 3.0)
   np.testing.assert_allclose(metrics["gma_unmasked"], 2 / 5)
 
 
@@ -207,23 +214,22 @@ def test_pfedhn_server_step_moves_generated_models_toward_trained(fed3):
   assert alg.personalized and alg.local_steps == 0  # the engine's epochs
   client_start = jax.jit(alg.client_start)
   server, _ = jax.jit(alg.init)(jax.random.key(0))
-  assert server["hp"].embeddings.shape == (3, 1)  # floor(1 + 3/4)
+  assert server.hp.embeddings.shape == (3, 1)  # floor(1 + 3/4)
   ids = jnp.array([0, 2])
   start = client_start(server, None, ids)
   direction = jax.tree.map(
       lambda p: jax.random.normal(jax.random.key(p.size), p.shape), start)
   trained = optax.tree.add(start, optax.tree.scale(0.05, direction))
-  result = ClientResult(ids=ids, start=start, params=trained,
+  result = ClientResult(ids=ids, round=0, start=start, params=trained,
                         num_examples=jnp.array([10, 10]), loss=jnp.zeros((2,)))
-  new_server, _ = jax.jit(alg.server_update)(server, result, jax.random.key(1),
-                                             0)
+  new_server, _ = jax.jit(alg.server_update)(server, result, jax.random.key(1))
   after = client_start(new_server, None, ids)
   before_d = tree.rowwise_sq_norm(optax.tree.sub(start, trained))
   after_d = tree.rowwise_sq_norm(optax.tree.sub(after, trained))
   assert np.all(np.asarray(after_d) < np.asarray(before_d)), (before_d, after_d)
   # The client outside the cohort keeps its embedding.
-  np.testing.assert_array_equal(new_server["hp"].embeddings[1],
-                                server["hp"].embeddings[1])
+  np.testing.assert_array_equal(new_server.hp.embeddings[1],
+                                server.hp.embeddings[1])
 
 
 def test_pfedhn_reference_code_settings(fed3):
@@ -256,7 +262,7 @@ def test_fedprox_with_huge_mu_stays_near_the_start(fed3):
   def moved(alg):
     @jax.jit
     def distance(start, data):
-      ctx = alg.client_ctx(start, None)
+      ctx = ClientContext(id=0, round=0, start=start)
       p, _ = local_update(alg.loss, alg.optimizer, start, *data, ctx,
                           batch_size=16, epochs=2)
       return optax.tree.norm(optax.tree.sub(p, start))
@@ -270,5 +276,5 @@ def test_fedprox_with_huge_mu_stays_near_the_start(fed3):
 @pytest.mark.parametrize("name", ["fedprox", "pfedhn", "fedsr", "fedgma"])
 def test_baselines_are_registered_with_config_sections(name):
   cfg = base_config()
-  assert name in algorithms.ALGORITHMS
+  assert name in algorithms.available()
   assert "client" in cfg[name]

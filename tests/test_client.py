@@ -7,7 +7,8 @@ import optax
 import pytest
 
 from fedjax_dg.client import objectives
-from fedjax_dg.client.update import Batch, batch_at, epoch_permutations, local_update
+from fedjax_dg.client.update import (Batch, ClientContext, batch_at,
+                                     epoch_permutations, local_update)
 
 
 @pytest.mark.parametrize("n,n_max,bs,epochs", [(10, 10, 4, 2), (5, 23, 4, 3), (1, 7, 3, 1)])
@@ -78,7 +79,8 @@ def test_fedprox_term_pulls_toward_start():
   start = {"w": jnp.ones((3,))}
   params = {"w": jnp.array([1.0, 2.0, 4.0])}
   batch = Batch(jnp.zeros((1, 1)), jnp.zeros((1,), jnp.int32), jnp.ones((1,)))
-  np.testing.assert_allclose(loss(params, batch, None, start), 0.5 * 2.0 * (1 + 9))
+  ctx = ClientContext(id=0, round=0, start=start)
+  np.testing.assert_allclose(loss(params, batch, None, ctx), 0.5 * 2.0 * (1 + 9))
 
 
 def test_fixed_local_steps_mode_runs_exactly_that_many_steps():

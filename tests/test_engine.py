@@ -50,7 +50,7 @@ def test_fedavg_round_equals_python_loop_over_clients(fed3):
 
   # The FedJAX execution model: a Python loop over clients, one jitted update each.
   root = jax.random.key(cfg.seed)
-  params = alg.init(jax.random.fold_in(root, 2**31 - 1))[0]["params"]
+  params = alg.init(jax.random.fold_in(root, 2**31 - 1))[0].params
   upd = jax.jit(lambda p, x, y, n, k: local_update(
       loss, opt, p, x, y, n, k, batch_size=cfg.batch_size, epochs=cfg.epochs))
   for r in range(cfg.rounds):
@@ -63,7 +63,7 @@ def test_fedavg_round_equals_python_loop_over_clients(fed3):
       weights.append(float(fed3.train.n[i]))
     params = jax.tree.map(lambda *xs: sum(w * x for w, x in zip(weights, xs))
                           / sum(weights), *trained)
-  assert max_diff(got.server["params"], params) < 1e-5
+  assert max_diff(got.server.params, params) < 1e-5
 
 
 def test_vmap_and_map_agree(fed3):

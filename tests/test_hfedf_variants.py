@@ -172,7 +172,7 @@ def test_random_embeddings_per_tensor_few_shot_end_to_end(few_shot_fed):
   assert jax.tree.structure(start) == jax.tree.structure(target)
   for s, t in zip(jax.tree.leaves(start), jax.tree.leaves(target)):
     assert s.shape == (n,) + t.shape
-  assert alg.client_ctx(start, None) is start
+  assert alg.client_ctx(start, None, jnp.arange(n)) is None  # no extras
 
   res = engine.run(alg, fed, model, ENGINE)
   chance = 1.0 / fed.num_classes
@@ -182,14 +182,14 @@ def test_random_embeddings_per_tensor_few_shot_end_to_end(few_shot_fed):
   # Every round's embeddings are a fresh N(0, 1) draw from that round's server
   # key (so independent of what the clients sent: never learned).
   e = hfedf_lib.default_embed_dim(n)
-  assert res.server["hp"].embeddings.shape == (n, e) == (6, 2)
+  assert res.server.hp.embeddings.shape == (n, e) == (6, 2)
   means = np.asarray(res.round_metrics["embeddings_mean"])
   draws = [jax.random.normal(_server_key(ENGINE.seed, r), (n, e))
            for r in range(ENGINE.rounds)]
   np.testing.assert_allclose(means, [float(jnp.mean(d)) for d in draws],
                              rtol=1e-5, atol=1e-6)
   assert np.all(np.abs(np.diff(means)) > 1e-6)
-  np.testing.assert_array_equal(res.server["hp"].embeddings, draws[-1])
+  np.testing.assert_array_equal(res.server.hp.embeddings, draws[-1])
   # Per-tensor GradAlign weights: [rounds, clients, tensors], columns sum to 1.
   w = np.asarray(res.round_metrics["gradalign_theta_tensors"])
   assert w.shape[:2] == (ENGINE.rounds, n) and w.shape[2] > 4
@@ -262,7 +262,7 @@ def test_autoencoder_embeddings_learn_above_chance(two_per_domain):
   assert res.final["id_acc"] > chance + 0.25, res.final
   assert res.final["ood_acc"] > chance + 0.2, res.final
   fixed = _ae_embeddings(fed)
-  np.testing.assert_array_equal(res.server["hp"].embeddings, fixed)
+  np.testing.assert_array_equal(res.server.hp.embeddings, fixed)
   np.testing.assert_allclose(res.round_metrics["embeddings_mean"],
                              np.full(ENGINE.rounds, fixed.mean()), rtol=1e-6)
 
@@ -273,13 +273,16 @@ def test_autoencoder_embeddings_learn_above_chance(two_per_domain):
 
 def test_table3_ablations_are_algorithm_names(fed3):
   cfg = base_config()
-  cfg.algorithms = tuple(hfedf_lib.ABLATIONS)
+  cfg.algorithms = tuple(hfedf_lib.VARIANTS)
   cfg.model.name = "mlp"
   experiment.validate(cfg)  # a sweep over algorithms accepts them
-  for name in hfedf_lib.ABLATIONS:
-    assert name in algorithms.ALGORITHMS
+  for name in hfedf_lib.VARIANTS:
+    assert name in algorithms.available()
+    assert algorithms.spec(name).section == "hfedf"
     assert algorithms.build(name, _mlp(fed3), 3, cfg).name == name
-  assert hfedf_lib.ABLATIONS["hfedf_no_both"] == dict(gradalign=False, ema=False)
+  assert hfedf_lib.VARIANTS["hfedf_no_both"][1] == dict(gradalign=False, ema=False)
+  assert algorithms.spec("hfedf_no_both").display_name == (
+      "hFedF w/o GradAlign & EMA")
 
 
 @pytest.mark.parametrize("name", ["pacs", "office_home", "vlcs"])
@@ -315,8 +318,8 @@ def test_presets_set_table10_values(name):
 
 def test_presets_skip_missing_sections_and_rfmnist_is_pacs():
   cfg = base_config()
-  for section in ("fedprox", "pfedhn", "fedsr", "fedgma"):
-    if section in cfg:
+  with cfg.unlocked():  # a config not built on base_config
+    for section in ("fedprox", "pfedhn", "fedsr", "fedgma"):
       del cfg[section]
   applied = presets.apply(cfg, "vlcs")
   assert not any(a.startswith(("fedgma", "fedsr")) for a in applied)

@@ -103,8 +103,8 @@ def test_module_vs_tensor_granularity_counts():
     alg = hypergenfl(cnn, optax.sgd(0.1), None, num_clients=5, embed_dim=8,
                      granularity=granularity)
     server, _ = jax.eval_shape(alg.init, jax.random.key(0))
-    assert server["weights"].shape == (5, L)
-    assert server["hp"].theta["decode"]["kernel"].shape == (8, L)
+    assert server.weights.shape == (5, L)
+    assert server.hp.theta["decode"]["kernel"].shape == (8, L)
   with pytest.raises(ValueError, match="granularity"):
     hg.layer_groups(mlp, "block")
 
@@ -150,17 +150,17 @@ def test_identical_embeddings_give_uniform_weights_and_the_plain_mean():
   server, _ = jax.jit(alg.init)(jax.random.key(0))
   start, trained = cohort(model, 4)
   ids = jnp.array([5, 0, 3, 2])
-  result = ClientResult(ids, tree.broadcast(server["params"], 4), trained,
+  result = ClientResult(ids, 0, tree.broadcast(server.params, 4), trained,
                         jnp.array([1, 50, 7, 3]), jnp.ones(4))
-  new, metrics = jax.jit(alg.server_update)(server, result, None, 0)
-  np.testing.assert_allclose(flat(new["params"]),
+  new, metrics = jax.jit(alg.server_update)(server, result, None)
+  np.testing.assert_allclose(flat(new.params),
                              flat(tree.weighted_mean(trained, jnp.ones(4))),
                              rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(metrics["hg_entropy"], np.log(4), rtol=1e-5)
   np.testing.assert_allclose(metrics["hg_client_weight"], 0.25, rtol=1e-5)
-  np.testing.assert_allclose(np.asarray(new["weights"])[np.asarray(ids)], 0.25,
+  np.testing.assert_allclose(np.asarray(new.weights)[np.asarray(ids)], 0.25,
                              rtol=1e-5)
-  assert np.all(np.asarray(new["weights"])[[1, 4]] == 0)  # not in the cohort
+  assert np.all(np.asarray(new.weights)[[1, 4]] == 0)  # not in the cohort
 
 
 def test_lambda_keeps_all_off_layers_uniform():
@@ -241,18 +241,26 @@ def test_vjp_server_gradient_matches_finite_differences():
 # Direction of one server step.
 
 
-def _one_step(kind, opt, model, m=4, n=6, order="aggregate_first"):
+def _one_step(kind, opt, model, m=4, n=6):
+  """(start, trained, aggregate before, aggregate after) of one server step."""
   _, hn, phi, layer_of = weight_net(model)
   hp = HyperParams(theta=phi, embeddings=1.0 + 0.5 * jax.random.normal(
       jax.random.key(7), (n, 8)))
-  step = hg.hypergenfl_step(hn, layer_of, opt, loss=kind, order=order)
+  step = hg.hypergenfl_step(hn, layer_of, opt, loss=kind)
   ids = jnp.array([4, 0, 5, 2])[:m]
   start, trained = cohort(model, m)
-  before, hp2, _, _ = jax.jit(step.update)(hp, step.init(hp), ids, start,
-                                           trained)
-  after = hg.aggregate(trained, hn(hp2.theta, jnp.take(hp2.embeddings, ids, 0)),
-                       layer_of)
-  return start, trained, before, after
+  updates, state = jax.jit(step.update)(trained, step.init(hp), hp, ids=ids,
+                                        start=start)
+  hp2 = optax.apply_updates(hp, updates)
+  agg = lambda h: hg.aggregate(trained, hn(h.theta, jnp.take(h.embeddings, ids, 0)),
+                               layer_of)
+  # The state holds the weights of the gradient point (the old hypernetwork),
+  # in the cohort's rows.
+  np.testing.assert_allclose(jnp.take(state.weights, ids, 0),
+                             hn(hp.theta, jnp.take(hp.embeddings, ids, 0)),
+                             rtol=1e-6)
+  assert np.all(np.delete(np.asarray(state.weights), np.asarray(ids), 0) == 0)
+  return start, trained, agg(hp), agg(hp2)
 
 
 @pytest.mark.parametrize("opt", [optax.sgd(1e-2), optax.adamw(1e-3, weight_decay=1e-5)],
@@ -278,19 +286,29 @@ def test_mse_and_logcosh_steps_bring_the_aggregate_closer_to_the_clients(kind):
   assert dist(after) < dist(before), (dist(before), dist(after))
 
 
-def test_update_first_aggregates_with_the_updated_hypernetwork():
+@pytest.mark.parametrize("order", ["update_first", "aggregate_first"])
+def test_order_picks_the_hypernetwork_the_aggregate_is_taken_with(order):
   model = tiny_model()
-  _, hn, phi, layer_of = weight_net(model)
-  hp = HyperParams(theta=phi, embeddings=jax.random.normal(jax.random.key(8), (5, 8)))
+  module, hn, _, layer_of = weight_net(model)  # the algorithm's HN shape
+  alg = hypergenfl(model, optax.sgd(0.1), None, num_clients=5, embed_dim=8,
+                   num_heads=2, embeddings="random", order=order,
+                   server_optimizer="sgd", server_lr=1.0)
+  server, _ = jax.jit(alg.init)(jax.random.key(8))
   start, trained = cohort(model, 3)
   ids = jnp.array([1, 3, 4])
-  step = hg.hypergenfl_step(hn, layer_of, optax.sgd(1.0), order="update_first")
-  agg, hp2, _, info = jax.jit(step.update)(hp, step.init(hp), ids, start,
-                                            trained)
-  w_new = hn(hp2.theta, jnp.take(hp2.embeddings, ids, 0))
-  np.testing.assert_allclose(info.weights, w_new, rtol=1e-6)
-  np.testing.assert_allclose(flat(agg), flat(hg.aggregate(trained, w_new, layer_of)),
+  result = ClientResult(ids, 0, tree.broadcast(start, 3), trained,
+                        jnp.ones(3, jnp.int32), jnp.ones(3))
+  new, metrics = jax.jit(alg.server_update)(server, result, None)
+  w = lambda hp: hn(hp.theta, jnp.take(hp.embeddings, ids, 0))
+  used = w(new.hp) if order == "update_first" else w(server.hp)
+  np.testing.assert_allclose(jnp.take(new.weights, ids, 0), used, rtol=1e-6)
+  np.testing.assert_allclose(flat(new.params),
+                             flat(hg.aggregate(trained, used, layer_of)),
                              rtol=1e-6)
+  np.testing.assert_allclose(metrics["hg_client_weight"], jnp.mean(used, 1),
+                             rtol=1e-6)
+  # The hypernetwork moved, so the two orders really differ here.
+  assert np.abs(np.asarray(w(new.hp) - w(server.hp))).max() > 1e-4
 
 
 # ----------------------------------------------------------------------------
@@ -309,19 +327,20 @@ def test_only_the_active_clients_embedding_rows_change():
   for r, ids in enumerate(([6, 1, 2], [0, 3, 1], [5, 4, 6])):
     ids = jnp.array(ids)
     start, trained = cohort(model, 3, key=10 + r)
-    _, new, opt, info = update(hp, opt, ids, start, trained)
+    updates, opt = update(trained, opt, hp, ids=ids, start=start)
+    new = optax.apply_updates(hp, updates)
     changed = np.abs(np.asarray(new.embeddings - hp.embeddings)).max(1) > 0
     # Momentum and weight decay of earlier cohorts do not move idle rows.
     assert set(np.flatnonzero(changed)) == set(np.asarray(ids).tolist()), r
-    g_rows = np.abs(np.asarray(info.grads.embeddings)).max(1) > 0
-    assert set(np.flatnonzero(g_rows)) <= set(np.asarray(ids).tolist())
     hp = new
   # One-hot embeddings (Table 6) never move.
   step = hg.hypergenfl_step(hn, layer_of, optax.adamw(1e-2),
                             learn_embeddings=False)
-  _, new, _, _ = jax.jit(step.update)(hp, step.init(hp), jnp.array([0, 2, 5]),
-                                      *cohort(model, 3))
-  np.testing.assert_array_equal(new.embeddings, hp.embeddings)
+  start, trained = cohort(model, 3)
+  updates, _ = jax.jit(step.update)(trained, step.init(hp), hp,
+                                    ids=jnp.array([0, 2, 5]), start=start)
+  np.testing.assert_array_equal(optax.apply_updates(hp, updates).embeddings,
+                                hp.embeddings)
 
 
 def test_engine_rounds_with_a_cohort_touch_only_its_rows():
@@ -338,12 +357,12 @@ def test_engine_rounds_with_a_cohort_touch_only_its_rows():
   train = jax.tree.map(jnp.asarray, fed.train)
   carry = jax.jit(alg.init)(jax.random.key(0))
   for r in range(2):
-    before = carry[0]["hp"].embeddings
-    carry, metrics = round_fn(carry, jnp.int32(r), train, jax.random.key(1))
-    changed = np.abs(np.asarray(carry[0]["hp"].embeddings - before)).max(1) > 0
+    before = carry[0].hp.embeddings
+    carry, metrics = round_fn(carry, jnp.int32(r), train, jax.random.key(1), None)
+    changed = np.abs(np.asarray(carry[0].hp.embeddings - before)).max(1) > 0
     assert set(np.flatnonzero(changed)) == set(np.asarray(metrics["cohort"]).tolist())
     assert metrics["hg_client_weight"].shape == (3,)
-    w = np.asarray(carry[0]["weights"])
+    w = np.asarray(carry[0].weights)
     np.testing.assert_allclose(w[np.asarray(metrics["cohort"])].sum(0), 1.0,
                                rtol=1e-5)
 
@@ -355,7 +374,8 @@ def test_engine_rounds_with_a_cohort_touch_only_its_rows():
 def test_config_defaults_and_switches():
   cfg = base_config()
   h = cfg.hypergenfl
-  assert (h.embed_dim, h.embeddings, h.attention_layers, h.granularity, h.loss,
+  assert (h.embed_dim, h.embeddings, h.attention_layers, h.granularity,
+          h.server_loss,
           h.server_optimizer, h.server_lr, h.server_weight_decay) == (
               128, "ones", 1, "module", "default", "adamw", 1e-2, 1e-5)
   model = tiny_model()
@@ -363,14 +383,14 @@ def test_config_defaults_and_switches():
   cfg.hypergenfl.num_heads = 1
   alg = algorithms.build("hypergenfl", model, 5, cfg)
   server, _ = jax.jit(alg.init)(jax.random.key(0))
-  np.testing.assert_array_equal(server["hp"].embeddings, np.eye(5))
+  np.testing.assert_array_equal(server.hp.embeddings, np.eye(5))
   cfg.hypergenfl.embeddings = "random"
   cfg.hypergenfl.num_heads = 4
   alg = algorithms.build("hypergenfl", model, 5, cfg)
   server, _ = jax.jit(alg.init)(jax.random.key(0))
-  assert server["hp"].embeddings.shape == (5, 128)
-  assert float(jnp.std(server["hp"].embeddings)) > 0.5
-  for key, bad in (("embeddings", "zeros"), ("loss", "l1"), ("order", "x"),
+  assert server.hp.embeddings.shape == (5, 128)
+  assert float(jnp.std(server.hp.embeddings)) > 0.5
+  for key, bad in (("embeddings", "zeros"), ("server_loss", "l1"), ("order", "x"),
                    ("granularity", "block")):
     c = base_config()
     c.hypergenfl[key] = bad

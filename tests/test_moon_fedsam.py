@@ -8,9 +8,10 @@ import pytest
 
 from conftest import synthetic_domains
 from fedjax_dg import algorithms, engine, models, tree
-from fedjax_dg.algorithms.moon import model_contrastive_loss, moon, objective
+from fedjax_dg.algorithms.moon import (Negative, model_contrastive_loss, moon,
+                                       objective)
 from fedjax_dg.client.sam import sam
-from fedjax_dg.client.update import Batch, local_update
+from fedjax_dg.client.update import Batch, ClientContext, local_update
 from fedjax_dg.config import base_config
 from fedjax_dg.data import federated, partition
 from fedjax_dg.models.moon import ContrastiveModel
@@ -32,7 +33,7 @@ def run_rounds(alg, fed, rounds, key=0):
   train = jax.tree.map(jnp.asarray, fed.train)
   out = []
   for r in range(rounds):
-    carry, m = round_fn(carry, jnp.int32(r), train, jax.random.key(7))
+    carry, m = round_fn(carry, jnp.int32(r), train, jax.random.key(7), None)
     out.append((carry[0], carry[1], m))
   return out
 
@@ -87,8 +88,8 @@ def test_moon_objective_is_ce_plus_mu_contrastive(fed3):
   assert params["proj"]["l1"]["kernel"].shape == (32, 32)  # F -> F -> proj_dim
   x, y = fed3.train.x[0, :5], fed3.train.y[0, :5]
   batch = Batch(jnp.asarray(x), jnp.asarray(y), jnp.ones((5,)))
-  got = objective(cm, 2.0, 0.5)(params, batch, jax.random.key(3),
-                                {"glob": glob, "prev": prev, "on": 1.0})
+  ctx = ClientContext(id=0, round=1, start=glob, extra=Negative(prev, 1.0))
+  got = objective(cm, 2.0, 0.5)(params, batch, jax.random.key(3), ctx)
   h = lambda p: model.features(p["model"], x)
   logits = np.asarray(model.apply(params["model"], x), np.float64)
   logp = logits - np.log(np.exp(logits).sum(1, keepdims=True))
@@ -102,12 +103,12 @@ def test_moon_classifies_with_the_plain_client_model(fed3):
   model = mlp(fed3)
   alg = algorithms.build("moon", model, fed3.num_clients, base_config())
   server, prev = jax.jit(alg.init)(jax.random.key(0))
-  assert set(server["params"]) == {"model", "proj"}
-  assert server["params"]["proj"]["l2"]["kernel"].shape == (32, 256)
+  assert set(server.params) == {"model", "proj"}
+  assert server.params["proj"]["l2"]["kernel"].shape == (32, 256)
   # The client model starts as FedAvg's from the same key.
   assert_trees_close(alg.eval_params(server, prev), model.init(jax.random.key(0)),
                      atol=0)
-  assert prev["trained"].shape == (3,) and not prev["trained"].any()
+  assert prev.trained.shape == (3,) and not prev.trained.any()
 
 
 def test_moon_previous_models_are_the_cohorts_trained_models_and_persist(fed3):
@@ -124,31 +125,32 @@ def test_moon_previous_models_are_the_cohorts_trained_models_and_persist(fed3):
       batch_size=16, epochs=1))
   for r in range(3):
     start_server = carry[0]
-    carry, m = round_fn(carry, jnp.int32(r), train, root)
+    carry, m = round_fn(carry, jnp.int32(r), train, root, None)
     states.append(carry[1])
     cohorts.append(np.asarray(m["cohort"]))
     # A cohort client's row is exactly its locally trained model.
     i = int(cohorts[-1][0])
     client_key = jax.random.split(jax.random.fold_in(root, r), 3)[1]
-    start = start_server["params"]
+    start = start_server.params
     rows = tree.take(states[-2], jnp.array([i]))
-    ctx = jax.tree.map(lambda a: a[0],
-                       alg.client_ctx(tree.broadcast(start, 1), rows))
+    extra = jax.tree.map(lambda a: a[0], alg.client_ctx(
+        tree.broadcast(start, 1), rows, jnp.array([i])))
+    ctx = ClientContext(id=i, round=r, start=start,
+                        state=jax.tree.map(lambda a: a[0], rows), extra=extra)
     want, _ = train_one(start, ctx, i, jax.random.fold_in(client_key, i))
-    assert_trees_close(tree.take(carry[1]["params"], jnp.array([i])),
+    assert_trees_close(tree.take(carry[1].params, jnp.array([i])),
                        tree.broadcast(want, 1), atol=1e-5)
   kept = 0
   for r, ids in enumerate(cohorts):
     before, after = states[r], states[r + 1]
     for c in range(3):
-      b, a = (jax.tree.map(lambda t: np.asarray(t[c]), s["params"])
+      b, a = (jax.tree.map(lambda t: np.asarray(t[c]), s.params)
               for s in (before, after))
       same = all(np.array_equal(u, v) for u, v in zip(jax.tree.leaves(a),
                                                       jax.tree.leaves(b)))
       assert same == (c not in ids), (r, c, ids)
       kept += same
-      assert bool(after["trained"][c]) == (bool(before["trained"][c])
-                                           or c in ids)
+      assert bool(after.trained[c]) == (bool(before.trained[c]) or c in ids)
   assert kept == 3  # one client sat out each round and kept its previous model
 
 
@@ -156,27 +158,27 @@ def test_moon_prev_init_global_uses_the_global_model_until_trained(fed3):
   alg = moon(mlp(fed3), optax.sgd(1e-2), num_clients=3, proj_dim=8,
              prev_init="global")
   _, prev = alg.init(jax.random.key(0))
-  prev = dict(prev, trained=jnp.array([True, False, True]))
-  start = jax.tree.map(lambda p: p + 1.0, prev["params"])
-  ctx = alg.client_ctx(start, prev)
-  assert ctx["glob"] is start
+  prev = prev._replace(trained=jnp.array([True, False, True]))
+  start = jax.tree.map(lambda p: p + 1.0, prev.params)
+  ids = jnp.arange(3)
+  extra = alg.client_ctx(start, prev, ids)
   for leaf_prev, leaf_start, leaf in zip(*(jax.tree.leaves(t) for t in
-                                           (prev["params"], start, ctx["prev"]))):
+                                           (prev.params, start, extra.prev))):
     np.testing.assert_array_equal(leaf[0], leaf_prev[0])
     np.testing.assert_array_equal(leaf[1], leaf_start[1])
     np.testing.assert_array_equal(leaf[2], leaf_prev[2])
-  np.testing.assert_array_equal(ctx["on"], [1.0, 0.0, 1.0])
+  np.testing.assert_array_equal(extra.on, [1.0, 0.0, 1.0])
   # "initial": the untrained buffer is the initial model, on where it differs.
   alg = moon(mlp(fed3), optax.sgd(1e-2), num_clients=3, proj_dim=8)
-  np.testing.assert_array_equal(alg.client_ctx(start, prev)["on"], 1.0)
-  np.testing.assert_array_equal(alg.client_ctx(prev["params"], prev)["on"], 0.0)
+  np.testing.assert_array_equal(alg.client_ctx(start, prev, ids).on, 1.0)
+  np.testing.assert_array_equal(alg.client_ctx(prev.params, prev, ids).on, 0.0)
 
 
 def test_moon_is_fedavg_with_mu_0_and_in_its_first_round(fed3):
   model = mlp(fed3)
   cfg = sgd_config()
   cfg.moon.proj_dim = 8
-  avg = [s["params"] for s, _, _ in
+  avg = [s.params for s, _, _ in
          run_rounds(algorithms.build("fedavg", model, 3, cfg), fed3, 2)]
   for mu in (0.0, 5.0):
     cfg.moon.mu = mu
@@ -264,12 +266,12 @@ def test_fedsam_with_rho_0_is_fedavg(fed3):
   assert fsam.name == "fedsam" and not fsam.personalized
   a, _, ma = run_rounds(avg, fed3, 2)[-1]
   s, _, ms = run_rounds(fsam, fed3, 2)[-1]
-  assert_trees_close(s["params"], a["params"], atol=1e-6)
+  assert_trees_close(s.params, a.params, atol=1e-6)
   np.testing.assert_allclose(ms["loss"], ma["loss"], rtol=1e-6)
   # With rho > 0 the trajectory differs.
   cfg.fedsam.rho = 0.05
   s, _, _ = run_rounds(algorithms.build("fedsam", model, 3, cfg), fed3, 2)[-1]
-  assert optax.tree.norm(optax.tree.sub(s["params"], a["params"])) > 1e-4
+  assert optax.tree.norm(optax.tree.sub(s.params, a.params)) > 1e-4
 
 
 def test_local_update_unchanged_for_optimizers_without_extra_args(fed3):
@@ -294,7 +296,7 @@ def test_local_update_unchanged_for_optimizers_without_extra_args(fed3):
 @pytest.mark.parametrize("name", ["moon", "fedsam"])
 def test_registered_with_config_sections(name):
   cfg = base_config()
-  assert name in algorithms.ALGORITHMS and "client" in cfg[name]
+  assert name in algorithms.available() and "client" in cfg[name]
   assert (cfg.moon.mu, cfg.moon.temperature, cfg.moon.proj_dim) == (1.0, 0.5, 256)
 
 

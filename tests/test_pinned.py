@@ -88,4 +88,4 @@ def test_hfedf_generates_personalized_models_and_reports_gradalign(setup):
   assert first.shape[0] == fed.num_clients
   assert float(jnp.max(jnp.abs(first[0] - first[1]))) > 0  # clients differ
   # Embedding dimension floor(1 + N/4).
-  assert res.server["hp"].embeddings.shape == (fed.num_clients, 2)
+  assert res.server.hp.embeddings.shape == (fed.num_clients, 2)

@@ -95,7 +95,11 @@ def test_hypernetwork_step_moves_generated_params_toward_trained():
                         start)
   for align in (True, False):
     step = hypernetwork_step(h, optax.sgd(0.05), align=align)
-    new_hp, _, _ = step.update(hp, step.init(hp), jnp.arange(n), start, target)
+    deltas = optax.tree.sub(start, target)  # old minus new
+    updates, state = step.update(deltas, step.init(hp), hp, ids=jnp.arange(n))
+    new_hp = optax.apply_updates(hp, updates)
+    # The state reports the cohort's GradAlign weights (row per client).
+    np.testing.assert_allclose(jnp.sum(state.weights_theta), 1.0, rtol=1e-5)
     before = optax.tree.norm(optax.tree.sub(start, target))
     after = optax.tree.norm(optax.tree.sub(gen(new_hp.theta, new_hp.embeddings), target))
     assert float(after) < float(before), (align, before, after)
@@ -108,7 +112,8 @@ def test_ema_sequence_matches_hand_computation():
   state = t.init(jnp.asarray(thetas[0]))
   outs, ema = [], None
   for r, th in enumerate(thetas):
-    out, state = t.update(jnp.asarray(th), state, jnp.int32(r))
+    assert int(state.count) == r  # the round counter lives in the state
+    out, state = t.update(jnp.asarray(th), state)
     outs.append(np.asarray(out))
     # Hand computation of Alg. 4.
     if r < warm:
@@ -124,7 +129,8 @@ def test_ema_sequence_matches_hand_computation():
 
 def test_weighted_mean_weights_by_examples():
   stacked = {"w": jnp.array([[1.0], [3.0]])}
-  out, _ = server.weighted_mean().update(stacked, (), jnp.array([1, 3]))
+  t = server.weighted_mean()
+  out, _ = t.update(stacked, t.init(None), weights=jnp.array([1, 3]))
   np.testing.assert_allclose(out["w"], [2.5])
 
 

@@ -18,6 +18,8 @@ from fedjax_dg.data import federated
 from fedjax_dg.data.partition import PartitionSpec
 from fedjax_dg.server import distill
 
+SERVER_DATA = [n for n in algorithms.available() if algorithms.needs_server_data(n)]
+
 
 # ----------------------------------------------------------------------------
 # The server split.
@@ -90,7 +92,7 @@ def test_server_fraction_errors_name_the_setting():
     federated.build(ds, PartitionSpec("iid", num_partitions=2), target_domain=0,
                     server_fraction=1.0)
   cfg = base_config()
-  for name in algorithms.SERVER_DATA_ALGORITHMS:
+  for name in SERVER_DATA:
     cfg.algorithms = ("fedavg", name)
     with pytest.raises(ValueError, match=r"data.server_fraction.*> 0"):
       experiment.validate(cfg)
@@ -105,7 +107,7 @@ def test_server_fraction_errors_name_the_setting():
 
 def test_build_without_server_data_is_a_clear_error(fed3):
   model = _mlp(fed3)
-  for name in algorithms.SERVER_DATA_ALGORITHMS:
+  for name in SERVER_DATA:
     assert algorithms.needs_server_data(name)
     assert algorithms.uses_data(name, base_config())
     for data in (None, fed3):
@@ -137,7 +139,7 @@ def _clients(model, m=3, seed=0):
 
 def _result(stacked, n):
   m = tree.leading_size(stacked)
-  return ClientResult(ids=jnp.arange(m), start=stacked, params=stacked,
+  return ClientResult(ids=jnp.arange(m), round=0, start=stacked, params=stacked,
                       num_examples=jnp.asarray(n, jnp.int32),
                       loss=jnp.zeros((m,)))
 
@@ -239,12 +241,11 @@ def test_feddf_distillation_reduces_kl_to_the_ensemble(sfed):
   stacked = _clients(model)
   result = _result(stacked, [10, 20, 30])
   server, _ = alg.init(jax.random.key(9))
-  new, metrics = jax.jit(alg.server_update)(server, result, jax.random.key(1),
-                                            jnp.int32(0))
+  new, metrics = jax.jit(alg.server_update)(server, result, jax.random.key(1))
   x = jnp.asarray(sfed.server_x)
   fedavg = tree.weighted_mean(stacked, result.num_examples)
   before = _full_kl(model, fedavg, stacked, x)
-  after = _full_kl(model, new["params"], stacked, x)
+  after = _full_kl(model, new.params, stacked, x)
   assert after < 0.5 * before, (before, after)
   assert metrics["distill_loss_last"] < metrics["distill_loss_first"]
   # The first step starts from FedAvg: its loss is the KL of FedAvg's model
@@ -334,11 +335,10 @@ def test_fedbe_server_update_distills_into_the_mean(sfed):
   stacked = _clients(model, seed=4)
   result = _result(stacked, [10, 20, 30])
   server, _ = alg.init(jax.random.key(9))
-  new, metrics = jax.jit(alg.server_update)(server, result, jax.random.key(1),
-                                            jnp.int32(0))
+  new, metrics = jax.jit(alg.server_update)(server, result, jax.random.key(1))
   assert metrics["distill_loss_last"] < metrics["distill_loss_first"]
   mean = tree.weighted_mean(stacked, result.num_examples)
-  moved = optax.tree.norm(optax.tree.sub(new["params"], mean))
+  moved = optax.tree.norm(optax.tree.sub(new.params, mean))
   assert float(moved) > 0
 
 
@@ -402,18 +402,17 @@ def test_fedlaw_server_update_lowers_the_proxy_loss(sfed):
   stacked = _clients(model, seed=6)
   result = _result(stacked, [10, 20, 30])
   server, _ = alg.init(jax.random.key(9))
-  new, metrics = jax.jit(alg.server_update)(server, result, jax.random.key(1),
-                                            jnp.int32(0))
+  new, metrics = jax.jit(alg.server_update)(server, result, jax.random.key(1))
   x, y = jnp.asarray(sfed.server_x), jnp.asarray(sfed.server_y)
   ce = lambda p: float(jnp.mean(optax.softmax_cross_entropy_with_integer_labels(
       model.apply(p, x), y)))
   fedavg = tree.weighted_mean(stacked, result.num_examples)
-  assert ce(new["params"]) < ce(fedavg) - 1e-3
+  assert ce(new.params) < ce(fedavg) - 1e-3
   lam = np.asarray(metrics["fedlaw_lambda"])
   np.testing.assert_allclose(lam.sum(), 1.0, rtol=1e-5)
   # The new global model is exactly gamma * sum_i lambda_i w_i.
   want = tree.weighted_sum(stacked, metrics["fedlaw_gamma"] * lam)
-  for a, b in zip(jax.tree.leaves(new["params"]), jax.tree.leaves(want)):
+  for a, b in zip(jax.tree.leaves(new.params), jax.tree.leaves(want)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
@@ -431,7 +430,7 @@ def skewed():
   return federated.build(ds, spec, target_domain=None, server_fraction=0.15)
 
 
-@pytest.mark.parametrize("name", algorithms.SERVER_DATA_ALGORITHMS)
+@pytest.mark.parametrize("name", SERVER_DATA)
 def test_learns_above_chance_on_label_skew(skewed, name):
   fed = skewed
   assert fed.server_size == 36

@@ -1,111 +1,218 @@
-"""One small file per algorithm; `build` wires one from a config."""
+"""Algorithms by name: one module per algorithm, picked by name (big_vision style).
+
+`fedjax_dg.algorithms.<name>` is algorithm `<name>`. It exports
+
+    build(model, optimizer, loss, *, <hyperparameters with defaults>) -> Algorithm
+    DISPLAY_NAME        its name in the papers' tables
+    CLIENT              optional: its clients' optimizer defaults ({"lr": ...}),
+                        overriding the run's `client` settings
+    NEEDS_SERVER_DATA   optional (False): it trains on the server's split
+    FEDERATED           optional (True): False for Central / Local-only (no
+                        arrows against FedAvg in the tables)
+    VARIANTS            optional: {name: (display name, hyperparameter
+                        overrides)}, more algorithm names built by this module
+    uses_data(hparams)  optional: whether `build` derives something from the
+                        run's data (then its Algorithm is built per federation)
+
+`build` may also take `loss` (omit it when the algorithm builds its own
+objective) and the run's context `num_clients`, `data` (the FederatedData),
+`seed` and `name`: the registry passes those it names. Its other keyword
+arguments, with their defaults, ARE the algorithm's config section
+(`config.base_config`): the defaults are written once, in the signature.
+
+A new algorithm is one new module here; docs/extending.md walks through one.
+"""
 
 from __future__ import annotations
 
-from fedjax_dg.algorithms.base import Algorithm, ClientResult
+import dataclasses
+import functools
+import importlib
+import inspect
+import pkgutil
+from types import ModuleType
+from typing import Any, Mapping
+
+from fedjax_dg.algorithms.base import (Algorithm, ClientContext, ClientData,
+                                       ClientResult, ServerState)
 from fedjax_dg.client import objectives
 from fedjax_dg.optim import make_optimizer
 
-ALGORITHMS = ("fedavg", "central", "local_only", "hfedf", "fedprox", "pfedhn",
-              "fedsr", "fedgma")
-# Table 3's hFedF ablations (`hfedf.ABLATIONS`): the `hfedf` section + overrides.
-ALGORITHMS += ("hfedf_no_gradalign", "hfedf_no_ema", "hfedf_no_both")
-# HyperGenFL (CIKM '25): the `hypergenfl` section.
-ALGORITHMS += ("hypergenfl",)
-# HyperGenFL's baselines.
-ALGORITHMS += ("moon", "fedsam")
-# HyperGenFL's server-data baselines: they train on the server's split
-# (`data.server_fraction` > 0), built from the run's FederatedData.
-SERVER_DATA_ALGORITHMS = ("feddf", "fedbe", "fedlaw")
-ALGORITHMS += SERVER_DATA_ALGORITHMS
+# Arguments of `build` the registry supplies (never config keys).
+CONTEXT = ("model", "optimizer", "loss", "num_clients", "data", "seed", "name")
+# The client optimizer's settings (`cfg.client`; per algorithm `CLIENT` and
+# `cfg.<section>.client`).
+CLIENT_KEYS = ("optimizer", "lr", "weight_decay", "momentum")
+_NOT_ALGORITHMS = ("base",)
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+  """What the registry knows of one algorithm name."""
+  name: str
+  module: ModuleType
+  display_name: str
+  overrides: Mapping[str, Any]  # hyperparameters fixed by a variant
+
+  @property
+  def section(self) -> str:
+    """Its config section (the module's name)."""
+    return self.module.__name__.rsplit(".", 1)[1]
+
+  @property
+  def needs_server_data(self) -> bool:
+    return bool(getattr(self.module, "NEEDS_SERVER_DATA", False))
+
+  @property
+  def federated(self) -> bool:
+    return bool(getattr(self.module, "FEDERATED", True))
+
+  def uses_data(self, hparams: Mapping[str, Any]) -> bool:
+    if self.needs_server_data:
+      return True
+    fn = getattr(self.module, "uses_data", None)
+    return bool(fn({**hparams, **self.overrides})) if fn else False
+
+
+@functools.lru_cache(maxsize=None)
+def modules() -> tuple[str, ...]:
+  """The algorithm modules (= config sections), in name order."""
+  names = [m.name for m in pkgutil.iter_modules(__path__)
+           if not m.name.startswith("_") and m.name not in _NOT_ALGORITHMS]
+  return tuple(sorted(names))
+
+
+def _module(name: str) -> ModuleType:
+  return importlib.import_module(f"{__name__}.{name}")
+
+
+@functools.lru_cache(maxsize=None)
+def _specs() -> dict[str, Spec]:
+  specs = {}
+  for section in modules():
+    module = _module(section)
+    for attr in ("build", "DISPLAY_NAME"):
+      if not hasattr(module, attr):
+        raise TypeError(f"algorithm module {module.__name__} lacks {attr} "
+                        "(algorithms/__init__.py lists what a module exports)")
+    specs[section] = Spec(section, module, module.DISPLAY_NAME, {})
+    for variant, (display, overrides) in getattr(module, "VARIANTS", {}).items():
+      specs[variant] = Spec(variant, module, display, dict(overrides))
+  return specs
+
+
+def available() -> tuple[str, ...]:
+  """Every algorithm name: the modules, then their variants."""
+  return tuple(_specs())
+
+
+def spec(name: str) -> Spec:
+  specs = _specs()
+  if name not in specs:
+    raise ValueError(f"unknown algorithm {name!r}; allowed: {tuple(specs)}")
+  return specs[name]
+
+
+def hyperparameters(section: str) -> dict[str, Any]:
+  """The keyword arguments of `<section>.build` with their defaults: the
+  algorithm's config section (without `client`)."""
+  params = inspect.signature(_module(section).build).parameters
+  out = {}
+  for p in params.values():
+    if p.name in CONTEXT or p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
+      continue
+    if p.default is p.empty:
+      raise TypeError(f"{section}.build: hyperparameter {p.name!r} needs a "
+                      "default (it is the config's)")
+    out[p.name] = p.default
+  return out
+
+
+def client_defaults(section: str) -> dict[str, Any]:
+  """The module's `CLIENT` overrides of the run's client optimizer settings;
+  None where the run's `client` value applies."""
+  own = dict(getattr(_module(section), "CLIENT", {}))
+  unknown = set(own) - set(CLIENT_KEYS)
+  if unknown:
+    raise TypeError(f"{section}.CLIENT has unknown keys {sorted(unknown)}; "
+                    f"allowed: {CLIENT_KEYS}")
+  return {k: own.get(k) for k in CLIENT_KEYS}
+
+
+def client_settings(client: Mapping[str, Any],
+                    overrides: Mapping[str, Any]) -> dict[str, Any]:
+  """The run's `client` settings with an algorithm section's non-None
+  `client` overrides; an override of another type than the run's value is an
+  error naming the key."""
+  out = dict(client)
+  for key, value in overrides.items():
+    if value is None:
+      continue
+    want = type(client[key])
+    if want is float and isinstance(value, int) and not isinstance(value, bool):
+      value = float(value)
+    if not isinstance(value, want):
+      raise ValueError(f"client override {key}={value!r}: expected "
+                       f"{want.__name__} like the run's client.{key}="
+                       f"{client[key]!r}")
+    out[key] = value
+  return out
 
 
 def client_optimizer(cfg, name: str):
-  """The clients' optimizer: `cfg.client` with `cfg.<name>.client` overrides."""
-  c = dict(cfg.client)
-  section = cfg.get(name)
-  if section is not None and "client" in section:
-    c.update(dict(section.client))
+  """The clients' optimizer of algorithm `name`: `cfg.client` with the non-None
+  fields of `cfg.<section>.client`."""
+  section = spec(name).section
+  c = client_settings(dict(cfg.client), dict(cfg[section].client))
   return make_optimizer(c["optimizer"], c["lr"], c["weight_decay"], c["momentum"])
-
-
-def uses_data(name: str, cfg) -> bool:
-  """Whether `build(name, ...)` derives something from the run's data (then an
-  Algorithm object cannot be shared between federations)."""
-  if name in SERVER_DATA_ALGORITHMS:  # the server's split is the run's
-    return True
-  return name.startswith("hfedf") and cfg.hfedf.embeddings == "autoencoder"
 
 
 def needs_server_data(name: str) -> bool:
   """Whether algorithm `name` trains on the server's split
   (`FederatedData.server_x`, config `data.server_fraction` > 0)."""
-  return name in SERVER_DATA_ALGORITHMS
+  return spec(name).needs_server_data
+
+
+def uses_data(name: str, cfg) -> bool:
+  """Whether `build(name, ...)` derives something from the run's data (then an
+  Algorithm object cannot be shared between federations)."""
+  s = spec(name)
+  return s.uses_data(dict(cfg[s.section]))
+
+
+def create(name: str, model, *, optimizer, hparams: Mapping[str, Any],
+           num_clients: int, data=None, seed: int = 0) -> Algorithm:
+  """Algorithm `name` from keyword hyperparameters (a variant's overrides on
+  top) and the run's context; the local objective is cross-entropy unless the
+  module builds its own."""
+  s = spec(name)
+  build_fn = s.module.build
+  accepted = inspect.signature(build_fn).parameters
+  context = dict(loss=objectives.cross_entropy(model), num_clients=num_clients,
+                 data=data, seed=seed, name=name)
+  kwargs = {k: v for k, v in context.items() if k in accepted}
+  if "name" in kwargs and s.name == s.section:
+    del kwargs["name"]  # the module's own default name
+  hp = {**dict(hparams), **s.overrides}
+  unknown = set(hp) - set(hyperparameters(s.section))
+  if unknown:
+    raise ValueError(f"{name}: unknown hyperparameters {sorted(unknown)}; "
+                     f"allowed: {sorted(hyperparameters(s.section))}")
+  return build_fn(model, optimizer, **kwargs, **hp)
 
 
 def build(name: str, model, num_clients: int, cfg, data=None) -> Algorithm:
-  """Builds algorithm `name` for `model` and `num_clients` clients from `cfg`.
-
-  `data` (the run's FederatedData) is for algorithms that derive something from
-  the clients' data before training (e.g. fixed data-conditioned embeddings).
-  """
-  if name not in ALGORITHMS:
-    raise ValueError(f"unknown algorithm {name!r}; allowed: {ALGORITHMS}")
-  opt = client_optimizer(cfg, name)
-  loss = objectives.cross_entropy(model)
-  if name == "fedavg":
-    from fedjax_dg.algorithms.fedavg import fedavg
-    return fedavg(model, opt, loss)
-  if name == "central":
-    from fedjax_dg.algorithms.fedavg import central
-    return central(model, opt, loss)
-  if name == "local_only":
-    from fedjax_dg.algorithms.local_only import local_only
-    return local_only(model, opt, loss, num_clients=num_clients)
-  if name == "fedprox":
-    from fedjax_dg.algorithms.fedprox import fedprox
-    return fedprox(model, opt, loss, mu=cfg.fedprox.mu)
-  if name == "pfedhn":
-    from fedjax_dg.algorithms.pfedhn import pfedhn
-    h = {k: v for k, v in dict(cfg.pfedhn).items() if k != "client"}
-    return pfedhn(model, opt, loss, num_clients=num_clients, **h)
-  if name == "fedsr":
-    from fedjax_dg.algorithms.fedsr import fedsr
-    h = {k: v for k, v in dict(cfg.fedsr).items() if k != "client"}
-    return fedsr(model, opt, num_clients=num_clients, **h)
-  if name == "fedgma":
-    from fedjax_dg.algorithms.fedgma import fedgma
-    return fedgma(model, opt, loss, threshold=cfg.fedgma.threshold,
-                  step_size=cfg.fedgma.step_size)
-  if name == "moon":
-    from fedjax_dg.algorithms.moon import moon
-    h = {k: v for k, v in dict(cfg.moon).items() if k != "client"}
-    return moon(model, opt, num_clients=num_clients, **h)
-  if name == "fedsam":
-    from fedjax_dg.algorithms.fedsam import fedsam
-    return fedsam(model, opt, loss, rho=cfg.fedsam.rho,
-                  adaptive=cfg.fedsam.adaptive, eta=cfg.fedsam.eta)
-  if name in SERVER_DATA_ALGORITHMS:  # `data` holds the server's split
-    h = {k: v for k, v in dict(cfg[name]).items() if k != "client"}
-    if name == "feddf":
-      from fedjax_dg.algorithms.feddf import feddf
-      return feddf(model, opt, loss, data=data, **h)
-    if name == "fedbe":
-      from fedjax_dg.algorithms.fedbe import fedbe
-      return fedbe(model, opt, loss, data=data, **h)
-    from fedjax_dg.algorithms.fedlaw import fedlaw
-    return fedlaw(model, opt, loss, data=data, **h)
-  if name == "hypergenfl":
-    from fedjax_dg.algorithms.hypergenfl import hypergenfl
-    h = {k: v for k, v in dict(cfg.hypergenfl).items() if k != "client"}
-    h["server_loss"] = h.pop("loss")  # `loss` is the clients' objective here
-    return hypergenfl(model, opt, loss, num_clients=num_clients, **h)
-  from fedjax_dg.algorithms.hfedf import ABLATIONS, hfedf
-  h = {k: v for k, v in dict(cfg.hfedf).items() if k != "client"}
-  h.update(ABLATIONS.get(name, {}))
-  return hfedf(model, client_optimizer(cfg, "hfedf"), loss,
-               num_clients=num_clients, data=data, seed=cfg.seed, name=name, **h)
+  """Algorithm `name` from a run config: its section's hyperparameters, its
+  clients' optimizer, `cfg.seed`. `data` (the run's FederatedData) is for
+  algorithms that derive something from the clients' data before training."""
+  section = dict(cfg[spec(name).section])
+  section.pop("client", None)
+  return create(name, model, optimizer=client_optimizer(cfg, name),
+                hparams=section, num_clients=num_clients, data=data,
+                seed=cfg.seed)
 
 
-__all__ = ["Algorithm", "ClientResult", "ALGORITHMS", "build", "client_optimizer",
-           "uses_data", "needs_server_data", "SERVER_DATA_ALGORITHMS"]
+__all__ = ["Algorithm", "ClientContext", "ClientData", "ClientResult",
+           "ServerState", "Spec", "available", "build", "client_defaults",
+           "client_optimizer", "client_settings", "create", "hyperparameters",
+           "modules", "needs_server_data", "spec", "uses_data"]

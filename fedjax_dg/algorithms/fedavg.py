@@ -1,34 +1,60 @@
-"""FedAvg (McMahan et al. 2017): broadcast, local SGD, example-weighted mean."""
+"""FedAvg (McMahan et al. 2017): broadcast, local training, example-weighted mean.
+
+The base of the FedAvg family: every algorithm with one global model (FedProx,
+FedSAM, FedGMA, MOON, FedSR, FedDF, FedBE, FedLAW, HyperGenFL, Central) is this
+record with a different objective, optimizer, aggregator or state
+(`dataclasses.replace`). Its server state is `ServerState(params, opt)`:
+`aggregator` is a server transform (stacked trained models -> the new global
+model; `server.aggregate`) whose state is `opt`, and `metrics(opt, result)`
+reads what it reports each round.
+"""
 
 from __future__ import annotations
 
+from typing import Callable
+
 from fedjax_dg import tree
-from fedjax_dg.algorithms.base import Algorithm, ClientResult
-from fedjax_dg.server import weighted_mean
+from fedjax_dg.algorithms.base import Algorithm, ClientResult, ServerState
+from fedjax_dg.server import ServerTransform, weighted_mean
+
+DISPLAY_NAME = "FedAvg"
 
 
-def fedavg(model, optimizer, loss, *, name: str = "fedavg",
-           pooled: bool = False) -> Algorithm:
-  aggregate = weighted_mean()
+def _no_metrics(opt, result):
+  del opt, result
+  return {}
+
+
+def fedavg(model, optimizer, loss, *, aggregator: ServerTransform | None = None,
+           metrics: Callable[..., dict] = _no_metrics,
+           name: str = "fedavg") -> Algorithm:
+  """FedAvg of `model`; `aggregator` defaults to the example-weighted mean.
+
+  The aggregator's update gets the cohort's trained models, the global model
+  as `params`, and extras `weights` (examples per client), `ids`, `key`.
+  """
+  aggregator = aggregator or weighted_mean()
 
   def init(key):
-    return {"params": model.init(key)}, None
+    params = model.init(key)
+    return ServerState(params, aggregator.init(params)), None
 
   def client_start(server, client_rows, ids):
     del client_rows
-    return tree.broadcast(server["params"], ids.shape[0])
+    return tree.broadcast(server.params, ids.shape[0])
 
-  def server_update(server, result: ClientResult, key, round_idx):
-    del key, round_idx
-    params, _ = aggregate.update(result.params, (), result.num_examples)
-    return {"params": params}, {}
+  def server_update(server, result: ClientResult, key):
+    params, opt = aggregator.update(result.params, server.opt, server.params,
+                                    weights=result.num_examples, ids=result.ids,
+                                    key=key)
+    return ServerState(params, opt), metrics(opt, result)
 
   return Algorithm(name=name, init=init, client_start=client_start, loss=loss,
                    optimizer=optimizer, server_update=server_update,
-                   eval_params=lambda server, clients: server["params"],
-                   personalized=False, pooled=pooled)
+                   eval_params=lambda server, clients: server.params,
+                   personalized=False)
 
 
-def central(model, optimizer, loss) -> Algorithm:
-  """Central: one model trained on the union of all clients' data (no federation)."""
-  return fedavg(model, optimizer, loss, name="central", pooled=True)
+def build(model, optimizer, loss) -> Algorithm:
+  """The registry's FedAvg (no hyperparameters)."""
+  return fedavg(model, optimizer, loss)

@@ -25,10 +25,13 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_dg import tree
-from fedjax_dg.algorithms.base import Algorithm, ClientResult
+from fedjax_dg.algorithms.base import Algorithm
+from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.optim import make_optimizer
-from fedjax_dg.server import distill
+from fedjax_dg.server import ServerTransform, distill
 
+DISPLAY_NAME = "FedBE"
+NEEDS_SERVER_DATA = True
 SAMPLERS = ("gaussian", "dirichlet")
 
 
@@ -95,14 +98,59 @@ def ensemble_probs(probs_of, mean, var, stacked, key, *, num_samples: int,
   return total / count
 
 
-def fedbe(model, optimizer, loss, *, data, num_samples: int = 10,
-          sampler: str = "gaussian", var_scale: float = 1.0,
-          dirichlet_alpha: float = 1.0, include_mean: bool = True,
-          include_clients: bool = True, epochs: int = 20, steps: int = 0,
-          batch_size: int = 128, lr: float = 1e-3, momentum: float = 0.9,
-          weight_decay: float = 1e-5, swa: bool = True, swa_start: float = 0.3,
-          swa_freq: int = 25, sharpen_temperature: float = 1.0,
-          eval_chunk: int = 256, name: str = "fedbe") -> Algorithm:
+def bayesian_ensemble_distillation(model, server_x, optimizer, *, steps: int,
+                                   batch_size: int, swa_start: int,
+                                   swa_freq: int, sharpen_temperature: float,
+                                   eval_chunk: int,
+                                   **ensemble) -> ServerTransform:
+  """Stacked trained models [m, ...] -> the SWA average of the student (extras
+  `weights`, `key`): pseudo-labels of the ensemble (`ensemble_probs`) on
+  `server_x`, distilled into the mean model; `DistillState`."""
+  num = int(server_x.shape[0])
+  eval_apply = lambda p, x: model.apply(p, x, train=False)
+  probs_of = lambda p: jax.nn.softmax(
+      distill.predict(eval_apply, p, server_x, eval_chunk), axis=-1)
+
+  def update(updates, state, params=None, *, weights, key, **extra):
+    del state, params, extra
+    k_sample, k_train = jax.random.split(key)
+    mean, var = gaussian_fit(updates, weights)
+    probs = ensemble_probs(probs_of, mean, var, updates, k_sample, **ensemble)
+    targets = sharpen(probs, sharpen_temperature)
+
+    def objective(p, idx, mask, rng):
+      out = model.apply(p, jnp.take(server_x, idx, axis=0), train=True, rng=rng)
+      return distill.kl_to_teacher(out, jnp.take(targets, idx, axis=0), mask)
+
+    res = distill.server_train(mean, objective, optimizer, key=k_train,
+                               steps=steps, num=num, batch_size=batch_size,
+                               swa_start=swa_start, swa_freq=swa_freq)
+    return res.averaged, distill.DistillState(res.losses[0], res.losses[-1])
+
+  return ServerTransform(distill.initial_distill_state, update)
+
+
+def fedbe(model, optimizer, loss, *, data,
+          num_samples: int = 10,      # ref. code num_sample_teacher
+          sampler: str = "gaussian",  # gaussian (the paper's main) | dirichlet
+          var_scale: float = 1.0,     # std multiplier of the samples (paper: 1;
+                                      # the ref. code's 0.1 acts on normalized
+                                      # deltas)
+          dirichlet_alpha: float = 1.0,  # ref. code's Dir(1) (sampler="dirichlet")
+          include_mean: bool = True,
+          include_clients: bool = True,  # paper: {mean, clients, samples}
+          epochs: int = 20, steps: int = 0,  # ref. code server_ep
+          batch_size: int = 128,      # ref. code server_bs
+          lr: float = 1e-3, momentum: float = 0.9,
+          weight_decay: float = 1e-5,  # ref. code ServerUpdate.set_opt
+          swa: bool = True,           # ref. code use_SWA (FedBE's main results)
+          swa_start: float = 0.3,     # share of the steps before SWA (ref.: 500
+                                      # steps of ~1580 on CIFAR-10)
+          swa_freq: int = 25,         # ref. code: a snapshot every 25 steps
+          sharpen_temperature: float = 1.0,  # 1: mean softmax (paper); ref.
+                                             # code's temp: 0.5
+          eval_chunk: int = 256,
+          ) -> Algorithm:
   """FedBE; `data` is the run's FederatedData (its `server_x`).
 
   Args:
@@ -124,44 +172,20 @@ def fedbe(model, optimizer, loss, *, data, num_samples: int = 10,
   if sharpen_temperature <= 0:
     raise ValueError(f"fedbe.sharpen_temperature must be > 0, got "
                      f"{sharpen_temperature}")
-  sx, _ = distill.require_server_data(data, name)
+  sx, _ = distill.require_server_data(data, "fedbe")
   num = int(sx.shape[0])
   bs = max(1, min(batch_size, num))
   n_steps = distill.resolve_steps(steps, epochs, num, bs)
-  start = distill.swa_start_step(swa_start, n_steps) if swa else -1
-  server_opt = make_optimizer("sgd", lr, weight_decay, momentum)
-  ens = dict(num_samples=num_samples, sampler=sampler, var_scale=var_scale,
-             dirichlet_alpha=dirichlet_alpha, include_mean=include_mean,
-             include_clients=include_clients)
-  eval_apply = lambda p, x: model.apply(p, x, train=False)
-  probs_of = lambda p: jax.nn.softmax(
-      distill.predict(eval_apply, p, sx, eval_chunk), axis=-1)
+  aggregator = bayesian_ensemble_distillation(
+      model, sx, make_optimizer("sgd", lr, weight_decay, momentum),
+      steps=n_steps, batch_size=bs,
+      swa_start=distill.swa_start_step(swa_start, n_steps) if swa else -1,
+      swa_freq=swa_freq, sharpen_temperature=sharpen_temperature,
+      eval_chunk=eval_chunk, num_samples=num_samples, sampler=sampler,
+      var_scale=var_scale, dirichlet_alpha=dirichlet_alpha,
+      include_mean=include_mean, include_clients=include_clients)
+  return fedavg(model, optimizer, loss, aggregator=aggregator,
+                metrics=distill.distill_metrics, name="fedbe")
 
-  def init(key):
-    return {"params": model.init(key)}, None
 
-  def client_start(server, client_rows, ids):
-    del client_rows
-    return tree.broadcast(server["params"], ids.shape[0])
-
-  def server_update(server, result: ClientResult, key, round_idx):
-    del round_idx
-    k_sample, k_train = jax.random.split(key)
-    mean, var = gaussian_fit(result.params, result.num_examples)
-    probs = ensemble_probs(probs_of, mean, var, result.params, k_sample, **ens)
-    targets = sharpen(probs, sharpen_temperature)
-
-    def objective(p, idx, mask, rng):
-      out = model.apply(p, jnp.take(sx, idx, axis=0), train=True, rng=rng)
-      return distill.kl_to_teacher(out, jnp.take(targets, idx, axis=0), mask)
-
-    res = distill.server_train(mean, objective, server_opt, key=k_train,
-                               steps=n_steps, num=num, batch_size=bs,
-                               swa_start=start, swa_freq=swa_freq)
-    return {"params": res.averaged}, {"distill_loss_first": res.losses[0],
-                                      "distill_loss_last": res.losses[-1]}
-
-  return Algorithm(name=name, init=init, client_start=client_start, loss=loss,
-                   optimizer=optimizer, server_update=server_update,
-                   eval_params=lambda server, clients: server["params"],
-                   personalized=False)
+build = fedbe

@@ -22,8 +22,12 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_dg import tree
-from fedjax_dg.algorithms.base import Algorithm, ClientResult
-from fedjax_dg.server import distill
+from fedjax_dg.algorithms.base import Algorithm
+from fedjax_dg.algorithms.fedavg import fedavg
+from fedjax_dg.server import ServerTransform, distill
+
+DISPLAY_NAME = "FedDF"
+NEEDS_SERVER_DATA = True
 
 
 def avg_logits_teacher(logits, temperature: float = 1.0):
@@ -31,10 +35,43 @@ def avg_logits_teacher(logits, temperature: float = 1.0):
   return jax.nn.softmax(jnp.mean(logits, axis=0) / temperature, axis=-1)
 
 
-def feddf(model, optimizer, loss, *, data, epochs: int = 20, steps: int = 0,
-          batch_size: int = 128, lr: float = 1e-3, cosine: bool = True,
-          temperature: float = 1.0, eval_chunk: int = 256,
-          name: str = "feddf") -> Algorithm:
+def ensemble_distillation(model, server_x, optimizer, *, steps: int,
+                          batch_size: int, temperature: float = 1.0,
+                          eval_chunk: int = 256) -> ServerTransform:
+  """Stacked trained models [m, ...] -> the distilled model (extras `weights`,
+  `key`): the weighted mean, trained `steps` steps of `optimizer` toward the
+  cohort's AvgLogits teacher on the images `server_x`; `DistillState`."""
+  num = int(server_x.shape[0])
+  eval_apply = lambda p, x: model.apply(p, x, train=False)
+
+  def update(updates, state, params=None, *, weights, key, **extra):
+    del state, params, extra
+    student = tree.weighted_mean(updates, weights)
+    logits = distill.predict_many(eval_apply, updates, server_x, eval_chunk)
+    teacher = avg_logits_teacher(logits, temperature)
+
+    def objective(p, idx, mask, rng):
+      out = model.apply(p, jnp.take(server_x, idx, axis=0), train=True, rng=rng)
+      return distill.kl_to_teacher(out, jnp.take(teacher, idx, axis=0), mask,
+                                   temperature)
+
+    res = distill.server_train(student, objective, optimizer, key=key,
+                               steps=steps, num=num, batch_size=batch_size)
+    return res.params, distill.DistillState(res.losses[0], res.losses[-1])
+
+  return ServerTransform(distill.initial_distill_state, update)
+
+
+def feddf(model, optimizer, loss, *, data,
+          epochs: int = 20, steps: int = 0,  # FedLAW ref. code's FedDF: 20
+                                             # server epochs (FedDF: up to 1e4
+                                             # steps with early stopping)
+          batch_size: int = 128,   # FedLAW ref. code (validate_batchsize)
+          lr: float = 1e-3, cosine: bool = True,  # FedDF Sec. 4: Adam 1e-3,
+                                                  # cosine annealing
+          temperature: float = 1.0,  # FedDF Eq. 1 (KL of plain softmaxes)
+          eval_chunk: int = 256,     # images per forward pass of the teachers
+          ) -> Algorithm:
   """FedDF; `data` is the run's FederatedData (its `server_x`).
 
   Args:
@@ -45,38 +82,17 @@ def feddf(model, optimizer, loss, *, data, epochs: int = 20, steps: int = 0,
   """
   if temperature <= 0:
     raise ValueError(f"feddf.temperature must be > 0, got {temperature}")
-  sx, _ = distill.require_server_data(data, name)
+  sx, _ = distill.require_server_data(data, "feddf")
   num = int(sx.shape[0])
   bs = max(1, min(batch_size, num))
   n_steps = distill.resolve_steps(steps, epochs, num, bs)
   schedule = optax.cosine_decay_schedule(lr, n_steps) if cosine else lr
-  server_opt = optax.adam(schedule)
-  eval_apply = lambda p, x: model.apply(p, x, train=False)
+  aggregator = ensemble_distillation(model, sx, optax.adam(schedule),
+                                     steps=n_steps, batch_size=bs,
+                                     temperature=temperature,
+                                     eval_chunk=eval_chunk)
+  return fedavg(model, optimizer, loss, aggregator=aggregator,
+                metrics=distill.distill_metrics, name="feddf")
 
-  def init(key):
-    return {"params": model.init(key)}, None
 
-  def client_start(server, client_rows, ids):
-    del client_rows
-    return tree.broadcast(server["params"], ids.shape[0])
-
-  def server_update(server, result: ClientResult, key, round_idx):
-    del round_idx
-    student = tree.weighted_mean(result.params, result.num_examples)
-    logits = distill.predict_many(eval_apply, result.params, sx, eval_chunk)
-    teacher = avg_logits_teacher(logits, temperature)
-
-    def objective(p, idx, mask, rng):
-      out = model.apply(p, jnp.take(sx, idx, axis=0), train=True, rng=rng)
-      return distill.kl_to_teacher(out, jnp.take(teacher, idx, axis=0), mask,
-                                   temperature)
-
-    res = distill.server_train(student, objective, server_opt, key=key,
-                               steps=n_steps, num=num, batch_size=bs)
-    return {"params": res.params}, {"distill_loss_first": res.losses[0],
-                                    "distill_loss_last": res.losses[-1]}
-
-  return Algorithm(name=name, init=init, client_start=client_start, loss=loss,
-                   optimizer=optimizer, server_update=server_update,
-                   eval_params=lambda server, clients: server["params"],
-                   personalized=False)
+build = feddf

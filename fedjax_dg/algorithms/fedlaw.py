@@ -20,16 +20,30 @@ learned: the client models are fixed. Choices: docs/faithfulness.md.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 import optax
 
 from fedjax_dg import tree
-from fedjax_dg.algorithms.base import Algorithm, ClientResult
+from fedjax_dg.algorithms.base import Algorithm
+from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.client.objectives import masked_mean
-from fedjax_dg.server import distill
+from fedjax_dg.server import ServerTransform, distill
 
+DISPLAY_NAME = "FedLAW"
+NEEDS_SERVER_DATA = True
 LAMBDA_INITS = ("size", "uniform")
+
+
+class FedLawState(NamedTuple):
+  """What the last round learned: gamma, and lambda per client ([N]; 0 outside
+  the last cohort), with the proxy loss at the first and last server step."""
+  gamma: jax.Array
+  lam: jax.Array
+  loss_first: jax.Array
+  loss_last: jax.Array
 
 
 def aggregation_weights(g, l):
@@ -50,10 +64,57 @@ def initial_logits(num_examples, init: str):
   return jnp.log(n / jnp.sum(n))
 
 
-def fedlaw(model, optimizer, loss, *, data, epochs: int = 20, steps: int = 0,
-           batch_size: int = 128, lr: float = 1e-2, b1: float = 0.5,
-           b2: float = 0.999, lambda_init: str = "size",
-           name: str = "fedlaw") -> Algorithm:
+def learned_aggregation(model, server_x, server_y, optimizer, *,
+                        num_clients: int, steps: int, batch_size: int,
+                        lambda_init: str = "size") -> ServerTransform:
+  """Stacked trained models [m, ...] -> w(g, l) (extras `weights`, `ids`,
+  `key`): (g, l) trained `steps` steps of `optimizer` on the cross-entropy of
+  w(g, l) over the labeled proxy set (server_x, server_y); `FedLawState`."""
+  num = int(server_x.shape[0])
+
+  def init(params):
+    del params
+    zero = jnp.zeros((), jnp.float32)
+    return FedLawState(zero, jnp.zeros((num_clients,)), zero, zero)
+
+  def proxy_loss(stacked, gl, idx, mask, rng):
+    """Cross-entropy of w(g, l) on the proxy examples `idx` (mask: real rows)."""
+    w = aggregate(stacked, gl["g"], gl["l"])
+    logits = model.apply(w, jnp.take(server_x, idx, axis=0), train=True, rng=rng)
+    ce = optax.softmax_cross_entropy_with_integer_labels(
+        logits, jnp.take(server_y, idx, axis=0))
+    return masked_mean(ce, mask)
+
+  def update(updates, state, params=None, *, weights, ids, key, **extra):
+    del params, extra
+    gl = {"g": jnp.zeros((), jnp.float32),
+          "l": initial_logits(weights, lambda_init)}
+    objective = lambda p, idx, mask, rng: proxy_loss(updates, p, idx, mask, rng)
+    res = distill.server_train(gl, objective, optimizer, key=key, steps=steps,
+                               num=num, batch_size=batch_size)
+    g, l = res.params["g"], res.params["l"]
+    lam = jnp.zeros_like(state.lam).at[ids].set(jax.nn.softmax(l))
+    return (aggregate(updates, g, l),
+            FedLawState(jnp.exp(g), lam, res.losses[0], res.losses[-1]))
+
+  return ServerTransform(init, update)
+
+
+def _metrics(state: FedLawState, result) -> dict:
+  return {"fedlaw_gamma": state.gamma,
+          "fedlaw_lambda": jnp.take(state.lam, result.ids, axis=0),
+          "proxy_loss_first": state.loss_first,
+          "proxy_loss_last": state.loss_last}
+
+
+def fedlaw(model, optimizer, loss, *, data, num_clients: int,
+           epochs: int = 20, steps: int = 0,  # ref. code server_epochs
+           batch_size: int = 128,     # ref. code validate_batchsize
+           lr: float = 1e-2,          # ref. code: 1e-2 CIFAR-10, 5e-3 otherwise
+           b1: float = 0.5, b2: float = 0.999,  # ref. code's Adam betas
+           lambda_init: str = "size",  # size (ref. code: log data shares) |
+                                       # uniform
+           ) -> Algorithm:
   """FedLAW; `data` is the run's FederatedData (its `server_x` / `server_y`).
 
   Args:
@@ -65,42 +126,15 @@ def fedlaw(model, optimizer, loss, *, data, epochs: int = 20, steps: int = 0,
   if lambda_init not in LAMBDA_INITS:
     raise ValueError(f"fedlaw.lambda_init={lambda_init!r}: allowed "
                      f"{LAMBDA_INITS}")
-  sx, sy = distill.require_server_data(data, name)
+  sx, sy = distill.require_server_data(data, "fedlaw")
   num = int(sx.shape[0])
   bs = max(1, min(batch_size, num))
-  n_steps = distill.resolve_steps(steps, epochs, num, bs)
-  server_opt = optax.adam(lr, b1=b1, b2=b2)
+  aggregator = learned_aggregation(
+      model, sx, sy, optax.adam(lr, b1=b1, b2=b2), num_clients=num_clients,
+      steps=distill.resolve_steps(steps, epochs, num, bs), batch_size=bs,
+      lambda_init=lambda_init)
+  return fedavg(model, optimizer, loss, aggregator=aggregator,
+                metrics=_metrics, name="fedlaw")
 
-  def init(key):
-    return {"params": model.init(key)}, None
 
-  def client_start(server, client_rows, ids):
-    del client_rows
-    return tree.broadcast(server["params"], ids.shape[0])
-
-  def proxy_loss(stacked, gl, idx, mask, rng):
-    """Cross-entropy of w(g, l) on the proxy examples `idx` (mask: real rows)."""
-    w = aggregate(stacked, gl["g"], gl["l"])
-    logits = model.apply(w, jnp.take(sx, idx, axis=0), train=True, rng=rng)
-    ce = optax.softmax_cross_entropy_with_integer_labels(
-        logits, jnp.take(sy, idx, axis=0))
-    return masked_mean(ce, mask)
-
-  def server_update(server, result: ClientResult, key, round_idx):
-    del round_idx
-    stacked = result.params
-    gl = {"g": jnp.zeros((), jnp.float32),
-          "l": initial_logits(result.num_examples, lambda_init)}
-    objective = lambda p, idx, mask, rng: proxy_loss(stacked, p, idx, mask, rng)
-    res = distill.server_train(gl, objective, server_opt, key=key,
-                               steps=n_steps, num=num, batch_size=bs)
-    g, l = res.params["g"], res.params["l"]
-    return ({"params": aggregate(stacked, g, l)},
-            {"fedlaw_gamma": jnp.exp(g), "fedlaw_lambda": jax.nn.softmax(l),
-             "proxy_loss_first": res.losses[0],
-             "proxy_loss_last": res.losses[-1]})
-
-  return Algorithm(name=name, init=init, client_start=client_start, loss=loss,
-                   optimizer=optimizer, server_update=server_update,
-                   eval_params=lambda server, clients: server["params"],
-                   personalized=False)
+build = fedlaw

@@ -1,10 +1,7 @@
 """FedProx (Li et al. 2020): FedAvg with a proximal term in the local objective.
 
-    client i : min_w  F_i(w) + mu/2 |w - w^t|^2      w^t = the broadcast model
+    client i : min_w  F_i(w) + mu/2 |w - w^t|^2      w^t = ctx.start, the broadcast model
     server   : w^{t+1} = sum_i n_i w_i / sum_i n_i   (as FedAvg)
-
-The proximal anchor w^t is the client's start parameters, which the engine hands
-to the loss as `ctx` (the Algorithm default `client_ctx`).
 """
 
 from __future__ import annotations
@@ -13,8 +10,17 @@ from fedjax_dg.algorithms.base import Algorithm
 from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.client import objectives
 
+DISPLAY_NAME = "FedProx"
+# Table 10's client settings, all three datasets.
+CLIENT = dict(lr=1e-3, weight_decay=1e-4)
 
-def fedprox(model, optimizer, loss, *, mu: float = 1e-2) -> Algorithm:
+
+def fedprox(model, optimizer, loss, *,
+            mu: float = 1e-2,  # "L2 regularizer", Table 10: 1e-2 PACS / OH / VLCS
+            ) -> Algorithm:
   if mu < 0:
     raise ValueError(f"FedProx mu must be >= 0, got {mu}")
   return fedavg(model, optimizer, objectives.proximal(loss, mu), name="fedprox")
+
+
+build = fedprox

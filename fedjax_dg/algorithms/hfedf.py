@@ -8,7 +8,8 @@
     theta, v <- Adam(+weight decay) step      (server optimizer)
     theta, v <- EMA(theta, v, t)              (Alg. 4, warm-up round w)
 
-Everything is a composition of `server.hypernetwork_step` and `server.ema`.
+Everything is a composition of `server.hypernetwork_step` and `server.ema`;
+pFedHN (`algorithms.pfedhn`) is this record without GradAlign and EMA.
 
 Variants (docs/faithfulness.md, "hFedF variants"):
 
@@ -19,13 +20,18 @@ Variants (docs/faithfulness.md, "hFedF variants"):
   data-conditioned embeddings, `autoencoder_embeddings`, computed once before
   training from the run's FederatedData).
 * `gradalign_granularity`: "model" (the paper) or "tensor" (`server.gradalign`).
-* Table 3 ablations as algorithm names (`ABLATIONS`): "hfedf_no_gradalign",
+* Table 3 ablations as algorithm names (`VARIANTS`): "hfedf_no_gradalign",
   "hfedf_no_ema", "hfedf_no_both".
+
+Round metrics: `gradalign_theta` / `gradalign_emb` ([m] GradAlign weights, in
+cohort order), `gradalign_theta_tensors` ([m, T], per-tensor GradAlign) and
+`embeddings_mean`. Extras: the embedding table.
 """
 
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -41,16 +47,33 @@ from fedjax_dg.models.hypernetwork import (client_grad_sq_norms,
 from fedjax_dg.optim import make_optimizer
 from fedjax_dg.server import ema as ema_transform
 from fedjax_dg.server.gradalign import GRANULARITIES
-from fedjax_dg.server.hypernetwork import HyperParams, hypernetwork_step
+from fedjax_dg.server.hypernetwork import (HyperParams, HypernetworkState,
+                                          hypernetwork_step)
 
+DISPLAY_NAME = "hFedF"
+# The clients' optimizer: the run's (Table 10: Adam lr 1e-3) with weight decay
+# 1e-3 (Table 10, PACS).
+CLIENT = dict(weight_decay=1e-3)
 EMBEDDINGS = ("learned", "random", "autoencoder")
-# Table 3's ablations, usable as algorithm names in `cfg.algorithms`; they read
-# the `hfedf` config section and override these fields.
-ABLATIONS = {
-    "hfedf_no_gradalign": dict(gradalign=False),
-    "hfedf_no_ema": dict(ema=False),
-    "hfedf_no_both": dict(gradalign=False, ema=False),
+# Table 3's ablations, usable as algorithm names in `cfg.algorithms`: name ->
+# (display name, overrides of the `hfedf` config section).
+VARIANTS = {
+    "hfedf_no_gradalign": ("hFedF w/o GradAlign", dict(gradalign=False)),
+    "hfedf_no_ema": ("hFedF w/o EMA", dict(ema=False)),
+    "hfedf_no_both": ("hFedF w/o GradAlign & EMA",
+                      dict(gradalign=False, ema=False)),
 }
+
+
+class HFedFState(NamedTuple):
+  hp: HyperParams          # hypernetwork weights and the [N, e] embedding table
+  opt: HypernetworkState   # the server optimizer and GradAlign weights
+  ema: ema_transform.EmaState | optax.EmptyState
+
+
+def uses_data(hparams) -> bool:
+  """Autoencoder embeddings are computed from the run's data."""
+  return hparams.get("embeddings") == "autoencoder"
 
 
 def default_embed_dim(num_clients: int) -> int:
@@ -125,14 +148,28 @@ def _autoencoder_program(module, num_images, epochs, lr, batch_size):
   return program
 
 
-def hfedf(model, optimizer, loss, *, num_clients: int, embed_dim: int = 0,
-          hidden: int = 50, n_hidden: int = 3, head_init: str = "client_init",
-          server_optimizer: str = "adam", server_lr: float = 1e-3,
-          server_weight_decay: float = 1e-5, server_clip_norm: float = 0.0,
+def hfedf(model, optimizer, loss, *, num_clients: int,
+          embed_dim: int = 0,          # 0: floor(1 + N/4) (pFedHN's rule, the paper)
+          hidden: int = 50, n_hidden: int = 3,  # Table 8
+          head_init: str = "client_init",  # client_init | default
+                                           # (docs/faithfulness.md)
+          server_optimizer: str = "adam",  # Table 10: Adam with weight decay
+          server_lr: float = 1e-3,
+          server_weight_decay: float = 1e-5,
+          server_momentum: float = 0.0,    # "sgd" only
+          server_clip_norm: float = 0.0,   # > 0: global-norm clip (pFedHN: 50)
+          embed_weight_decay: bool = False,  # decay the embeddings too (pFedHN
+                                             # ref. code; docs/faithfulness.md)
           gradalign: bool = True, temperature: float = 1.0,
-          norm_batch_size: int = 1, gradalign_granularity: str = "model",
+          norm_batch_size: int = 1,
+          gradalign_granularity: str = "model",  # model (the paper) | tensor
           ema: bool = True, ema_decay: float = 0.95, ema_warmup: int = 5,
-          learn_embeddings: bool = True, embeddings: str = "learned",
+          learn_embeddings: bool = True,  # "learned" only; False: fixed N(0, 1)
+          embeddings: str = "learned",    # learned | random (Table 7) |
+                                          # autoencoder (Table 6)
+          # Autoencoder embeddings (App. C.2; the paper gives no training
+          # settings): Adam lr, epochs and batch size over each client's first
+          # `autoencoder_images` images.
           autoencoder_images: int = 100, autoencoder_epochs: int = 50,
           autoencoder_lr: float = 1e-3, autoencoder_batch_size: int = 20,
           data=None, seed: int = 0, name: str = "hfedf") -> Algorithm:
@@ -162,10 +199,11 @@ def hfedf(model, optimizer, loss, *, num_clients: int, embed_dim: int = 0,
                                head_init=head_init)
   h = lambda theta, v: module.apply({"params": theta}, v)
   generate_many = jax.vmap(h, in_axes=(None, 0))
-  # Weight decay on the hypernetwork weights only (pFedHN excludes embeddings).
-  server_opt = make_optimizer(server_optimizer, server_lr, server_weight_decay,
-                              clip_norm=server_clip_norm,
-                              decay_mask=HyperParams(theta=True, embeddings=False))
+  # Weight decay on the hypernetwork weights (pFedHN: and its embeddings).
+  server_opt = make_optimizer(
+      server_optimizer, server_lr, server_weight_decay, server_momentum,
+      clip_norm=server_clip_norm,
+      decay_mask=HyperParams(theta=True, embeddings=embed_weight_decay))
   step = hypernetwork_step(h, server_opt, align=gradalign, temperature=temperature,
                            norm_batch_size=norm_batch_size,
                            learn_embeddings=learn,
@@ -179,44 +217,46 @@ def hfedf(model, optimizer, loss, *, num_clients: int, embed_dim: int = 0,
            else jax.random.normal(k_emb, (num_clients, e)))
     hp = HyperParams(theta=init_hypernetwork(module, model, k_theta, e),
                      embeddings=emb)
-    server = {"hp": hp, "opt": step.init(hp)}
-    if smoother is not None:
-      server["ema"] = smoother.init(hp)
-    return server, None
+    return HFedFState(hp, step.init(hp),
+                      smoother.init(hp) if smoother else optax.EmptyState()), None
 
   def client_start(server, rows, ids):
     del rows
-    hp = server["hp"]
-    return generate_many(hp.theta, jnp.take(hp.embeddings, ids, axis=0))
+    return generate_many(server.hp.theta,
+                         jnp.take(server.hp.embeddings, ids, axis=0))
 
-  def server_update(server, result: ClientResult, key, round_idx):
-    hp, opt, g = step.update(server["hp"], server["opt"], result.ids,
-                             result.start, result.params)
-    new = dict(server, hp=hp, opt=opt)
+  def server_update(server, result: ClientResult, key):
+    deltas = jax.tree.map(jnp.subtract, result.start, result.params)
+    updates, opt = step.update(deltas, server.opt, server.hp, ids=result.ids)
+    hp = optax.apply_updates(server.hp, updates)
+    ema_state = server.ema
     if smoother is not None:
-      new["hp"], new["ema"] = smoother.update(hp, server["ema"], round_idx)
+      hp, ema_state = smoother.update(hp, server.ema)
     if embeddings == "random":  # a fresh draw for the next round (Table 7)
-      new["hp"] = new["hp"]._replace(
-          embeddings=jax.random.normal(key, (num_clients, e)))
+      hp = hp._replace(embeddings=jax.random.normal(key, (num_clients, e)))
     elif not learn:  # exactly unchanged (the EMA mix may round them)
-      new["hp"] = new["hp"]._replace(embeddings=server["hp"].embeddings)
+      hp = hp._replace(embeddings=server.hp.embeddings)
     # The mean of the embedding table of the next round: drifts when learned,
     # constant for autoencoder embeddings, a fresh value every round if random.
-    metrics = {"gradalign_theta": g.weights_theta, "gradalign_emb": g.weights_emb,
-               "embeddings_mean": jnp.mean(new["hp"].embeddings)}
-    if g.weights_theta_tensors is not None:
-      metrics["gradalign_theta_tensors"] = g.weights_theta_tensors
-    return new, metrics
+    cohort = lambda w: jnp.take(w, result.ids, axis=0)
+    metrics = {"gradalign_theta": cohort(opt.weights_theta),
+               "gradalign_emb": cohort(opt.weights_emb),
+               "embeddings_mean": jnp.mean(hp.embeddings)}
+    if opt.weights_theta_tensors is not None:
+      metrics["gradalign_theta_tensors"] = cohort(opt.weights_theta_tensors)
+    return HFedFState(hp, opt, ema_state), metrics
 
   def eval_params(server, clients):
     del clients
-    hp = server["hp"]
-    return generate_many(hp.theta, hp.embeddings)
+    return generate_many(server.hp.theta, server.hp.embeddings)
 
   def extras(server, clients):
     del clients
-    return {"embeddings": server["hp"].embeddings}
+    return {"embeddings": server.hp.embeddings}
 
   return Algorithm(name=name, init=init, client_start=client_start, loss=loss,
                    optimizer=optimizer, server_update=server_update,
                    eval_params=eval_params, personalized=True, extras=extras)
+
+
+build = hfedf

@@ -25,18 +25,37 @@ for clients not in it), layers in `layer_groups` order.
 
 from __future__ import annotations
 
+import dataclasses
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
+import optax
 
 from fedjax_dg import tree
 from fedjax_dg.algorithms.base import Algorithm, ClientResult
+from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.models.hypergenfl import (AttentionScores, decoder_preactivations,
                                          init_attention_scores)
 from fedjax_dg.optim import make_optimizer
-from fedjax_dg.server.hypergenfl import hypergenfl_step, layer_groups
+from fedjax_dg.server.hypergenfl import (LOSSES, HyperGenFLState, aggregate,
+                                         hypergenfl_step, layer_groups)
 from fedjax_dg.server.hypernetwork import HyperParams
 
+DISPLAY_NAME = "HG-FL"
 EMBEDDINGS = ("ones", "onehot", "random")  # Table 6
+# "update_first": theta_g of the next round is aggregated with the updated
+# (phi, sigma) (Alg. 1: lines 16-17 of round t run before lines 8-9 of round
+# t + 1); "aggregate_first": with the (phi, sigma) the gradient was taken at.
+ORDERS = ("update_first", "aggregate_first")
+
+
+class State(NamedTuple):
+  params: dict            # the global model theta_g
+  hp: HyperParams         # phi and the [N, d] embedding table
+  opt: HyperGenFLState    # AdamW's state and the last gradient point's weights
+  weights: jax.Array      # [N, L] weights of the last aggregate (0 outside
+                          # the last cohort)
 
 
 def init_embeddings(kind: str, num_clients: int, dim: int,
@@ -52,16 +71,41 @@ def init_embeddings(kind: str, num_clients: int, dim: int,
 
 
 def hypergenfl(model, optimizer, loss, *, num_clients: int,
-               embed_dim: int = 128, embeddings: str = "ones",
-               num_heads: int = 4, attention_layers: int = 1,
-               lam: float = 1e-3, granularity: str = "module",
-               server_loss: str = "default", order: str = "update_first",
-               server_optimizer: str = "adamw", server_lr: float = 1e-2,
-               server_weight_decay: float = 1e-5,
-               name: str = "hypergenfl") -> Algorithm:
-  """HyperGenFL; `embed_dim` is ignored for one-hot embeddings (d = N)."""
+               embed_dim: int = 128,   # Sec. 4.1 (= the attention width);
+                                       # Tables 7-8: 64-256
+               embeddings: str = "ones",  # ones (Alg. 1, Sec. 5.1) | onehot
+                                          # (fixed, d = N) | random (N(0, 1),
+                                          # learned): Table 6
+               num_heads: int = 4,     # not given; must divide d (and N for
+                                       # onehot: 1/2/4 fit 128 and Table 6's 100)
+               attention_layers: int = 1,  # residual MHA blocks (Sec. 5.2;
+                                           # Tables 7-8: 1-3)
+               lam: float = 1e-3,      # lambda of Eq. 5: "a small positive
+                                       # constant", no value given
+               granularity: str = "module",  # one weight per module (kernel +
+                                             # bias, Eq. 3's "layer") | tensor
+               server_loss: str = "default",  # Table 9: default (Eq. 10-17) |
+                                              # mse | logcosh
+               order: str = "update_first",   # aggregate with the updated
+                                              # hypernetwork (Alg. 1) |
+                                              # aggregate_first
+               server_optimizer: str = "adamw",  # Sec. 4.1: AdamW
+               server_lr: float = 1e-2,  # Sec. 4.1: "learning rate for the
+                                         # hypernetwork 0.01"
+               server_weight_decay: float = 1e-5,  # Sec. 4.1
+               ) -> Algorithm:
+  """HyperGenFL; `embed_dim` is ignored for one-hot embeddings (d = N).
+
+  The clients use the run's optimizer (`client`): Sec. 4.1's "AdamW lr 0.01,
+  weight decay 1e-5 for the HG-FL" may also describe them; batch size 32 and
+  10 local epochs are engine settings (train.*).
+  """
   if embeddings not in EMBEDDINGS:
     raise ValueError(f"hypergenfl.embeddings={embeddings!r}: allowed {EMBEDDINGS}")
+  if order not in ORDERS:
+    raise ValueError(f"hypergenfl.order={order!r}: allowed {ORDERS}")
+  if server_loss not in LOSSES:
+    raise ValueError(f"hypergenfl.server_loss={server_loss!r}: allowed {LOSSES}")
   d = num_clients if embeddings == "onehot" else embed_dim
   sample = jax.eval_shape(model.init, jax.random.key(0))
   layer_of, _ = layer_groups(sample, granularity)
@@ -72,24 +116,25 @@ def hypergenfl(model, optimizer, loss, *, num_clients: int,
   step = hypergenfl_step(
       hn, layer_of, make_optimizer(server_optimizer, server_lr,
                                    server_weight_decay),
-      loss=server_loss, order=order, learn_embeddings=embeddings != "onehot")
+      loss=server_loss, learn_embeddings=embeddings != "onehot")
 
   def init(key):
     k_model, k_phi, k_emb = jax.random.split(key, 3)
     hp = HyperParams(theta=init_attention_scores(module, k_phi, d),
                      embeddings=init_embeddings(embeddings, num_clients, d, k_emb))
-    return {"params": model.init(k_model), "hp": hp, "opt": step.init(hp),
-            "weights": jnp.zeros((num_clients, module.num_layers))}, None
+    return State(model.init(k_model), hp, step.init(hp),
+                 jnp.zeros((num_clients, module.num_layers))), None
 
-  def client_start(server, rows, ids):
-    del rows
-    return tree.broadcast(server["params"], ids.shape[0])
-
-  def server_update(server, result: ClientResult, key, round_idx):
-    del key, round_idx
-    params, hp, opt, info = step.update(server["hp"], server["opt"], result.ids,
-                                        server["params"], result.params)
-    w = info.weights
+  def server_update(server, result: ClientResult, key):
+    del key
+    updates, opt = step.update(result.params, server.opt, server.hp,
+                               ids=result.ids, start=server.params)
+    hp = optax.apply_updates(server.hp, updates)
+    if order == "update_first":
+      w = hn(hp.theta, jnp.take(hp.embeddings, result.ids, axis=0))
+    else:
+      w = jnp.take(opt.weights, result.ids, axis=0)
+    params = aggregate(result.params, w, layer_of)
     pre = decoder_preactivations(module, hp.theta,
                                  jnp.take(hp.embeddings, result.ids, axis=0))
     sq = tree.rowwise_sq_norm(jax.tree.map(lambda t, g: t - g[None],
@@ -101,15 +146,17 @@ def hypergenfl(model, optimizer, loss, *, num_clients: int,
         "hg_dead": jnp.mean((pre <= 0).astype(jnp.float32)),
         "hg_mse": jnp.mean(sq) / tree.num_params(params),
     }
-    new = {"params": params, "hp": hp, "opt": opt,
-           "weights": jnp.zeros_like(server["weights"]).at[result.ids].set(w)}
-    return new, metrics
+    weights = jnp.zeros_like(server.weights).at[result.ids].set(w)
+    return State(params, hp, opt, weights), metrics
 
   def extras(server, clients):
     del clients
-    return {"embeddings": server["hp"].embeddings, "weights": server["weights"]}
+    return {"embeddings": server.hp.embeddings, "weights": server.weights}
 
-  return Algorithm(name=name, init=init, client_start=client_start, loss=loss,
-                   optimizer=optimizer, server_update=server_update,
-                   eval_params=lambda server, clients: server["params"],
-                   personalized=False, extras=extras)
+  # FedAvg's broadcast and evaluation of the global model `params`.
+  return dataclasses.replace(fedavg(model, optimizer, loss, name="hypergenfl"),
+                             init=init, server_update=server_update,
+                             extras=extras)
+
+
+build = hypergenfl

@@ -6,20 +6,28 @@ All clients start from the same initialization (as FedAvg does).
 
 from __future__ import annotations
 
+import optax
+
 from fedjax_dg import tree
 from fedjax_dg.algorithms.base import Algorithm
+
+DISPLAY_NAME = "Local-only"
+FEDERATED = False
 
 
 def local_only(model, optimizer, loss, *, num_clients: int) -> Algorithm:
 
   def init(key):
-    return {}, tree.broadcast(model.init(key), num_clients)
+    return optax.EmptyState(), tree.broadcast(model.init(key), num_clients)
 
   return Algorithm(
       name="local_only", init=init,
       client_start=lambda server, rows, ids: rows,
       loss=loss, optimizer=optimizer,
-      server_update=lambda server, result, key, round_idx: (server, {}),
+      server_update=lambda server, result, key: (server, {}),
       eval_params=lambda server, clients: clients,
       personalized=True,
       client_end=lambda rows, trained: trained)
+
+
+build = local_only

@@ -11,8 +11,8 @@
 
 sim is the cosine similarity. The projection head is `models.moon.ContrastiveModel`
 (a 2-layer MLP on the client model's features). The previous-model buffer is
-per-client persistent state (`client_state["prev"]`, [N, ...]): after each round a
-cohort client's row becomes its trained model; the others keep theirs.
+per-client persistent state (`Previous`, [N, ...]): after each round a cohort
+client's row becomes its trained model; the others keep theirs.
 
 A client without a previous local model: the reference code's pool is empty in
 round 0 (no negative: l_con = 0 exactly), and under partial participation a client
@@ -21,26 +21,42 @@ negative. `prev_init` "initial" (default) starts every buffer at the initial mod
 in round 0 that is the global model, and later an untrained model, as the
 reference; "global" uses the round's global model until the client has trained.
 Wherever the previous model equals the global model the contrastive term is off
-(`ctx["on"] = 0`, the reference's empty pool): z_prev = z_glob would give the
+(`ctx.extra.on = 0`, the reference's empty pool): z_prev = z_glob would give the
 constant log 2, whose gradient is zero only up to rounding, which Adam would
 amplify into steps of the projection head.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 import optax
 
 from fedjax_dg import tree
-from fedjax_dg.algorithms.base import Algorithm, ClientResult
+from fedjax_dg.algorithms.base import Algorithm, ClientContext
+from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.client.objectives import masked_mean, row_norms
 from fedjax_dg.client.update import Batch
 from fedjax_dg.models.moon import ContrastiveModel
-from fedjax_dg.server import weighted_mean
 
+DISPLAY_NAME = "MOON"
 PREV_INIT = ("initial", "global")
 COS_EPS = 1e-8  # torch.nn.CosineSimilarity's eps
+
+
+class Previous(NamedTuple):
+  """Per-client persistent state: the previous local model."""
+  params: dict         # [N, ...] each client's last trained model
+  trained: jax.Array   # [N] bool: the client has trained at least once
+
+
+class Negative(NamedTuple):
+  """Per-client context of a round (`ctx.extra`)."""
+  prev: dict           # the previous model used as the negative
+  on: jax.Array        # 1.0, or 0.0 where it equals the global model
 
 
 def cosine_similarity(a: jax.Array, b: jax.Array) -> jax.Array:
@@ -59,15 +75,16 @@ def model_contrastive_loss(z: jax.Array, z_glob: jax.Array, z_prev: jax.Array,
 
 
 def objective(cm: ContrastiveModel, mu: float, temperature: float):
-  """CE + mu * on * l_con; `ctx` = {"glob": w^t, "prev": w_i^{t-1}, "on": 0 or 1}."""
+  """CE + mu * on * l_con; the positive is the round's global model `ctx.start`,
+  the negative `ctx.extra.prev`, `ctx.extra.on` switches the term off."""
 
-  def loss(params, batch: Batch, rng: jax.Array, ctx) -> jax.Array:
+  def loss(params, batch: Batch, rng: jax.Array, ctx: ClientContext) -> jax.Array:
     logits, z = cm.forward(params, batch.x, train=True, rng=rng)
     frozen = lambda p: cm.forward(jax.lax.stop_gradient(p), batch.x)[1]
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch.y)
-    con = model_contrastive_loss(z, frozen(ctx["glob"]), frozen(ctx["prev"]),
+    con = model_contrastive_loss(z, frozen(ctx.start), frozen(ctx.extra.prev),
                                  temperature, batch.mask)
-    return masked_mean(ce, batch.mask) + mu * ctx["on"] * con
+    return masked_mean(ce, batch.mask) + mu * ctx.extra.on * con
 
   return loss
 
@@ -84,10 +101,20 @@ def _rows_equal(a, b) -> jax.Array:
   return jnp.stack(jax.tree.leaves(jax.tree.map(same, a, b))).all(axis=0)
 
 
-def moon(model, optimizer, *, num_clients: int, mu: float = 1.0,
-         temperature: float = 0.5, proj_dim: int = 256,
-         prev_init: str = "initial") -> Algorithm:
-  """MOON over client `model` with a `proj_dim` projection head."""
+def moon(model, optimizer, *, num_clients: int,
+         mu: float = 1.0,           # ref. code default; paper: 5 CIFAR-10, 1
+                                    # CIFAR-100 / Tiny-ImageNet; HyperGenFL 0.01
+         temperature: float = 0.5,  # paper, ref. code and HyperGenFL
+         proj_dim: int = 256,       # projection head output (ref. --out_dim)
+         prev_init: str = "initial",  # initial | global: a client's previous
+                                      # model before it has trained
+                                      # (docs/faithfulness.md)
+         ) -> Algorithm:
+  """MOON over client `model` with a `proj_dim` projection head.
+
+  The clients use the run's optimizer (`client`; the reference code: SGD lr
+  1e-2, momentum 0.9, weight decay 1e-5).
+  """
   if mu < 0:
     raise ValueError(f"MOON mu must be >= 0, got {mu}")
   if temperature <= 0:
@@ -95,37 +122,29 @@ def moon(model, optimizer, *, num_clients: int, mu: float = 1.0,
   if prev_init not in PREV_INIT:
     raise ValueError(f"prev_init={prev_init!r}; allowed: {PREV_INIT}")
   cm = ContrastiveModel(model, proj_dim)
-  aggregate = weighted_mean()
+  base = fedavg(cm, optimizer, objective(cm, mu, temperature), name="moon")
 
   def init(key):
-    params = cm.init(key)
-    prev = {"params": tree.broadcast(params, num_clients),
-            "trained": jnp.zeros((num_clients,), bool)}
-    return {"params": params}, prev
+    server, _ = base.init(key)
+    prev = Previous(tree.broadcast(server.params, num_clients),
+                    jnp.zeros((num_clients,), bool))
+    return server, prev
 
-  def client_start(server, rows, ids):
-    del rows
-    return tree.broadcast(server["params"], ids.shape[0])
-
-  def client_ctx(start, rows):
-    prev = rows["params"]
+  def client_ctx(start, rows: Previous, ids):
+    del ids
+    prev = rows.params
     if prev_init == "global":
-      prev = _select_rows(rows["trained"], prev, start)
+      prev = _select_rows(rows.trained, prev, start)
     # A previous model equal to the global one: no negative, no contrastive term.
     on = 1.0 - _rows_equal(prev, start).astype(jnp.float32)
-    return {"glob": start, "prev": prev, "on": on}
+    return Negative(prev, on)
 
-  def client_end(rows, trained):
-    return {"params": trained, "trained": jnp.ones_like(rows["trained"])}
+  def client_end(rows: Previous, trained):
+    return Previous(trained, jnp.ones_like(rows.trained))
 
-  def server_update(server, result: ClientResult, key, round_idx):
-    del key, round_idx
-    params, _ = aggregate.update(result.params, (), result.num_examples)
-    return {"params": params}, {}
+  return dataclasses.replace(
+      base, init=init, client_ctx=client_ctx, client_end=client_end,
+      eval_params=lambda server, clients: cm.to_model_params(server.params))
 
-  return Algorithm(
-      name="moon", init=init, client_start=client_start,
-      loss=objective(cm, mu, temperature), optimizer=optimizer,
-      server_update=server_update,
-      eval_params=lambda server, clients: cm.to_model_params(server["params"]),
-      personalized=False, client_ctx=client_ctx, client_end=client_end)
+
+build = moon

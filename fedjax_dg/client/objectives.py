@@ -27,11 +27,27 @@ def cross_entropy(model) -> Any:
   return loss
 
 
-def proximal(base_loss, mu: float) -> Any:
-  """FedProx: base loss + mu/2 |w - w_start|^2, with `ctx` = start params."""
+def augmented(base_loss, augment) -> Any:
+  """`base_loss` on an augmented batch: `augment(batch, rng, ctx) -> Batch`.
+
+  The augmentation is jittable and per client: it can read the client's id,
+  persistent state or the cohort's shared values from `ctx` (a
+  `ClientContext`). It gets its own key, split from the step's; the base loss
+  gets the other half (its dropout key).
+  """
 
   def loss(params, batch: Batch, rng: jax.Array, ctx) -> jax.Array:
-    sq = optax.tree.norm(optax.tree.sub(params, ctx), squared=True)
+    k_augment, k_loss = jax.random.split(rng)
+    return base_loss(params, augment(batch, k_augment, ctx), k_loss, ctx)
+
+  return loss
+
+
+def proximal(base_loss, mu: float) -> Any:
+  """FedProx: base loss + mu/2 |w - w_start|^2, w_start = `ctx.start`."""
+
+  def loss(params, batch: Batch, rng: jax.Array, ctx) -> jax.Array:
+    sq = optax.tree.norm(optax.tree.sub(params, ctx.start), squared=True)
     return base_loss(params, batch, rng, ctx) + 0.5 * mu * sq
 
   return loss
@@ -71,7 +87,7 @@ def fedsr(prob_model, l2r_coeff: float, cmi_coeff: float) -> Any:
   """FedSR's local objective: CE(cls(z)) + l2r_coeff L2R(z) + cmi_coeff CMI.
 
   `prob_model`: a `models.fedsr.ProbabilisticModel`. The trained params are
-  {"model": its params, "ref": {"r_mu", "r_sigma", "c"}} (the client's own
+  {"model": its params, "ref": (r_mu, r_sigma, c)} (the client's own
   reference distribution, trained locally like the model).
   """
 
@@ -87,8 +103,8 @@ def fedsr(prob_model, l2r_coeff: float, cmi_coeff: float) -> Any:
     if l2r_coeff:
       obj = obj + l2r_coeff * fedsr_l2r(z, batch.mask)
     if cmi_coeff:
-      obj = obj + cmi_coeff * fedsr_cmi(mu, sigma, batch.y, ref["r_mu"],
-                                        ref["r_sigma"], ref["c"], batch.mask)
+      obj = obj + cmi_coeff * fedsr_cmi(mu, sigma, batch.y, ref.r_mu,
+                                        ref.r_sigma, ref.c, batch.mask)
     return obj
 
   return loss

@@ -27,9 +27,27 @@ class Batch(NamedTuple):
   mask: jax.Array   # float32 [B]: 1 for real examples, 0 for padding
 
 
-# loss_fn(params, batch, rng, ctx) -> scalar loss. `ctx` is whatever the algorithm
-# hands its clients (start params for FedProx, persistent client state, ...).
-LossFn = Callable[[PyTree, Batch, jax.Array, Any], jax.Array]
+class ClientContext(NamedTuple):
+  """What one client's objective (and `Algorithm.client_aux`) sees besides its
+  batch; built per client by the engine (`algorithms.base` describes the round)."""
+  id: jax.Array     # scalar: the client's id in 0..N-1
+  round: jax.Array  # scalar: the round index
+  start: PyTree     # the parameters it started this round from
+  state: PyTree = None   # its row of the persistent client state
+  extra: PyTree = None   # its row of `Algorithm.client_ctx`
+  shared: PyTree = None  # `Algorithm.client_shared(server)`: one copy for the cohort
+  frozen: PyTree = None  # the shared-frozen parameters
+
+
+class ClientData(NamedTuple):
+  """One client's padded training arrays."""
+  x: jax.Array  # uint8 [n_max, H, W, ch]
+  y: jax.Array  # int32 [n_max]
+  n: jax.Array  # scalar: real examples (rows 0..n-1; the rest is padding)
+
+
+# loss_fn(params, batch, rng, ctx: ClientContext) -> scalar loss.
+LossFn = Callable[[PyTree, Batch, jax.Array, ClientContext], jax.Array]
 
 
 def num_steps(n_max: int, batch_size: int, epochs: int) -> int:

@@ -112,6 +112,23 @@ def resolve_steps(steps: int, epochs: int, num: int, batch_size: int) -> int:
   return int(epochs) * steps_per_epoch(num, batch_size)
 
 
+class DistillState(NamedTuple):
+  """A server-training aggregator's report of its last round (FedDF, FedBE)."""
+  loss_first: jax.Array  # the objective at the first server step
+  loss_last: jax.Array   # ... and at the last
+
+
+def initial_distill_state(params=None) -> DistillState:
+  del params
+  return DistillState(jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
+
+
+def distill_metrics(state: DistillState, result=None) -> dict:
+  del result
+  return {"distill_loss_first": state.loss_first,
+          "distill_loss_last": state.loss_last}
+
+
 class TrainResult(NamedTuple):
   params: PyTree     # the last iterate
   averaged: PyTree   # the SWA average (the last iterate without SWA snapshots)

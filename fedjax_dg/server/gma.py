@@ -1,27 +1,32 @@
-"""Gradient Masked Averaging (FedGMA, Tenison et al. 2022) as an (init, update) pair.
+"""Gradient Masked Averaging (FedGMA, Tenison et al. 2022) as an aggregator.
 
-For the cohort's client deltas delta_k (stacked [m, ...]), per parameter:
+For the cohort's client deltas delta_k = w_k - w (stacked [m, ...]), per parameter:
 
     A     = | (1/m) sum_k sign(delta_k) |          agreement in [0, 1]
     mask  = 1 where A >= tau, else A
-    u     = eta * mask * sum_k p_k delta_k         p_k = n_k / sum_j n_j
+    w'    = w + eta * mask * sum_k p_k delta_k     p_k = n_k / sum_j n_j
 
-Deltas here are new minus old (trained - start), so the server *adds* `u`:
-`global <- global + u` (`optax.apply_updates`). The paper writes the pseudo-gradient
-old minus new and subtracts; A is invariant under the sign flip, so both read the same.
+Deltas here are new minus old (trained - start), so the server *adds* the masked
+mean (`optax.apply_updates`). The paper writes the pseudo-gradient old minus new
+and subtracts; A is invariant under the sign flip, so both read the same.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import optax
 
 from fedjax_dg import tree
 from fedjax_dg.server.aggregate import ServerTransform
 
 PyTree = Any
+
+
+class GmaState(NamedTuple):
+  unmasked: jax.Array  # share of parameters the last mask left undamped (A >= tau)
 
 
 def agreement(deltas: PyTree) -> PyTree:
@@ -37,7 +42,7 @@ def agreement_mask(deltas: PyTree, threshold: float) -> PyTree:
 
 def gradient_masked_averaging(threshold: float,
                               step_size: float = 1.0) -> ServerTransform:
-  """`update(deltas, state, weights) -> (updates, state)`; stateless.
+  """Stacked trained models [m, ...] -> the new server model (extra `weights`).
 
   Args:
     threshold: tau, the agreement at or above which a parameter is not damped.
@@ -50,12 +55,17 @@ def gradient_masked_averaging(threshold: float,
 
   def init(params):
     del params
-    return ()
+    return GmaState(unmasked=jnp.ones((), jnp.float32))
 
-  def update(deltas, state, weights: jax.Array):
+  def update(updates, state, params=None, *, weights: jax.Array, **extra):
+    del state, extra
+    deltas = optax.tree.sub(updates, params)
     mean = tree.weighted_mean(deltas, weights)
     mask = agreement_mask(deltas, threshold)
-    updates = jax.tree.map(lambda m, d: step_size * m * d, mask, mean)
-    return updates, state
+    step = jax.tree.map(lambda m, d: step_size * m * d, mask, mean)
+    kept = sum(jnp.sum(m == 1.0) for m in jax.tree.leaves(mask))
+    total = sum(m.size for m in jax.tree.leaves(mask))
+    return (optax.apply_updates(params, step),
+            GmaState(unmasked=(kept / total).astype(jnp.float32)))
 
   return ServerTransform(init, update)

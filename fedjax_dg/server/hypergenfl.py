@@ -27,8 +27,9 @@ the AdamW update of the other rows (momentum, weight decay) is masked to zero.
 
 Cost: one forward of the tiny hypernetwork, one weighted sum over the stacked
 client models (as FedAvg), and its transpose (one [m, P] pass for the [m, L]
-weight gradients); "update_first" adds one more weighted sum, "logcosh" one
-elementwise pass. Never a [m, P_hypernetwork] stack.
+weight gradients); aggregating with the updated phi (Alg. 1's order,
+`algorithms.hypergenfl`) adds one more weighted sum, "logcosh" one elementwise
+pass. Never a [m, P_hypernetwork] stack.
 """
 
 from __future__ import annotations
@@ -49,15 +50,13 @@ WeightNet = Callable[[PyTree, jax.Array], jax.Array]
 
 GRANULARITIES = ("module", "tensor")
 LOSSES = ("default", "mse", "logcosh")
-# "update_first": theta_g of the next round is aggregated with the updated
-# (phi, sigma) (Alg. 1: lines 16-17 of round t run before lines 8-9 of round
-# t + 1); "aggregate_first": with the (phi, sigma) the gradient was taken at.
-ORDERS = ("update_first", "aggregate_first")
 
 
-class StepInfo(NamedTuple):
-  weights: jax.Array   # [m, L] weights of the returned aggregate
-  grads: HyperParams   # the gradients given to the optimizer (full table rows)
+class HyperGenFLState(NamedTuple):
+  """The server optimizer's state and the weights A of the last step's gradient
+  point per client and layer ([N, L]; zero for clients outside the last cohort)."""
+  opt: Any
+  weights: jax.Array
 
 
 def _check(name: str, value: str, allowed: tuple) -> None:
@@ -143,36 +142,37 @@ def server_grads(hn: WeightNet, layer_of: tuple[int, ...], phi: PyTree,
 
 def hypergenfl_step(hn: WeightNet, layer_of: tuple[int, ...],
                     optimizer: optax.GradientTransformation, *,
-                    loss: str = "default", order: str = "update_first",
+                    loss: str = "default",
                     learn_embeddings: bool = True) -> ServerTransform:
-  """`update(hp, opt_state, ids, start, trained) -> (theta_g, hp, opt_state, info)`.
+  """Stacked trained models [m, ...] -> updates of `params` (Alg. 1 lines 16-17).
 
-  hp: HyperParams(theta=phi, embeddings=[N, d] table); ids: the m active
-  clients (distinct); start: the global model they started from (one model);
-  trained: their trained models [m, ...]. `learn_embeddings=False` freezes the
-  table (Table 6's one-hot embeddings).
+  `params` is the HyperParams (phi, embedding table [N, d]); extras: `ids` [m],
+  the active clients (distinct), and `start`, the global model they started
+  from (one model). Apply the result with `optax.apply_updates`; Eq. 8's
+  aggregate is then `aggregate(trained, hn(phi, sigma[ids]), layer_of)` with the
+  updated (Alg. 1's order) or the previous parameters (`state.weights[ids]`).
+  `learn_embeddings=False` freezes the table (Table 6's one-hot embeddings).
   """
   _check("loss", loss, LOSSES)
-  _check("order", order, ORDERS)
+  num_layers = max(layer_of) + 1
 
-  def init(hp: HyperParams):
-    return optimizer.init(hp)
+  def init(params: HyperParams):
+    n = params.embeddings.shape[0]
+    return HyperGenFLState(optimizer.init(params), jnp.zeros((n, num_layers)))
 
-  def update(hp: HyperParams, opt_state, ids: jax.Array, start, trained):
-    sigma = jnp.take(hp.embeddings, ids, axis=0)
-    agg, weights, g_phi, g_sigma = server_grads(hn, layer_of, hp.theta, sigma,
-                                                start, trained, loss)
-    active = jnp.zeros(hp.embeddings.shape[:1], bool).at[ids].set(True)
+  def update(updates, state: HyperGenFLState, params: HyperParams = None, *,
+             ids: jax.Array, start: PyTree, **extra):
+    del extra
+    sigma = jnp.take(params.embeddings, ids, axis=0)
+    _, weights, g_phi, g_sigma = server_grads(hn, layer_of, params.theta, sigma,
+                                              start, updates, loss)
+    active = jnp.zeros(params.embeddings.shape[:1], bool).at[ids].set(True)
     active = active[:, None] & learn_embeddings
-    g_emb = jnp.zeros_like(hp.embeddings).at[ids].add(g_sigma)
+    g_emb = jnp.zeros_like(params.embeddings).at[ids].add(g_sigma)
     grads = HyperParams(theta=g_phi, embeddings=jnp.where(active, g_emb, 0.0))
-    updates, opt_state = optimizer.update(grads, opt_state, hp)
-    updates = updates._replace(
-        embeddings=jnp.where(active, updates.embeddings, 0.0))
-    hp = optax.apply_updates(hp, updates)
-    if order == "update_first":
-      weights = hn(hp.theta, jnp.take(hp.embeddings, ids, axis=0))
-      agg = aggregate(trained, weights, layer_of)
-    return agg, hp, opt_state, StepInfo(weights, grads)
+    out, opt = optimizer.update(grads, state.opt, params)
+    out = out._replace(embeddings=jnp.where(active, out.embeddings, 0.0))
+    return out, HyperGenFLState(
+        opt, jnp.zeros_like(state.weights).at[ids].set(weights))
 
   return ServerTransform(init, update)

@@ -1,4 +1,11 @@
-"""The hypernetwork server step (pFedHN convention) as an (init, update) pair."""
+"""The hypernetwork server step (pFedHN convention, hFedF Alg. 1/3) as a transform.
+
+Sign. delta_i = phi_i - phi_i^trained (old minus new, pFedHN's reference code:
+`grad_outputs = params_sent - params_after_local`), g = the VJP of the generator
+with that cotangent, then a *descent* step of the server optimizer: a step moves
+the generated models toward the locally trained ones (tests/test_server.py).
+hFedF's algorithm box writes new minus old and still subtracts; we take pFedHN's.
+"""
 
 from __future__ import annotations
 
@@ -18,43 +25,66 @@ class HyperParams(NamedTuple):
   embeddings: jax.Array  # [N, e] client embeddings (one row per client)
 
 
+class HypernetworkState(NamedTuple):
+  """The server optimizer's state and the last step's GradAlign weights per
+  client ([N]; zero for clients outside the last cohort): row `ids` are the
+  weights of that cohort, in its order."""
+  opt: Any
+  weights_theta: jax.Array
+  weights_emb: jax.Array
+  # [N, T] per hypernetwork tensor (granularity "tensor"), else None.
+  weights_theta_tensors: jax.Array | None
+
+
 def hypernetwork_step(h: Callable, optimizer: optax.GradientTransformation, *,
                       align: bool = True, temperature: float = 1.0,
                       norm_batch_size: int = 1,
                       learn_embeddings: bool = True,
                       granularity: str = "model",
                       client_sq_norms: Callable | None = None) -> ServerTransform:
-  """`update(hparams, opt_state, ids, start, trained) -> (hparams, opt_state, grads)`.
+  """Stacked deltas [m, ...] (start minus trained) -> updates of `params`.
 
-  delta = start - trained (old minus new), g = VJP of the generator with that
-  cotangent (GradAlign-weighted or the plain mean), then one descent step of
-  `optimizer` on (theta, embeddings). `learn_embeddings=False` freezes them.
-  `granularity`: GradAlign over the whole gradient ("model", the paper) or per
-  hypernetwork tensor ("tensor"); see `gradalign`. `client_sq_norms`: the
-  generator's closed-form per-client gradient norms (`gradalign`), if any.
+  `params` is the HyperParams (theta, embeddings [N, e]); extra `ids` [m] are the
+  cohort's client ids (distinct). g = VJP of the generator with the deltas as
+  cotangents (GradAlign-weighted or the plain mean), then one step of
+  `optimizer` on (theta, embeddings); apply the result with
+  `optax.apply_updates`. `learn_embeddings=False` freezes the embeddings (zero
+  updates). `granularity`: GradAlign over the whole gradient ("model", the
+  paper) or per hypernetwork tensor ("tensor"); see `gradalign`.
+  `client_sq_norms`: the generator's closed-form per-client gradient norms
+  (`gradalign`), if any.
   """
   if granularity not in GRANULARITIES:
     raise ValueError(f"gradalign granularity={granularity!r}: allowed "
                      f"{GRANULARITIES}")
 
-  def init(hparams: HyperParams):
-    return optimizer.init(hparams)
+  def init(params: HyperParams):
+    n = params.embeddings.shape[0]
+    tensors = (jnp.zeros((n, len(jax.tree.leaves(params.theta))))
+               if granularity == "tensor" else None)
+    return HypernetworkState(optimizer.init(params), jnp.zeros((n,)),
+                             jnp.zeros((n,)), tensors)
 
-  def update(hparams: HyperParams, opt_state, ids: jax.Array, start, trained):
-    deltas = jax.tree.map(jnp.subtract, start, trained)
-    emb = jnp.take(hparams.embeddings, ids, axis=0)
-    g: HyperGrads = hypernetwork_grads(h, hparams.theta, emb, deltas,
+  def update(updates, state: HypernetworkState, params: HyperParams = None, *,
+             ids: jax.Array, **extra):
+    del extra
+    emb = jnp.take(params.embeddings, ids, axis=0)
+    g: HyperGrads = hypernetwork_grads(h, params.theta, emb, updates,
                                        align=align, temperature=temperature,
                                        norm_batch_size=norm_batch_size,
                                        granularity=granularity,
                                        client_sq_norms=client_sq_norms)
-    emb_grad = jnp.zeros_like(hparams.embeddings)
+    emb_grad = jnp.zeros_like(params.embeddings)
     if learn_embeddings:
       emb_grad = emb_grad.at[ids].add(g.embeddings)
     grads = HyperParams(theta=g.theta, embeddings=emb_grad)
-    updates, opt_state = optimizer.update(grads, opt_state, hparams)
+    out, opt = optimizer.update(grads, state.opt, params)
     if not learn_embeddings:
-      updates = updates._replace(embeddings=jnp.zeros_like(hparams.embeddings))
-    return optax.apply_updates(hparams, updates), opt_state, g
+      out = out._replace(embeddings=jnp.zeros_like(params.embeddings))
+    rows = lambda old, new: jnp.zeros_like(old).at[ids].set(new)
+    tensors = (None if state.weights_theta_tensors is None
+               else rows(state.weights_theta_tensors, g.weights_theta_tensors))
+    return out, HypernetworkState(opt, rows(state.weights_theta, g.weights_theta),
+                                  rows(state.weights_emb, g.weights_emb), tensors)
 
   return ServerTransform(init, update)

@@ -1,0 +1,19 @@
+"""Central: one model trained on the union of all clients' data (no federation)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from fedjax_dg.algorithms.base import Algorithm
+from fedjax_dg.algorithms.fedavg import fedavg
+
+DISPLAY_NAME = "Central"
+FEDERATED = False  # no arrows against FedAvg in the tables, never bolded
+
+
+def central(model, optimizer, loss) -> Algorithm:
+  return dataclasses.replace(fedavg(model, optimizer, loss, name="central"),
+                             pooled=True)
+
+
+build = central

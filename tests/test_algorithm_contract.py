@@ -1,0 +1,101 @@
+"""One contract over every registered algorithm, by `jax.eval_shape` (seconds).
+
+For each name of `algorithms.available()`, built from the registry on a tiny model:
+
+* its module exports `build` and `DISPLAY_NAME`, and its config section is exactly
+  `build`'s keyword defaults plus `client` (one source of defaults);
+* the server state is typed (a NamedTuple, optax.EmptyState included) and the
+  per-client state is None or a pytree with leading axis N;
+* `client_start` gives [m, ...] parameters for a cohort of m;
+* one engine round keeps the carry's structure, shapes and dtypes (it is the
+  `lax.scan` carry) and reports the training loss and the cohort;
+* `eval_params` is [N, ...] for personalized algorithms, one model otherwise.
+"""
+
+import inspect
+
+import chex
+import jax
+import jax.numpy as jnp
+import pytest
+
+from conftest import synthetic_domains
+from fedjax_dg import algorithms, config, engine, models
+from fedjax_dg.data import federated, partition
+
+N, M = 4, 3
+
+
+@pytest.fixture(scope="module")
+def setup():
+  fed = federated.build(synthetic_domains(num_domains=5, per_domain=24),
+                        partition.PartitionSpec(num_partitions=N, seed=0),
+                        target_domain=0, server_fraction=0.2)
+  model = models.get_model("mlp", input_shape=fed.image_shape,
+                           num_classes=fed.num_classes, mean=fed.mean,
+                           std=fed.std, hidden=8)
+  cfg = config.base_config()
+  for name in ("feddf", "fedbe", "fedlaw"):
+    cfg[name].steps = 2
+  cfg.hfedf.autoencoder_epochs = 1
+  return fed, model, cfg
+
+
+def _typed(state) -> bool:
+  return state is None or hasattr(state, "_fields")
+
+
+@pytest.mark.parametrize("name", algorithms.available())
+def test_algorithm_contract(setup, name):
+  fed, model, cfg = setup
+  spec = algorithms.spec(name)
+  assert spec.display_name and callable(spec.module.build)
+  section = dict(config.base_config()[spec.section])
+  assert set(section.pop("client").keys()) == set(algorithms.CLIENT_KEYS)
+  assert section == algorithms.hyperparameters(spec.section)
+
+  alg = algorithms.build(name, model, N, cfg, data=fed)
+  assert alg.name == name
+  server, clients = jax.eval_shape(alg.init, jax.random.key(0))
+  assert _typed(server), type(server)
+  if clients is not None:
+    chex.assert_tree_shape_prefix(clients, (N,))
+  ids = jnp.arange(M)
+  rows = (None if clients is None
+          else jax.eval_shape(lambda c: jax.tree.map(lambda a: a[:M], c), clients))
+  start = jax.eval_shape(alg.client_start, server, rows, ids)
+  chex.assert_tree_shape_prefix(start, (M,))
+
+  cfg_engine = engine.EngineConfig(rounds=1, epochs=1, batch_size=4,
+                                   cohort_size=0 if alg.pooled else M,
+                                   client_mapping="map")
+  n = 1 if alg.pooled else N
+  train = fed.pooled().train if alg.pooled else fed.train
+  round_fn = engine.make_round(alg, cfg_engine, n)
+  carry = jax.eval_shape(alg.init, jax.random.key(0))
+  frozen = None if alg.frozen is None else jax.eval_shape(alg.frozen,
+                                                          jax.random.key(0))
+  new, metrics = jax.eval_shape(round_fn, carry, jnp.int32(0),
+                                jax.tree.map(jnp.asarray, train),
+                                jax.random.key(1), frozen)
+  chex.assert_trees_all_equal_shapes_and_dtypes(new, carry)
+  assert jax.tree.structure(new) == jax.tree.structure(carry)
+  assert metrics["loss"].shape == () and metrics["cohort"].shape[0] in (M, 1)
+
+  params = jax.eval_shape(alg.eval_params, *carry)
+  target = jax.eval_shape(model.init, jax.random.key(0))
+  if alg.personalized:
+    chex.assert_tree_shape_prefix(params, (N,))
+    params = jax.eval_shape(lambda p: jax.tree.map(lambda a: a[0], p), params)
+  chex.assert_trees_all_equal_shapes(params, target)
+
+
+def test_every_build_hyperparameter_has_a_default_and_no_context_clash():
+  for section in algorithms.modules():
+    build = algorithms.spec(section).module.build
+    params = inspect.signature(build).parameters
+    assert list(params)[:2] == ["model", "optimizer"], section
+    for p in params.values():
+      if p.name not in algorithms.CONTEXT:
+        assert p.kind == p.KEYWORD_ONLY and p.default is not p.empty, (section,
+                                                                       p.name)
