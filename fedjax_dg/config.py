@@ -19,6 +19,7 @@ import dataclasses
 import difflib
 import importlib.util
 import os
+import re
 import traceback
 
 import ml_collections
@@ -94,9 +95,49 @@ def base_config() -> ConfigDict:
   return c
 
 
+def closest(name: str, options) -> str | None:
+  """The valid key a mistyped `name` most likely meant: an initialism either
+  way (learning_rate ~ lr, wd ~ weight_decay), else the most similar."""
+  options = [str(o) for o in options]
+  initials = lambda s: "".join(part[:1] for part in s.split("_"))
+  for option in options:
+    if name.lower() == option.lower() or initials(name) == option or (
+        initials(option) == name):
+      return option
+  best = difflib.get_close_matches(name, options, n=1, cutoff=0.0)
+  return best[0] if best else None
+
+
+def _unknown(key: str, options, where: str = "") -> str:
+  leaf = key.rsplit(".", 1)[-1]
+  guess = closest(leaf, options)
+  guess = (f"; did you mean {key[:len(key) - len(leaf)] + guess!r}?"
+           if guess else "")
+  return (f"unknown config key {key!r}{where}{guess} (known there: "
+          f"{sorted(str(o) for o in options)})")
+
+
 def _from_ml_collections(error: Exception) -> bool:
   frames = traceback.extract_tb(error.__traceback__)
   return bool(frames) and "ml_collections" in frames[-1].filename
+
+
+def _explain(error: Exception) -> str:
+  """ml_collections' message about a locked config, as ours (key + closest)."""
+  while isinstance(error, BaseException) and error.args:
+    error = error.args[0]  # ml_collections nests its KeyError in the error
+  text = str(error)
+  added = re.search(r'Key "([^"]+)" does not exist.*Other fields present: '
+                    r'"(\{.*\})"', text, re.S)
+  if added:  # setting a key that does not exist: ml_collections lists the fields
+    return _unknown(added.group(1), re.findall(r"'([A-Za-z_]\w*)':",
+                                               added.group(2)))
+  read = re.fullmatch(r"'?([^'\n]+)'?(?:\nDid you mean \"([^\"]+)\".*)?", text,
+                      re.S)
+  if read:  # reading a key that does not exist
+    guess = f"; did you mean {read.group(2)!r}?" if read.group(2) else ""
+    return f"unknown config key {read.group(1)!r}{guess}"
+  return text
 
 
 def load(path: str) -> ConfigDict:
@@ -113,7 +154,7 @@ def load(path: str) -> ConfigDict:
     return module.get_config()
   except (AttributeError, KeyError, TypeError) as e:
     if _from_ml_collections(e):
-      raise ConfigError(f"{path}: {str(e).strip(chr(39))}") from e
+      raise ConfigError(f"{path}: {_explain(e)}") from e
     raise
 
 
@@ -122,11 +163,6 @@ def _parse(value: str):
     return ast.literal_eval(value)
   except (ValueError, SyntaxError):
     return value
-
-
-def _closest(name: str, options) -> str:
-  close = difflib.get_close_matches(name, [str(o) for o in options], n=1)
-  return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def lookup(config: ConfigDict, key: str):
@@ -138,11 +174,8 @@ def lookup(config: ConfigDict, key: str):
       raise ConfigError(f"unknown config key {key!r}: {'.'.join(parts[:i])!r} "
                         f"is a {type(node).__name__}, not a section")
     if part not in node:
-      prefix = ".".join(parts[:i])
-      raise ConfigError(
-          f"unknown config key {key!r}: no {part!r} in "
-          f"{prefix or 'the config'}{_closest(part, node.keys())} (known: "
-          f"{sorted(node.keys())})")
+      raise ConfigError(_unknown(".".join(parts[:i + 1]), node.keys(),
+                                 f" in --set {key}" if i + 1 < len(parts) else ""))
     node = node[part]
   return node
 

@@ -41,6 +41,7 @@ import os
 import time
 from typing import Any, Callable, NamedTuple
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -278,6 +279,9 @@ def make_round(alg: Algorithm, cfg: EngineConfig, num_clients: int,
     else:
       ids, rows, data = jnp.arange(num_clients), clients, train
     start = alg.client_start(server, rows, ids)
+    chex.assert_tree_shape_prefix(
+        start, (m,), custom_message=f"{alg.name}.client_start must give the "
+        f"cohort's {m} clients their parameters stacked as [{m}, ...]")
     extra = alg.client_ctx(start, rows, ids)
     shared = (r, alg.client_shared(server), frozen)
     keys = jax.vmap(jax.random.fold_in, (None, 0))(client_key, ids)
@@ -319,8 +323,17 @@ class _Checkpointer:
   def latest(self) -> int | None:
     return self.manager.latest_step()
 
+  @staticmethod
+  def layout(carry) -> str:
+    """The carry's structure, shapes and dtypes: a checkpoint is restored only
+    into the same (leaves are stored as a flat list)."""
+    leaves, treedef = jax.tree.flatten(carry)
+    shapes = [f"{np.dtype(x.dtype)}{list(x.shape)}" for x in leaves]
+    return f"{treedef} {shapes}"
+
   def save(self, step: int, carry, meta: dict) -> None:
     ocp = self._ocp
+    meta = dict(meta, layout=self.layout(carry))
     leaves = {str(i): np.asarray(x) for i, x in enumerate(jax.tree.leaves(carry))}
     # Asynchronous: the next chunk runs while this one is written.
     self.manager.save(step, args=ocp.args.Composite(
@@ -335,6 +348,15 @@ class _Checkpointer:
     flat, treedef = jax.tree.flatten(like)
     abstract = {str(i): jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype)
                 for i, x in enumerate(flat)}
+    meta = self.manager.restore(step, args=ocp.args.Composite(
+        meta=ocp.args.JsonRestore()))["meta"]
+    if meta.get("layout") != self.layout(like):
+      raise ValueError(
+          f"the checkpoint in {self.manager.directory} holds another state "
+          "than this algorithm's (its structure, shapes or dtypes differ: a "
+          "different algorithm, model or settings, or a checkpoint of an older "
+          "fedjax_dg); resume with the settings it was written with, or start "
+          "a new run directory")
     out = self.manager.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
     leaves = [jnp.asarray(out["state"][str(i)]) for i in range(len(flat))]

@@ -35,18 +35,14 @@ from typing import Any
 
 import numpy as np
 
-NAMES = {"central": "Central", "local_only": "Local-only", "fedavg": "FedAvg",
-         "fedprox": "FedProx", "pfedhn": "pFedHN", "fedsr": "FedSR",
-         "fedgma": "FedGMA",
-         # HyperGenFL's baselines and method, in its tables' row order.
-         "moon": "MOON", "fedsam": "FedSam", "fedlaw": "FedLAW",
-         "feddf": "FedDF", "fedbe": "FedBE", "hypergenfl": "HG-FL",
-         "hfedf": "hFedF",
-         # Table 3's ablations as algorithm names (algorithms/hfedf.py ABLATIONS).
-         "hfedf_no_gradalign": "hFedF w/o GradAlign", "hfedf_no_ema": "hFedF w/o EMA",
-         "hfedf_no_both": "hFedF w/o GradAlign & EMA"}
-ORDER = tuple(NAMES)                     # the papers' row order
-NON_FEDERATED = ("central", "local_only")  # no arrows vs FedAvg, not bolded
+from fedjax_dg import algorithms
+
+# The papers' row order (hFedF's tables, then HyperGenFL's): a display
+# preference only. Names and sections come from the algorithm registry; an
+# algorithm not listed here follows in first-seen order.
+ORDER = ("central", "local_only", "fedavg", "fedprox", "pfedhn", "fedsr",
+         "fedgma", "moon", "fedsam", "fedlaw", "feddf", "fedbe", "hypergenfl",
+         "hfedf", "hfedf_no_gradalign", "hfedf_no_ema", "hfedf_no_both")
 REFERENCE = "fedavg"
 ABLATIONS = (("hfedf.gradalign", "GradAlign"), ("hfedf.ema", "EMA"))
 # Paper order of Table 3's rows.
@@ -69,13 +65,34 @@ def eval_label(records: list[dict]) -> str:
 # --------------------------------------------------------------------- records
 
 
+def _spec(algorithm: str) -> algorithms.Spec | None:
+  """The registry's entry, or None for a name it no longer knows (an old run)."""
+  try:
+    return algorithms.spec(algorithm)
+  except ValueError:
+    return None
+
+
+def section_of(algorithm: str) -> str:
+  """The algorithm's config section (hfedf_no_ema: hfedf)."""
+  spec = _spec(algorithm)
+  return spec.section if spec else algorithm
+
+
+def federated(algorithm: str) -> bool:
+  """False for Central / Local-only: no arrows against FedAvg, never bolded."""
+  spec = _spec(algorithm)
+  return spec.federated if spec else True
+
+
 def is_hfedf(algorithm: str) -> bool:
-  return algorithm == "hfedf" or algorithm.startswith("hfedf_")
+  return section_of(algorithm) == "hfedf"
 
 
 def display_name(algorithm: str, config: dict | None = None) -> str:
   """Paper name; for hFedF, the ablation switches that are off in `config`."""
-  name = NAMES.get(algorithm, algorithm)
+  spec = _spec(algorithm)
+  name = spec.display_name if spec else algorithm
   if algorithm != "hfedf" or not config:
     return name
   section = config.get("hfedf", {})
@@ -97,8 +114,8 @@ def split_settings(algorithm: str, settings: dict) -> tuple[dict, dict]:
     if key in ("seed", "data.d"):
       continue
     section = key.split(".", 1)[0]
-    if section in NAMES:
-      if not (algorithm == section or algorithm.startswith(section + "_")):
+    if section in algorithms.modules():
+      if section != section_of(algorithm):
         continue
       if algorithm == "hfedf" and key in dict(ABLATIONS):
         continue
@@ -234,7 +251,7 @@ def _variants(records: list[dict]) -> list[dict]:
 
 def _reference(rows: list[dict], row: dict) -> str | None:
   """The FedAvg variant compared with `row` (same extra settings)."""
-  if row["algorithm"] == REFERENCE or row["algorithm"] in NON_FEDERATED:
+  if row["algorithm"] == REFERENCE or not federated(row["algorithm"]):
     return None
   for r in rows:
     if r["algorithm"] == REFERENCE and r["extra"] == row["extra"]:
@@ -339,7 +356,7 @@ def table2(records: list[dict], which: str = "final") -> Table:
     csv_rows.append(out)
     values.append(nums)
   _bold_best(rows, values,
-             [r["algorithm"] not in NON_FEDERATED for r in rows_meta],
+             [federated(r["algorithm"]) for r in rows_meta],
              [r["extra"] for r in rows_meta])
   label = {"final": "final evaluation",
            "best": "best evaluation over rounds (optimistic: picks the round on "
@@ -445,7 +462,7 @@ def per_domain(records: list[dict], d: int, which: str = "final") -> Table:
     rows.append(line)
     csv_rows.append(out)
     values.append(nums)
-  _bold_best(rows, values, [r["algorithm"] not in NON_FEDERATED for r in rows_meta],
+  _bold_best(rows, values, [federated(r["algorithm"]) for r in rows_meta],
              [r["extra"] for r in rows_meta])
   notes = (f"Accuracy (%) per held-out target domain, d = {d}, {which} evaluation: "
            "mean ± sample std over seeds; μ = mean over domains. Arrows compare "
@@ -471,8 +488,8 @@ def table3(records: list[dict], which: str = "final") -> Table | None:
     value of each hfedf.* grid key)."""
     full = [r["variant"] for r in rows_meta
             if r["algorithm"] == "hfedf" and r["extra"] == row["extra"]
-            and r["variant"].split(" [")[0] == NAMES["hfedf"]]
-    return (NAMES["hfedf"] if NAMES["hfedf"] in full else
+            and r["variant"].split(" [")[0] == display_name("hfedf")]
+    return (display_name("hfedf") if display_name("hfedf") in full else
             full[0] if full else None)
 
   header = ["algorithm"] + [f"d={d} {m}" for d in ds for m in ("μ_id", "μ_ood")]
@@ -495,7 +512,7 @@ def table3(records: list[dict], which: str = "final") -> Table | None:
     rows.append(line)
     csv_rows.append(out)
   # A grid over hfedf.* settings has no plain hFedF row: name what is compared.
-  to = ("full hFedF" if refs in ([], [NAMES["hfedf"]])
+  to = ("full hFedF" if refs in ([], [display_name("hfedf")])
         else ", ".join(f"`{r}`" for r in refs) + " (the first value of the grid)")
   notes = (f"Accuracy (%), {which} evaluation, μ over target domains and seeds; in "
            f"brackets the difference to {to} in points.")

@@ -3,8 +3,9 @@
 `python tests/pinned.py` runs every registered algorithm for a few rounds on a
 small synthetic federation (4 clients, a cohort of 3 so cohort sampling, per-client
 state gathering and the EMA after its warm-up are all exercised) and writes
-`tests/data/pinned.json`: per algorithm, digests of the final server / client
-state, the per-round training loss and the evaluation history.
+`tests/data/pinned.json`: per algorithm, digests of the evaluated parameters,
+the per-round training loss and the evaluation history. `python tests/pinned.py
+NAME ...` (re)computes those entries only (a new algorithm's).
 `tests/test_pinned.py` reruns the same and compares.
 
 Regenerate only for a change that is *meant* to change numbers, and say so in
@@ -129,9 +130,16 @@ def compute(names=None) -> dict:
 
 
 if __name__ == "__main__":
+  # `python tests/pinned.py`: every name; `python tests/pinned.py NAME ...`:
+  # (re)compute those entries only, keeping the others.
   jax.config.update("jax_default_matmul_precision", "highest")
   os.makedirs(os.path.dirname(PATH), exist_ok=True)
-  results = compute()
+  names = sys.argv[1:]
+  results = {}
+  if names and os.path.exists(PATH):
+    with open(PATH) as f:
+      results = json.load(f)
+  results.update(compute(names or None))
   with open(PATH, "w") as f:
     json.dump(results, f, indent=1)
-  print(f"wrote {PATH}: {len(results)} algorithms")
+  print(f"wrote {PATH}: {', '.join(names) or len(results)} algorithms")

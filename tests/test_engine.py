@@ -10,6 +10,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from conftest import synthetic_domains
@@ -86,6 +87,12 @@ def test_resume_from_checkpoint_is_bit_exact(fed3, tmp_path):
   assert leaves_equal(resumed.server, full.server)
   assert [h["round"] for h in resumed.history] == [2, 4]
   assert resumed.history[0] == half.history[0]
+  # Another algorithm's state (flat leaves of other shapes or another
+  # structure) is never restored into this one.
+  other = local_only(model, make_optimizer("adam", 1e-2),
+                     objectives.cross_entropy(model), num_clients=3)
+  with pytest.raises(ValueError, match="holds another state"):
+    engine.run(other, fed3, model, CFG, checkpoint_dir=ckpt)
 
 
 def test_cohort_and_persistent_client_state(fed3):
@@ -221,3 +228,64 @@ def test_sharded_over_host_devices_matches_one_device(devices, clients, mesh):
   assert f"MESH {mesh}" in out.stdout
   diff = float(out.stdout.split("MAXDIFF")[1])
   assert diff < 1e-5, diff
+
+
+def _shapes(jaxpr) -> set:
+  """Shapes of every value in a jaxpr, sub-jaxprs (scan, map, cond) included."""
+  out = set()
+  for eqn in jaxpr.eqns:
+    for v in list(eqn.invars) + list(eqn.outvars):
+      if hasattr(getattr(v, "aval", None), "shape"):
+        out.add(tuple(v.aval.shape))
+    for param in eqn.params.values():
+      for sub in (param if isinstance(param, (list, tuple)) else (param,)):
+        if hasattr(sub, "eqns"):
+          out |= _shapes(sub)
+        elif hasattr(sub, "jaxpr") and hasattr(sub.jaxpr, "eqns"):
+          out |= _shapes(sub.jaxpr)
+  return out
+
+
+@pytest.mark.parametrize("mapping", ["map", "vmap"])
+def test_shared_frozen_parameters_are_held_once(fed3, mapping):
+  """A frozen first layer: one copy for the cohort (never [m, ...]), the same
+  training and evaluation as freezing it inside the full model."""
+  from fedjax_dg.algorithms.base import ServerState, with_frozen
+  model = mlp(fed3)
+  opt = make_optimizer("adam", 1e-2)
+  ce = objectives.cross_entropy(model)
+  base = fedavg(model, opt, ce)
+
+  def init(key):
+    return ServerState({"fc2": model.init(key)["fc2"]}), None
+
+  frozen_alg = dataclasses.replace(
+      base, init=init, frozen=lambda key: {"fc1": model.init(key)["fc1"]},
+      loss=lambda p, batch, rng, ctx: ce(with_frozen(ctx.frozen, p), batch, rng,
+                                         ctx))
+  # The independent computation: the whole model, fc1's updates set to zero.
+  labels = lambda p: {k: "frozen" if k == "fc1" else "trained" for k in p}
+  masked = dataclasses.replace(base, optimizer=optax.multi_transform(
+      {"trained": opt, "frozen": optax.set_to_zero()}, labels))
+  cfg = dataclasses.replace(CFG, client_mapping=mapping)
+  a = engine.run(frozen_alg, fed3, model, cfg)
+  b = engine.run(masked, fed3, model, cfg)
+  assert max_diff(a.server.params["fc2"], b.server.params["fc2"]) < 1e-6
+  assert a.final["id_acc_per_client"] == b.final["id_acc_per_client"]
+  assert a.final["ood_acc"] == b.final["ood_acc"]
+  # Held once: no value of the round program has the frozen kernel's shape
+  # with a client axis (the full model's run does).
+  kernel = model.init(jax.random.key(0))["fc1"]["kernel"].shape
+  stacked = (fed3.num_clients,) + kernel
+
+  def round_shapes(alg):
+    round_fn = engine.make_round(alg, cfg, fed3.num_clients)
+    carry = jax.eval_shape(alg.init, jax.random.key(0))
+    frozen = None if alg.frozen is None else alg.frozen(jax.random.key(0))
+    train = jax.tree.map(jnp.asarray, fed3.train)
+    return _shapes(jax.make_jaxpr(round_fn)(carry, jnp.int32(0), train,
+                                            jax.random.key(1), frozen).jaxpr)
+
+  assert stacked in round_shapes(masked)
+  assert stacked not in round_shapes(frozen_alg)
+  assert kernel in round_shapes(frozen_alg)
