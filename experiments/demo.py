@@ -10,21 +10,5 @@ Same algorithms, partition and hyperparameters otherwise.
     fedjax-dg demo --full          # the paper-scale protocol (hours on CPU)
 """
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from rfmnist_hfedf import get_config as full_config  # noqa: E402
-
-
-def get_config():
-  c = full_config()
-  c.name = "demo"
-  c.data.max_per_domain = 800
-  c.data.image_size = 16
-  c.model.name = "small_cnn"
-  c.train.rounds = 10
-  c.train.eval_every = 2
-  c.train.epochs = 1
-  c.train.ood_eval_max = 0
-  return c
+# The config lives in the package (other configs build on it).
+from fedjax_dg.configs.demo import get_config  # noqa: F401

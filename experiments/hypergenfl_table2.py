@@ -36,11 +36,7 @@ per seed on one H100 and needs about a day per seed on this 2-core CPU
 the paper does, and reports no id accuracy.)
 """
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fedjax_dg import config, presets  # noqa: E402
+from fedjax_dg import config, presets
 
 ALGORITHMS = ("fedavg", "fedprox", "moon", "fedsam", "fedlaw", "feddf", "fedbe",
               "hypergenfl")

@@ -24,31 +24,5 @@ held-out domain):
   ~1 min per run plus ~20 s of tracing per algorithm and cell.
 """
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from rfmnist_hfedf import get_config as _rfmnist_config  # noqa: E402
-
-from fedjax_dg import presets  # noqa: E402  (Table 10's values)
-
-# Table 2's rows (Central is only in the d = 3 tables: it pools all domains).
-TABLE2_ALGORITHMS = ("local_only", "fedavg", "fedprox", "pfedhn", "fedsr",
-                     "fedgma", "hfedf")
-# The figures on PACS "photo" use one held-out domain; its analog here is a
-# middle rotation (an interpolation between source domains, the easiest target,
-# as photo is on PACS).
-PHOTO = "30"
-
-# The demo's scale, for this 2-core CPU (append to any sweep command).
-BUDGET = ("--set model.name=small_cnn --set data.image_size=16 "
-          "--set data.max_per_domain=800 --set train.epochs=1 "
-          "--set train.rounds=20 --set train.eval_every=2 "
-          "--set train.ood_eval_max=0")
-
-
-def get_config(name: str = "paper_protocol"):
-  c = _rfmnist_config()
-  c.name = name
-  presets.apply(c, "rotated_fashion_mnist")
-  return c
+# The config lives in the package (other configs build on it).
+from fedjax_dg.configs.paper_protocol import get_config, BUDGET, PHOTO, TABLE2_ALGORITHMS  # noqa: F401

@@ -15,29 +15,5 @@ target domain and algorithm (estimate, not measured). Reduce with
 `--set train.rounds=... data.max_per_domain=...`.
 """
 
-from fedjax_dg.config import base_config
-
-
-def get_config():
-  c = base_config()
-  c.name = "rfmnist_hfedf"
-  c.algorithms = ("hfedf", "fedavg")
-  c.data.name = "rotated_fashion_mnist"
-  c.data.image_size = 32
-  c.data.targets = "all"
-  c.data.partition = "domain_split"
-  c.data.d = 1
-  c.model.name = "inception_cnn"
-  c.train.rounds = 200
-  c.train.eval_every = 5
-  c.train.epochs = 2
-  c.train.batch_size = 64
-  # Table 10, PACS column.
-  c.client.optimizer = "adam"
-  c.client.lr = 1e-3
-  c.client.weight_decay = 1e-4          # FedAvg
-  c.hfedf.client.weight_decay = 1e-3    # hFedF's clients
-  c.hfedf.server_lr = 1e-3
-  c.hfedf.server_weight_decay = 1e-5
-  c.hfedf.ema_decay = 0.95
-  return c
+# The config lives in the package (other configs build on it).
+from fedjax_dg.configs.rfmnist_hfedf import get_config  # noqa: F401

@@ -20,11 +20,7 @@ At the demo's scale (paper_protocol.BUDGET) ~2 h on this CPU:
         --set train.eval_every=2 --set train.ood_eval_max=0
 """
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from paper_protocol import get_config as _paper  # noqa: E402
+from fedjax_dg.configs.paper_protocol import get_config as _paper
 
 # Real data: --set data.name=pacs --set data.manual_dir=/path/to/PACS
 SWEEP = dict(grid={"hfedf.embeddings": ("learned", "random"), "data.d": (1, 2, 3)},

@@ -6,10 +6,11 @@ import argparse
 import os
 import sys
 
-EXPERIMENTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                           "experiments")
-DEMO = os.path.join(EXPERIMENTS, "demo.py")
-FULL = os.path.join(EXPERIMENTS, "rfmnist_hfedf.py")
+from fedjax_dg.errors import ConfigError
+
+# The demo's configs live in the package (`fedjax_dg.configs`), not in a path.
+DEMO = "fedjax_dg.configs.demo"
+FULL = "fedjax_dg.configs.rfmnist_hfedf"
 
 
 def setup_jax() -> str:
@@ -28,10 +29,15 @@ def setup_jax() -> str:
   return path
 
 
-def _run(config_path: str, overrides: list[str], resume: str | None) -> int:
+def _run(config_path: str | None, overrides: list[str], resume: str | None,
+         module: str | None = None) -> int:
+  """Runs an experiment file (`config_path`) or a packaged config (`module`)."""
+  import importlib
   from fedjax_dg import config as config_lib, experiment, report
   setup_jax()
-  cfg = config_lib.apply_overrides(config_lib.load(config_path), overrides)
+  cfg = (importlib.import_module(module).get_config() if module
+         else config_lib.load(config_path))
+  cfg = config_lib.apply_overrides(cfg, overrides)
   results = experiment.run(cfg, run_dir=resume)
   print()
   print(report.text_table(results))
@@ -49,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
   p_run.add_argument("--resume", help="continue an interrupted run directory")
   p_demo = sub.add_parser("demo", help="hFedF vs FedAvg on Rotated Fashion-MNIST")
   p_demo.add_argument("--full", action="store_true",
-                      help=f"the paper-scale protocol ({os.path.basename(FULL)})")
+                      help=f"the paper-scale protocol ({FULL})")
   for p in (p_run, p_demo):
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. --set train.rounds=50")
@@ -87,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
       print(sources.prepare(args.name, manual_dir=args.manual_dir))
       return 0
     if args.command == "demo":
-      return _run(FULL if args.full else DEMO, args.set, None)
+      return _run(None, args.set, None, module=FULL if args.full else DEMO)
     if args.command in ("sweep", "report"):
       from fedjax_dg import sweep
       if args.command == "report":
@@ -95,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
       setup_jax()
       return sweep.main_sweep(args)
     return _run(args.config, args.set, args.resume)
-  except (ValueError, FileNotFoundError, RuntimeError) as e:
+  except ConfigError as e:  # a setting or input to fix; anything else is a bug
     print(f"fedjax-dg: error: {e}", file=sys.stderr)
     return 2
 

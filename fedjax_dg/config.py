@@ -24,11 +24,11 @@ import traceback
 
 import ml_collections
 
+from fedjax_dg.errors import ConfigError
+
 ConfigDict = ml_collections.ConfigDict
 
 
-class ConfigError(ValueError):
-  """A bad setting: names the key, the value and what is allowed."""
 
 
 def train_defaults() -> dict:
@@ -144,7 +144,7 @@ def load(path: str) -> ConfigDict:
   """Loads `get_config()` from an experiment file (an unknown key or a value
   of the wrong type set there is a ConfigError naming the file)."""
   if not os.path.isfile(path):
-    raise FileNotFoundError(f"config file {path!r} does not exist (see experiments/)")
+    raise ConfigError(f"config file {path!r} does not exist (see experiments/)")
   spec = importlib.util.spec_from_file_location("_fedjax_dg_experiment", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)

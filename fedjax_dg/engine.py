@@ -51,6 +51,7 @@ from fedjax_dg import evaluate, tree
 from fedjax_dg.algorithms.base import (Algorithm, ClientContext, ClientData,
                                       ClientResult, with_frozen)
 from fedjax_dg.client.update import local_update
+from fedjax_dg.errors import ConfigError
 
 PyTree = Any
 MAPPINGS = ("auto", "vmap", "map", "shard")
@@ -91,10 +92,10 @@ class EngineConfig:
     ]
     for field, ok, allowed in checks:
       if not ok:
-        raise ValueError(f"invalid setting {field}={getattr(self, field)!r}: "
+        raise ConfigError(f"invalid setting train.{field}={getattr(self, field)!r}: "
                          f"allowed values are {allowed}")
     if num_clients < 1:
-      raise ValueError("the federation has zero clients: check the partition "
+      raise ConfigError("the federation has zero clients: check the partition "
                        "settings (num_clients / d)")
 
 
@@ -125,7 +126,7 @@ def use_cpu_devices(count: int | None = None) -> None:
     count = (int(os.environ.get("FEDJAX_DG_CPU_DEVICES") or 0)
              or len(os.sched_getaffinity(0)))
   if count < 1:
-    raise ValueError(f"use_cpu_devices(count={count}): allowed values are >= 1 "
+    raise ConfigError(f"use_cpu_devices(count={count}): allowed values are >= 1 "
                      "(FEDJAX_DG_CPU_DEVICES)")
   try:
     jax.config.update("jax_num_cpu_devices", count)
@@ -351,7 +352,7 @@ class _Checkpointer:
     meta = self.manager.restore(step, args=ocp.args.Composite(
         meta=ocp.args.JsonRestore()))["meta"]
     if meta.get("layout") != self.layout(like):
-      raise ValueError(
+      raise ConfigError(
           f"the checkpoint in {self.manager.directory} holds another state "
           "than this algorithm's (its structure, shapes or dtypes differ: a "
           "different algorithm, model or settings, or a checkpoint of an older "

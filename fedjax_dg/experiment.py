@@ -18,6 +18,7 @@ import numpy as np
 
 from fedjax_dg import algorithms, engine
 from fedjax_dg.config import ConfigDict
+from fedjax_dg.errors import ConfigError
 
 
 def make_run_dir(root: str, name: str) -> str:
@@ -54,33 +55,33 @@ def validate(cfg: ConfigDict) -> None:
   cfg = resolve(cfg)
   algs = tuple(cfg.algorithms)
   if not algs:
-    raise ValueError("algorithms is empty: name at least one of "
+    raise ConfigError("algorithms is empty: name at least one of "
                      f"{algorithms.available()}")
   for a in algs:
     if a not in algorithms.available():
-      raise ValueError(f"unknown algorithm {a!r} in algorithms; allowed: "
+      raise ConfigError(f"unknown algorithm {a!r} in algorithms; allowed: "
                        f"{algorithms.available()}")
   if cfg.data.name not in sources.available():
-    raise ValueError(f"unknown dataset data.name={cfg.data.name!r}; allowed: "
+    raise ConfigError(f"unknown dataset data.name={cfg.data.name!r}; allowed: "
                      f"{sources.available()}")
   if cfg.model.name not in models.available():
-    raise ValueError(f"unknown model model.name={cfg.model.name!r}; allowed: "
+    raise ConfigError(f"unknown model model.name={cfg.model.name!r}; allowed: "
                      f"{models.available()}")
   if cfg.data.normalization not in ("dataset", "train"):
-    raise ValueError(f"data.normalization={cfg.data.normalization!r}: allowed "
+    raise ConfigError(f"data.normalization={cfg.data.normalization!r}: allowed "
                      "'dataset' or 'train'")
   frac = cfg.data.server_fraction
   if not 0 <= frac < 1:
-    raise ValueError(f"data.server_fraction={frac!r}: allowed [0, 1) (the share "
+    raise ConfigError(f"data.server_fraction={frac!r}: allowed [0, 1) (the share "
                      "of the source examples held by the server; 0 = none)")
   needy = [a for a in algs if algorithms.needs_server_data(a)]
   if needy and frac == 0:
-    raise ValueError(
+    raise ConfigError(
         f"{', '.join(needy)} train(s) on the server's split, but "
         "data.server_fraction=0 gives the server none: set data.server_fraction "
         "> 0 (e.g. --set data.server_fraction=0.02, FedLAW's proxy share)")
   if cfg.data.num_clients < 0:
-    raise ValueError(f"data.num_clients={cfg.data.num_clients}: allowed values "
+    raise ConfigError(f"data.num_clients={cfg.data.num_clients}: allowed values "
                      "are 0 (one client per source domain) or a positive count")
   engine_config(cfg).validate(max(cfg.data.num_clients, cfg.train.cohort_size, 1))
 
@@ -98,7 +99,7 @@ def target_domains(cfg: ConfigDict, domain_names) -> list:
   names = [s.strip() for s in str(spec).split(",")]
   for n in names:
     if n not in domain_names:
-      raise ValueError(f"data.targets names unknown domain {n!r}; allowed: "
+      raise ConfigError(f"data.targets names unknown domain {n!r}; allowed: "
                        f"{list(domain_names)}, 'all' or 'none'")
   return names
 
@@ -127,8 +128,8 @@ def federate(cfg: ConfigDict, dataset, target):
     return federated.build(dataset, spec, target_domain=target,
                            val_fraction=d.val_fraction, seed=cfg.seed,
                            server_fraction=d.server_fraction)
-  except ValueError as e:
-    raise ValueError(
+  except ConfigError as e:
+    raise ConfigError(
         f"{e} [config: data.partition={d.partition!r}, data.num_clients="
         f"{d.num_clients} (0 = one per source domain), data.d={d.d}, "
         f"data.k_per_domain={d.k_per_domain}, data.max_per_domain="

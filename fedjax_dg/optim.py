@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import optax
 
+from fedjax_dg.errors import ConfigError
+
 OPTIMIZERS = ("sgd", "adam", "adamw")
 
 
@@ -19,9 +21,9 @@ def make_optimizer(name: str, lr: float, weight_decay: float = 0.0,
   callable) limits weight decay to some leaves.
   """
   if name not in OPTIMIZERS:
-    raise ValueError(f"optimizer={name!r} is not supported; allowed: {OPTIMIZERS}")
+    raise ConfigError(f"optimizer={name!r} is not supported; allowed: {OPTIMIZERS}")
   if lr <= 0:
-    raise ValueError(f"learning rate must be > 0, got {lr}")
+    raise ConfigError(f"learning rate must be > 0, got {lr}")
   parts = []
   if clip_norm and clip_norm > 0:
     parts.append(optax.clip_by_global_norm(clip_norm))

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedjax_dg import tables
+from fedjax_dg.data.sources import eval_label
+
 
 def _plt():
   import matplotlib
@@ -30,7 +33,6 @@ def _note(ax, text: str) -> None:
 def learning_curves(results: dict, path: str) -> str | None:
   """id / ood accuracy and training loss per eval (mean over targets; thin: each)."""
   plt = _plt()
-  from fedjax_dg.report import eval_label  # pylint: disable=g-import-not-at-top
   lab = eval_label(results.get("targets", ()))
   metrics = [("id_acc", "id accuracy"), ("ood_acc", f"{lab} accuracy"),
              ("train_loss", "training loss")]
@@ -175,7 +177,6 @@ def confidence(results: dict, path: str) -> str | None:
         h = np.sum([c[key] for c in cal], 0).astype(float)
         axes[row, col].plot(centers, h / max(h.sum(), 1), marker=".",
                             label=f"{alg} (ECE {ece:.3f})")
-  from fedjax_dg.report import eval_label  # pylint: disable=g-import-not-at-top
   for row, what in enumerate(("correct", "incorrect")):
     for col, split in enumerate(("id", eval_label(results.get("targets", ())))):
       axes[row, col].set(title=f"{what} predictions ({split})",
@@ -192,3 +193,37 @@ def confidence(results: dict, path: str) -> str | None:
 ALL = {"curves.png": learning_curves, "gradalign.png": gradalign_weights,
        "weight_divergence.png": weight_divergence, "embeddings.png": embeddings,
        "confidence.png": confidence}
+
+
+def sweep_curves(records: list[dict], path: str) -> str:
+  """A sweep's curves (`fedjax-dg report`): id / ood accuracy vs round, mean
+  over targets and seeds, per (variant, d); with HyperGenFL scenarios one row
+  of panels per scenario. `records` are `tables` records."""
+  plt = _plt()
+  scenarios = sorted({r.get("scenario") for r in records}, key=lambda s: (
+      s is not None, tables.SCENARIO_ORDER.index(s)
+      if s in tables.SCENARIO_ORDER else len(tables.SCENARIO_ORDER), s or ""))
+  fig, axes = plt.subplots(len(scenarios), 2, squeeze=False,
+                           figsize=(14, 4.8 * len(scenarios)),
+                           constrained_layout=True)
+  lab = tables.eval_label(records)
+  for (ax_id, ax_ood), scenario in zip(axes, scenarios):
+    subset = [r for r in records if r.get("scenario") == scenario]
+    name = {r["variant"]: r["row"] if scenario else r["variant"] for r in subset}
+    for ax, metric in ((ax_id, "id"), (ax_ood, "ood")):
+      for (variant, d), (rounds, mean) in tables.curves(subset, metric).items():
+        label = name[variant] + ("" if scenario else f", d={d}")
+        ax.plot(rounds, [100 * m for m in mean], label=label, lw=1.5)
+      ax.set_xlabel("round")
+      ax.set_ylabel(f"{metric if metric == 'id' else lab} accuracy (%)")
+      ax.grid(alpha=0.3)
+      if scenario:
+        ax.set_title(f"scenario {scenario}")
+    handles, labels = ax_id.get_legend_handles_labels()
+    if handles:
+      ax_ood.legend(handles, labels, fontsize=7, loc="best",
+                    ncol=1 + len(labels) // 12)
+  fig.suptitle("evaluation history, mean over held-out targets and seeds")
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path

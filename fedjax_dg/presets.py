@@ -30,6 +30,7 @@ from __future__ import annotations
 from typing import Any
 
 from fedjax_dg.config import ConfigDict
+from fedjax_dg.errors import ConfigError
 
 _CLIENT = lambda lr, wd: {"client.lr": lr, "client.weight_decay": wd}
 
@@ -83,7 +84,7 @@ def values(name: str) -> dict[str, dict[str, Any]]:
   """{section: {key: value}} of preset `name`, Central / Local-only included."""
   key = ALIASES.get(name.lower(), name.lower())
   if key not in TABLE10:
-    raise ValueError(f"unknown preset {name!r}; available: {available()}")
+    raise ConfigError(f"unknown preset {name!r}; available: {available()}")
   table = dict(TABLE10[key])
   for section, source in SAME_AS.items():
     table[section] = dict(table[source])
@@ -127,7 +128,7 @@ def apply(cfg: ConfigDict, name: str, *, strict: bool = False) -> list[str]:
       else:
         missing.append(f"{section}.{key}")
   if strict and missing:
-    raise ValueError(f"preset {name!r}: the config has no {missing}")
+    raise ConfigError(f"preset {name!r}: the config has no {missing}")
   return applied
 
 
@@ -202,12 +203,12 @@ def scenario_values(scenario: str, dataset: str | None = None) -> dict[str, Any]
   """
   key = SCENARIO_ALIASES.get(scenario.lower(), scenario.lower())
   if key not in SCENARIOS:
-    raise ValueError(f"unknown scenario {scenario!r}; available: "
+    raise ConfigError(f"unknown scenario {scenario!r}; available: "
                      f"{tuple(SCENARIOS)}")
   out = dict(HYPERGENFL_COMMON, scenario=key)
   if dataset is not None:
     if dataset not in HYPERGENFL_DATASETS:
-      raise ValueError(f"unknown HyperGenFL dataset {dataset!r}; available: "
+      raise ConfigError(f"unknown HyperGenFL dataset {dataset!r}; available: "
                        f"{tuple(HYPERGENFL_DATASETS)}")
     ds = HYPERGENFL_DATASETS[dataset]
     out.update({"data.name": dataset, "data.image_size": ds["image_size"],
@@ -238,14 +239,14 @@ def resolve_scenario(cfg: ConfigDict) -> list[str]:
     return []
   key = SCENARIO_ALIASES.get(name.lower(), name.lower())
   if key not in SCENARIOS:
-    raise ValueError(f"unknown scenario={name!r}; allowed: {tuple(SCENARIOS)} "
+    raise ConfigError(f"unknown scenario={name!r}; allowed: {tuple(SCENARIOS)} "
                      "or '' (none)")
   applied = []
   for path, (field, default) in SCENARIO_FIELDS.items():
     section, leaf = path.split(".")
     want, have = SCENARIOS[key][field], cfg[section][leaf]
     if have != default and have != want:
-      raise ValueError(f"scenario={name!r} sets {path}={want!r}, but {path}="
+      raise ConfigError(f"scenario={name!r} sets {path}={want!r}, but {path}="
                        f"{have!r} was given too: drop one of the two")
     cfg[section][leaf] = type(default)(want)
     applied.append(f"{path}={want!r}")
@@ -276,7 +277,7 @@ def apply_scenario(cfg: ConfigDict, scenario: str, *, dataset: str | None = None
     required = section in ("data", "train", "model", "client")
     if not isinstance(node, ConfigDict) or leaf not in node:
       if required:
-        raise ValueError(f"scenario {scenario!r}: the config has no {path!r}")
+        raise ConfigError(f"scenario {scenario!r}: the config has no {path!r}")
       missing.append(path)
       continue
     old = node[leaf]
@@ -285,7 +286,7 @@ def apply_scenario(cfg: ConfigDict, scenario: str, *, dataset: str | None = None
     node[leaf] = value
     applied.append(f"{path}={value!r}")
   if strict and missing:
-    raise ValueError(f"scenario {scenario!r}: the config has no {missing}")
+    raise ConfigError(f"scenario {scenario!r}: the config has no {missing}")
   return applied
 
 

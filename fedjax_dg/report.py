@@ -7,6 +7,7 @@ import os
 import numpy as np
 
 from fedjax_dg import plots
+from fedjax_dg.data.sources import eval_label
 
 
 def _cell(values) -> str:
@@ -17,18 +18,6 @@ def _cell(values) -> str:
   if len(values) == 1:
     return f"{mean:.1f}"
   return f"{mean:.1f} ± {100 * float(np.std(values)):.1f}"
-
-
-SPLIT_DOMAINS = ("train", "test", "val", "validation")  # = data.sources'
-
-
-def eval_label(targets) -> str:
-  """"test" when every held-out target is an official split (label-skew
-  benchmarks: fashion_mnist / cifar / tiny_imagenet with targets="test"), else
-  "ood" (an unseen domain)."""
-  targets = [t for t in targets if t not in (None, "None")]
-  return "test" if targets and all(str(t) in SPLIT_DOMAINS for t in targets) \
-      else "ood"
 
 
 def best_over_rounds(run: dict, key: str) -> tuple[float | None, int | None]:

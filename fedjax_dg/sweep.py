@@ -35,7 +35,9 @@ import re
 import time
 
 from fedjax_dg import config as config_lib
+from fedjax_dg import plots
 from fedjax_dg import tables
+from fedjax_dg.errors import ConfigError, DataError
 
 MANIFEST = "sweep.json"
 REPORT_DIR = "report"
@@ -190,16 +192,16 @@ def check(p: Plan, *, data: bool = True) -> list[int]:
   for cell, cfg in zip(p.cells, p.configs):
     try:
       experiment.validate(cfg)
-    except ValueError as e:
-      raise ValueError(f"sweep cell {describe(cell)}: {e}") from None
+    except ConfigError as e:
+      raise ConfigError(f"sweep cell {describe(cell)}: {e}") from None
   if not data:
     return [1] * len(p.cells)
   datasets, checked, num_targets = {}, {}, []
   for cell, cfg in zip(p.cells, p.configs):
     try:
       cfg = experiment.resolve(cfg)
-    except ValueError as e:
-      raise ValueError(f"sweep cell {describe(cell)}: {e}") from None
+    except ConfigError as e:
+      raise ConfigError(f"sweep cell {describe(cell)}: {e}") from None
     d = cfg.data
     load_key = (d.name, d.image_size, d.data_dir, d.manual_dir, d.max_per_domain,
                 cfg.seed if d.max_per_domain else None)
@@ -214,8 +216,8 @@ def check(p: Plan, *, data: bool = True) -> list[int]:
         for target in targets:
           ecfg.validate(experiment.federate(cfg, dataset, target).num_clients)
         checked[fed_key] = True
-    except ValueError as e:
-      raise ValueError(f"sweep cell {describe(cell)}: {e}") from None
+    except ConfigError as e:
+      raise ConfigError(f"sweep cell {describe(cell)}: {e}") from None
     num_targets.append(len(targets))
   return num_targets
 
@@ -233,7 +235,7 @@ def _work(cfg, num_targets: int) -> float:
 def read_manifest(sweep_dir: str) -> dict:
   path = os.path.join(sweep_dir, MANIFEST)
   if not os.path.isfile(path):
-    raise FileNotFoundError(f"{sweep_dir} has no {MANIFEST}: not a sweep directory")
+    raise DataError(f"{sweep_dir} has no {MANIFEST}: not a sweep directory")
   with open(path) as f:
     return json.load(f)
 
@@ -300,20 +302,20 @@ def run_sweep(config_path: str | None = None, sets=(), grid=(), seeds=None, *,
              [(k, v) for k, v in manifest["grid"]], manifest["seeds"],
              use_defaults=False)
     if [c.name for c in p.cells] != [c["name"] for c in manifest["cells"]]:
-      raise ValueError(f"{resume}: the cells of {MANIFEST} do not match its grid")
+      raise ConfigError(f"{resume}: the cells of {MANIFEST} do not match its grid")
     drift = config_drift(manifest["base_config"], _config_json(p.base))
     if drift:
-      raise ValueError(f"{manifest['config']} changed since the sweep started "
+      raise ConfigError(f"{manifest['config']} changed since the sweep started "
                        f"(resuming would mix settings): {'; '.join(drift)}")
     sweep_dir = resume
   else:
     if not config_path:
-      raise ValueError("sweep needs --config experiments/<file>.py (or --resume DIR)")
+      raise ConfigError("sweep needs --config experiments/<file>.py (or --resume DIR)")
     p = plan(config_path, sets, grid, seeds)
     if out and os.path.exists(os.path.join(out, MANIFEST)):
-      raise ValueError(f"{out} already holds a sweep: continue it with --resume {out}")
+      raise ConfigError(f"{out} already holds a sweep: continue it with --resume {out}")
     if out and os.path.isdir(out) and os.listdir(out):
-      raise ValueError(f"--out {out} exists and is not empty")
+      raise ConfigError(f"--out {out} exists and is not empty")
   num_targets = check(p)
   work = [_work(cfg, n) for cfg, n in zip(p.configs, num_targets)]
   runs = sum(len(cfg.algorithms) * n for cfg, n in zip(p.configs, num_targets))
@@ -409,7 +411,7 @@ def load_records(sweep_dir: str) -> tuple[dict, list[dict]]:
     manifest = dict(name=os.path.basename(os.path.normpath(sweep_dir)), cells=[
         dict(name=".", settings={}, status="done")])
   else:
-    raise FileNotFoundError(f"{sweep_dir} holds neither {MANIFEST} (a sweep) nor "
+    raise DataError(f"{sweep_dir} holds neither {MANIFEST} (a sweep) nor "
                             "results.json (a run)")
   records = []
   for cell in manifest["cells"]:
@@ -429,48 +431,13 @@ def load_records(sweep_dir: str) -> tuple[dict, list[dict]]:
   return manifest, records
 
 
-def plot_curves(records: list[dict], path: str) -> str:
-  """id / ood accuracy vs round, mean over targets and seeds, per (variant, d);
-  with HyperGenFL scenarios one row of panels per scenario."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  scenarios = sorted({r.get("scenario") for r in records}, key=lambda s: (
-      s is not None, tables.SCENARIO_ORDER.index(s)
-      if s in tables.SCENARIO_ORDER else len(tables.SCENARIO_ORDER), s or ""))
-  fig, axes = plt.subplots(len(scenarios), 2, squeeze=False,
-                           figsize=(14, 4.8 * len(scenarios)),
-                           constrained_layout=True)
-  lab = tables.eval_label(records)
-  for (ax_id, ax_ood), scenario in zip(axes, scenarios):
-    subset = [r for r in records if r.get("scenario") == scenario]
-    name = {r["variant"]: r["row"] if scenario else r["variant"] for r in subset}
-    for ax, metric in ((ax_id, "id"), (ax_ood, "ood")):
-      for (variant, d), (rounds, mean) in tables.curves(subset, metric).items():
-        label = name[variant] + ("" if scenario else f", d={d}")
-        ax.plot(rounds, [100 * m for m in mean], label=label, lw=1.5)
-      ax.set_xlabel("round")
-      ax.set_ylabel(f"{metric if metric == 'id' else lab} accuracy (%)")
-      ax.grid(alpha=0.3)
-      if scenario:
-        ax.set_title(f"scenario {scenario}")
-    handles, labels = ax_id.get_legend_handles_labels()
-    if handles:
-      ax_ood.legend(handles, labels, fontsize=7, loc="best",
-                    ncol=1 + len(labels) // 12)
-  fig.suptitle("evaluation history, mean over held-out targets and seeds")
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return path
-
-
 def report_tables(records: list[dict], ds=None) -> list[tuple[str, tables.Table]]:
   """(file stem, table) of every table the records support."""
   present = sorted({r["d"] for r in records})
   ds = list(ds) if ds else present
   missing = [d for d in ds if d not in present]
   if missing:
-    raise ValueError(f"--d {missing}: no finished run has those d; present: {present}")
+    raise ConfigError(f"--d {missing}: no finished run has those d; present: {present}")
   out = [("table2", tables.table2(records)),
          ("table2_best", tables.table2(records, "best"))]
   scenarios = tables.scenario_table(records)
@@ -488,7 +455,7 @@ def write_report(sweep_dir: str, out: str | None = None, ds=None) -> list[str]:
   """Writes report.md, one .md and .csv per table, runs.csv and curves.png."""
   manifest, records = load_records(sweep_dir)
   if not records:
-    raise ValueError(f"{sweep_dir}: no finished run yet, nothing to report")
+    raise ConfigError(f"{sweep_dir}: no finished run yet, nothing to report")
   out = out or os.path.join(sweep_dir, REPORT_DIR)
   os.makedirs(out, exist_ok=True)
   paths = []
@@ -525,7 +492,7 @@ def write_report(sweep_dir: str, out: str | None = None, ds=None) -> list[str]:
            "its ood uses at most train.ood_eval_max target images). Every number "
            "is computed from the cells' results.json; runs.csv lists each run.", ""]
   write("report.md", "\n".join(head + [t.markdown() for _, t in parts]))
-  paths.append(plot_curves(records, os.path.join(out, "curves.png")))
+  paths.append(plots.sweep_curves(records, os.path.join(out, "curves.png")))
   return paths
 
 
@@ -535,7 +502,7 @@ def write_report(sweep_dir: str, out: str | None = None, ds=None) -> list[str]:
 def main_sweep(args) -> int:
   if args.resume and (args.config or args.set or args.grid or args.seeds
                       or args.out):
-    raise ValueError("--resume DIR continues a sweep with the settings in its "
+    raise ConfigError("--resume DIR continues a sweep with the settings in its "
                      f"{MANIFEST}; give no --config/--set/--grid/--seeds/--out")
   _, failures = run_sweep(args.config, args.set, parse_grid(args.grid),
                           parse_seeds(args.seeds), out=args.out,

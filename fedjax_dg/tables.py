@@ -36,6 +36,8 @@ from typing import Any
 import numpy as np
 
 from fedjax_dg import algorithms
+from fedjax_dg.data import sources
+from fedjax_dg.errors import ConfigError
 
 # The papers' row order (hFedF's tables, then HyperGenFL's): a display
 # preference only. Names and sections come from the algorithm registry; an
@@ -51,15 +53,13 @@ ABLATION_ORDER = ("hFedF", "hFedF w/o GradAlign", "hFedF w/o EMA",
 
 METRICS = {"final": ("id_acc", "ood_acc"),
            "best": ("best_id_acc", "best_ood_acc")}
-SPLIT_DOMAINS = ("train", "test", "val", "validation")  # = data.sources'
 
 
 def eval_label(records: list[dict]) -> str:
-  """Display name of the held-out evaluation: "test" when every target is an
-  official split (label-skew benchmarks, data.targets="test"), else "ood".
-  Only headers and notes change; record fields and CSV columns keep "ood"."""
-  targets = {str(r["target"]) for r in records}
-  return ("test" if targets and targets <= set(SPLIT_DOMAINS) else "ood")
+  """Display name of the held-out evaluation of these records ("test" or
+  "ood", `sources.eval_label`). Only headers and notes change; record fields
+  and CSV columns keep "ood"."""
+  return sources.eval_label(r["target"] for r in records)
 
 
 # --------------------------------------------------------------------- records
@@ -69,7 +69,7 @@ def _spec(algorithm: str) -> algorithms.Spec | None:
   """The registry's entry, or None for a name it no longer knows (an old run)."""
   try:
     return algorithms.spec(algorithm)
-  except ValueError:
+  except ConfigError:
     return None
 
 

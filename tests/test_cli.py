@@ -107,3 +107,17 @@ def test_failed_validation_leaves_no_run_directory(tiny_config):
   assert cli.main(["run", "--config", path, "--set", "data.d=6"]) == 2
   after = set(os.listdir(out)) if os.path.isdir(out) else set()
   assert after == before
+
+
+def test_a_bug_is_not_dressed_as_a_config_error(tiny_config, monkeypatch):
+  """Only ConfigError (a setting to fix) becomes a one-line message; any other
+  exception keeps its traceback."""
+  from fedjax_dg import experiment
+  path, _ = tiny_config
+
+  def broken(*args, **kwargs):
+    raise ValueError("an internal bug")
+
+  monkeypatch.setattr(experiment, "run", broken)
+  with pytest.raises(ValueError, match="an internal bug"):
+    cli.main(["run", "--config", path])

@@ -13,6 +13,7 @@ from fedjax_dg.data import sources
 from fedjax_dg.data.builders import domainbed_folder
 from fedjax_dg.data.builders import rotated_fashion_mnist as rfm
 from fedjax_dg.data.builders import tiny_imagenet
+from fedjax_dg.errors import DataError
 
 PACS_DOMAINS = ("art_painting", "cartoon", "photo", "sketch")
 CLASSES = ("giraffe", "dog", "house")  # Deliberately unsorted on disk creation.
@@ -133,7 +134,7 @@ def test_pacs_max_per_domain_env_var_and_nested_root(tmp_path, monkeypatch):
 
 
 def test_missing_folder_error_names_layout(tmp_path):
-  with pytest.raises(FileNotFoundError) as e:
+  with pytest.raises(DataError) as e:
     sources.load("office_home", data_dir=str(tmp_path), image_size=8)
   msg = str(e.value)
   assert "<root>/<domain>/<class>/*.jpg" in msg
@@ -144,7 +145,7 @@ def test_missing_folder_error_names_layout(tmp_path):
 
 def test_missing_domain_and_inconsistent_classes(tmp_path):
   root = write_pacs_tree(str(tmp_path / "a"), domains=PACS_DOMAINS[:3])
-  with pytest.raises(FileNotFoundError, match=r"lacks the domain folders \['sketch'\]"):
+  with pytest.raises(DataError, match=r"lacks the domain folders \['sketch'\]"):
     sources.load("pacs", data_dir=str(tmp_path / "d"), manual_dir=root,
                  image_size=4)
   root = write_pacs_tree(str(tmp_path / "b"))
@@ -159,7 +160,7 @@ def test_scan_reports_empty_class_folder(tmp_path):
   root = write_pacs_tree(str(tmp_path / "PACS"))
   for d in PACS_DOMAINS:
     os.makedirs(os.path.join(root, d, "empty"))
-  with pytest.raises(FileNotFoundError, match="no image files"):
+  with pytest.raises(DataError, match="no image files"):
     domainbed_folder.scan(root, "pacs", PACS_DOMAINS, "")
 
 
@@ -241,7 +242,7 @@ def test_rotated_fashion_mnist_missing_source_says_what_to_do(tmp_path, monkeypa
     raise ConnectionError("no network")
 
   monkeypatch.setattr(rfm, "read_tfds_catalog", offline)
-  with pytest.raises(FileNotFoundError) as e:
+  with pytest.raises(DataError) as e:
     sources.load("rotated_fashion_mnist", data_dir=str(tmp_path / "data"),
                  manual_dir=str(tmp_path / "nothing"))
   msg = str(e.value)
@@ -362,7 +363,7 @@ def test_fashion_mnist_uses_the_rotated_builders_reader(tmp_path, monkeypatch):
     raise ConnectionError("no network")
 
   monkeypatch.setattr(rfm, "read_tfds_catalog", offline)
-  with pytest.raises(FileNotFoundError) as e:
+  with pytest.raises(DataError) as e:
     sources.load("fashion_mnist", data_dir=str(tmp_path / "data"),
                  manual_dir=str(tmp_path / "nothing"))
   assert calls and "dataset-fashion-mnist" in str(e.value)
@@ -442,7 +443,7 @@ def test_tiny_imagenet_folder_builder(tmp_path):
 
 
 def test_tiny_imagenet_missing_or_broken_folder(tmp_path, monkeypatch):
-  with pytest.raises(FileNotFoundError) as e:
+  with pytest.raises(DataError) as e:
     sources.load("tiny_imagenet", data_dir=str(tmp_path / "data"),
                  manual_dir=str(tmp_path / "nothing"))
   msg = str(e.value)
@@ -450,13 +451,13 @@ def test_tiny_imagenet_missing_or_broken_folder(tmp_path, monkeypatch):
   assert tiny_imagenet.DOWNLOAD_URL in msg and "FEDJAX_DG_TINY_IMAGENET_DIR" in msg
   # The default manual dir comes from the env var.
   monkeypatch.setenv("FEDJAX_DG_TINY_IMAGENET_DIR", str(tmp_path / "env"))
-  with pytest.raises(FileNotFoundError, match="env"):
+  with pytest.raises(DataError, match="env"):
     sources.load("tiny_imagenet", data_dir=str(tmp_path / "data"))
   base = write_tiny_imagenet(str(tmp_path / "raw"))
   os.remove(os.path.join(base, "train", "n03", "images", "n03_0.JPEG"))
   for k in (1, 2):
     os.remove(os.path.join(base, "train", "n03", "images", f"n03_{k}.JPEG"))
-  with pytest.raises(FileNotFoundError, match="class 'n03'"):
+  with pytest.raises(DataError, match="class 'n03'"):
     tiny_imagenet.scan(base)
   base2 = write_tiny_imagenet(str(tmp_path / "raw2"))
   with open(os.path.join(base2, "val", "val_annotations.txt"), "a") as f:
@@ -493,7 +494,7 @@ def test_cifar_catalog_error_names_the_dataset(tmp_path, monkeypatch):
     raise ConnectionError("no network")
 
   monkeypatch.setattr(tfds, "data_source", offline)
-  with pytest.raises(RuntimeError, match="'cifar100'.*no network.*network access"):
+  with pytest.raises(DataError, match="'cifar100'.*no network.*network access"):
     sources.load("cifar100", data_dir=str(tmp_path))
 
 

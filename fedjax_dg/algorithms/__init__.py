@@ -36,6 +36,7 @@ from typing import Any, Mapping
 from fedjax_dg.algorithms.base import (Algorithm, ClientContext, ClientData,
                                        ClientResult, ServerState)
 from fedjax_dg.client import objectives
+from fedjax_dg.errors import ConfigError
 from fedjax_dg.optim import make_optimizer
 
 # Arguments of `build` the registry supplies (never config keys).
@@ -109,7 +110,7 @@ def available() -> tuple[str, ...]:
 def spec(name: str) -> Spec:
   specs = _specs()
   if name not in specs:
-    raise ValueError(f"unknown algorithm {name!r}; allowed: {tuple(specs)}")
+    raise ConfigError(f"unknown algorithm {name!r}; allowed: {tuple(specs)}")
   return specs[name]
 
 
@@ -152,7 +153,7 @@ def client_settings(client: Mapping[str, Any],
     if want is float and isinstance(value, int) and not isinstance(value, bool):
       value = float(value)
     if not isinstance(value, want):
-      raise ValueError(f"client override {key}={value!r}: expected "
+      raise ConfigError(f"client override {key}={value!r}: expected "
                        f"{want.__name__} like the run's client.{key}="
                        f"{client[key]!r}")
     out[key] = value
@@ -196,7 +197,7 @@ def create(name: str, model, *, optimizer, hparams: Mapping[str, Any],
   hp = {**dict(hparams), **s.overrides}
   unknown = set(hp) - set(hyperparameters(s.section))
   if unknown:
-    raise ValueError(f"{name}: unknown hyperparameters {sorted(unknown)}; "
+    raise ConfigError(f"{name}: unknown hyperparameters {sorted(unknown)}; "
                      f"allowed: {sorted(hyperparameters(s.section))}")
   return build_fn(model, optimizer, **kwargs, **hp)
 

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from fedjax_dg import tree
 from fedjax_dg.algorithms.base import Algorithm
 from fedjax_dg.algorithms.fedavg import fedavg
+from fedjax_dg.errors import ConfigError
 from fedjax_dg.optim import make_optimizer
 from fedjax_dg.server import ServerTransform, distill
 
@@ -165,12 +166,12 @@ def fedbe(model, optimizer, loss, *, data,
     sharpen_temperature: pseudo-labels p^(1/T) renormalized; 1 = none.
   """
   if sampler not in SAMPLERS:
-    raise ValueError(f"fedbe.sampler={sampler!r}: allowed {SAMPLERS}")
+    raise ConfigError(f"fedbe.sampler={sampler!r}: allowed {SAMPLERS}")
   if num_samples < 0 or not (num_samples or include_mean or include_clients):
-    raise ValueError("fedbe's ensemble is empty: set num_samples >= 1 or "
+    raise ConfigError("fedbe's ensemble is empty: set num_samples >= 1 or "
                      "include_mean / include_clients")
   if sharpen_temperature <= 0:
-    raise ValueError(f"fedbe.sharpen_temperature must be > 0, got "
+    raise ConfigError(f"fedbe.sharpen_temperature must be > 0, got "
                      f"{sharpen_temperature}")
   sx, _ = distill.require_server_data(data, "fedbe")
   num = int(sx.shape[0])

@@ -24,6 +24,7 @@ import optax
 from fedjax_dg import tree
 from fedjax_dg.algorithms.base import Algorithm
 from fedjax_dg.algorithms.fedavg import fedavg
+from fedjax_dg.errors import ConfigError
 from fedjax_dg.server import ServerTransform, distill
 
 DISPLAY_NAME = "FedDF"
@@ -81,7 +82,7 @@ def feddf(model, optimizer, loss, *, data,
     temperature: T of both softmaxes (1: FedDF's Eq. 1, no temperature).
   """
   if temperature <= 0:
-    raise ValueError(f"feddf.temperature must be > 0, got {temperature}")
+    raise ConfigError(f"feddf.temperature must be > 0, got {temperature}")
   sx, _ = distill.require_server_data(data, "feddf")
   num = int(sx.shape[0])
   bs = max(1, min(batch_size, num))

@@ -30,6 +30,7 @@ from fedjax_dg import tree
 from fedjax_dg.algorithms.base import Algorithm
 from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.client.objectives import masked_mean
+from fedjax_dg.errors import ConfigError
 from fedjax_dg.server import ServerTransform, distill
 
 DISPLAY_NAME = "FedLAW"
@@ -124,7 +125,7 @@ def fedlaw(model, optimizer, loss, *, data, num_clients: int,
       "uniform" (l = 0).
   """
   if lambda_init not in LAMBDA_INITS:
-    raise ValueError(f"fedlaw.lambda_init={lambda_init!r}: allowed "
+    raise ConfigError(f"fedlaw.lambda_init={lambda_init!r}: allowed "
                      f"{LAMBDA_INITS}")
   sx, sy = distill.require_server_data(data, "fedlaw")
   num = int(sx.shape[0])

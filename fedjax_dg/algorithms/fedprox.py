@@ -9,6 +9,7 @@ from __future__ import annotations
 from fedjax_dg.algorithms.base import Algorithm
 from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.client import objectives
+from fedjax_dg.errors import ConfigError
 
 DISPLAY_NAME = "FedProx"
 # Table 10's client settings, all three datasets.
@@ -19,7 +20,7 @@ def fedprox(model, optimizer, loss, *,
             mu: float = 1e-2,  # "L2 regularizer", Table 10: 1e-2 PACS / OH / VLCS
             ) -> Algorithm:
   if mu < 0:
-    raise ValueError(f"FedProx mu must be >= 0, got {mu}")
+    raise ConfigError(f"FedProx mu must be >= 0, got {mu}")
   return fedavg(model, optimizer, objectives.proximal(loss, mu), name="fedprox")
 
 

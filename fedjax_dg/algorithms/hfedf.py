@@ -40,6 +40,7 @@ import optax
 
 from fedjax_dg.algorithms.base import Algorithm, ClientResult
 from fedjax_dg.client.update import local_update
+from fedjax_dg.errors import ConfigError
 from fedjax_dg.models import autoencoder as ae
 from fedjax_dg.models.hypernetwork import (client_grad_sq_norms,
                                             hypernetwork_module,
@@ -176,18 +177,18 @@ def hfedf(model, optimizer, loss, *, num_clients: int,
   """hFedF; `data` (the run's FederatedData) is needed by
   `embeddings="autoencoder"` only, `seed` seeds that autoencoder."""
   if embeddings not in EMBEDDINGS:
-    raise ValueError(f"hfedf.embeddings={embeddings!r}: allowed {EMBEDDINGS}")
+    raise ConfigError(f"hfedf.embeddings={embeddings!r}: allowed {EMBEDDINGS}")
   if gradalign_granularity not in GRANULARITIES:
-    raise ValueError(f"hfedf.gradalign_granularity={gradalign_granularity!r}: "
+    raise ConfigError(f"hfedf.gradalign_granularity={gradalign_granularity!r}: "
                      f"allowed {GRANULARITIES}")
   e = embed_dim or default_embed_dim(num_clients)
   fixed = None
   if embeddings == "autoencoder":
     if data is None:
-      raise ValueError("hfedf.embeddings='autoencoder' needs the run's "
+      raise ConfigError("hfedf.embeddings='autoencoder' needs the run's "
                        "FederatedData: algorithms.build(..., data=fed)")
     if data.num_clients != num_clients:
-      raise ValueError(f"data has {data.num_clients} clients, hfedf was built "
+      raise ConfigError(f"data has {data.num_clients} clients, hfedf was built "
                        f"for {num_clients}")
     fixed = jnp.asarray(autoencoder_embeddings(
         data, e, key=jax.random.fold_in(jax.random.key(seed), 0xAE),

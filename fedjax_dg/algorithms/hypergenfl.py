@@ -35,6 +35,7 @@ import optax
 from fedjax_dg import tree
 from fedjax_dg.algorithms.base import Algorithm, ClientResult
 from fedjax_dg.algorithms.fedavg import fedavg
+from fedjax_dg.errors import ConfigError
 from fedjax_dg.models.hypergenfl import (AttentionScores, decoder_preactivations,
                                          init_attention_scores)
 from fedjax_dg.optim import make_optimizer
@@ -67,7 +68,7 @@ def init_embeddings(kind: str, num_clients: int, dim: int,
     return jnp.eye(num_clients)
   if kind == "random":
     return jax.random.normal(key, (num_clients, dim))
-  raise ValueError(f"hypergenfl.embeddings={kind!r}: allowed {EMBEDDINGS}")
+  raise ConfigError(f"hypergenfl.embeddings={kind!r}: allowed {EMBEDDINGS}")
 
 
 def hypergenfl(model, optimizer, loss, *, num_clients: int,
@@ -101,11 +102,11 @@ def hypergenfl(model, optimizer, loss, *, num_clients: int,
   10 local epochs are engine settings (train.*).
   """
   if embeddings not in EMBEDDINGS:
-    raise ValueError(f"hypergenfl.embeddings={embeddings!r}: allowed {EMBEDDINGS}")
+    raise ConfigError(f"hypergenfl.embeddings={embeddings!r}: allowed {EMBEDDINGS}")
   if order not in ORDERS:
-    raise ValueError(f"hypergenfl.order={order!r}: allowed {ORDERS}")
+    raise ConfigError(f"hypergenfl.order={order!r}: allowed {ORDERS}")
   if server_loss not in LOSSES:
-    raise ValueError(f"hypergenfl.server_loss={server_loss!r}: allowed {LOSSES}")
+    raise ConfigError(f"hypergenfl.server_loss={server_loss!r}: allowed {LOSSES}")
   d = num_clients if embeddings == "onehot" else embed_dim
   sample = jax.eval_shape(model.init, jax.random.key(0))
   layer_of, _ = layer_groups(sample, granularity)

@@ -40,6 +40,7 @@ from fedjax_dg.algorithms.base import Algorithm, ClientContext
 from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.client.objectives import masked_mean, row_norms
 from fedjax_dg.client.update import Batch
+from fedjax_dg.errors import ConfigError
 from fedjax_dg.models.moon import ContrastiveModel
 
 DISPLAY_NAME = "MOON"
@@ -116,11 +117,11 @@ def moon(model, optimizer, *, num_clients: int,
   1e-2, momentum 0.9, weight decay 1e-5).
   """
   if mu < 0:
-    raise ValueError(f"MOON mu must be >= 0, got {mu}")
+    raise ConfigError(f"MOON mu must be >= 0, got {mu}")
   if temperature <= 0:
-    raise ValueError(f"MOON temperature must be > 0, got {temperature}")
+    raise ConfigError(f"MOON temperature must be > 0, got {temperature}")
   if prev_init not in PREV_INIT:
-    raise ValueError(f"prev_init={prev_init!r}; allowed: {PREV_INIT}")
+    raise ConfigError(f"prev_init={prev_init!r}; allowed: {PREV_INIT}")
   cm = ContrastiveModel(model, proj_dim)
   base = fedavg(cm, optimizer, objective(cm, mu, temperature), name="moon")
 

@@ -21,6 +21,7 @@ import optax
 
 from fedjax_dg.algorithms.base import Algorithm
 from fedjax_dg.algorithms.hfedf import hfedf
+from fedjax_dg.errors import ConfigError
 
 DISPLAY_NAME = "pFedHN"
 # Table 10: lr 1e-3 all; wd 1e-5 PACS, 1e-4 OH / VLCS. Reference code:
@@ -54,7 +55,7 @@ def pfedhn(model, optimizer, loss, *, num_clients: int,
     client_clip_norm: > 0 clips each local gradient's global norm.
   """
   if local_steps < 0:
-    raise ValueError(f"pfedhn local_steps must be >= 0, got {local_steps}")
+    raise ConfigError(f"pfedhn local_steps must be >= 0, got {local_steps}")
   if client_clip_norm > 0:
     optimizer = optax.chain(optax.clip_by_global_norm(client_clip_norm),
                             optimizer)

@@ -23,6 +23,8 @@ import jax.numpy as jnp
 import optax
 from optax import contrib
 
+from fedjax_dg.errors import ConfigError
+
 EPS = 1e-12  # added to the gradient norm (the reference SAM code)
 
 
@@ -40,7 +42,7 @@ def ascent(rho: float, adaptive: bool = False, eta: float = 0.01
   w + e.
   """
   if rho < 0:
-    raise ValueError(f"SAM rho must be >= 0, got {rho}")
+    raise ConfigError(f"SAM rho must be >= 0, got {rho}")
 
   def update(g, state, params=None):
     if adaptive:

@@ -31,6 +31,7 @@ import numpy as np
 
 from fedjax_dg.data import partition
 from fedjax_dg.data.sources import DomainDataset
+from fedjax_dg.errors import ConfigError
 
 
 @flax.struct.dataclass
@@ -168,7 +169,7 @@ def resolve_domain(dataset: DomainDataset, domain: str | int) -> int:
       return int(domain)
   elif isinstance(domain, str) and domain in names:
     return names.index(domain)
-  raise ValueError(
+  raise ConfigError(
       f"target_domain={domain!r} is not a domain of {dataset.name!r}: allowed "
       f"{', '.join(repr(d) for d in names)} (or their index 0..{len(names) - 1}, "
       "or None for no ood split)"
@@ -183,7 +184,7 @@ def _val_split(
   for c, p in enumerate(parts):
     n_val = max(1, int(round(len(p) * val_fraction))) if val_fraction > 0 else 0
     if len(p) - n_val < 1:
-      raise ValueError(
+      raise ConfigError(
           f"client {c} has {len(p)} example(s): too few to keep a training "
           f"example after the id-validation split (val_fraction={val_fraction}) "
           f"under {setting}; use fewer partitions, more data (max_per_domain) "
@@ -252,9 +253,9 @@ def build(
   """
   spec = partition.as_spec(spec)
   if not 0 <= val_fraction < 1:
-    raise ValueError(f"val_fraction={val_fraction!r}: allowed [0, 1)")
+    raise ConfigError(f"val_fraction={val_fraction!r}: allowed [0, 1)")
   if not 0 <= server_fraction < 1:
-    raise ValueError(f"server_fraction={server_fraction!r}: allowed [0, 1)")
+    raise ConfigError(f"server_fraction={server_fraction!r}: allowed [0, 1)")
   domains = dataset.domains
   if target_domain is None:
     target = None
@@ -265,7 +266,7 @@ def build(
   source_ids = np.unique(domains[source_idx])
   spec.validate(len(source_ids))
   if spec.few_shot_k and target is None:
-    raise ValueError(
+    raise ConfigError(
         f"PartitionSpec.few_shot_k={spec.few_shot_k} needs a target_domain to "
         "draw the few-shot examples from; set target_domain or few_shot_k=0"
     )
@@ -276,10 +277,10 @@ def build(
       spec, domains=domains, labels=dataset.labels, indices=source_idx
   )
   if not parts:
-    raise ValueError(f"{setting} produced zero clients; use num_partitions >= 1")
+    raise ConfigError(f"{setting} produced zero clients; use num_partitions >= 1")
   for c, p in enumerate(parts):
     if len(p) == 0:
-      raise ValueError(
+      raise ConfigError(
           f"client {c} got no training example from {setting} on "
           f"{len(source_idx)} source examples; lower num_partitions (or k), or "
           "load more data (max_per_domain)"

@@ -23,6 +23,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from fedjax_dg.errors import ConfigError
+
 PARTITIONERS = ("domain_split", "k_per_domain", "iid", "dirichlet")
 ALIASES = {"hfedf": "domain_split", "k_clients_per_domain": "k_per_domain"}
 
@@ -43,7 +45,7 @@ def _check_int(field: str, value: Any, low: int, high: int | None = None,
   ok = ok and value >= low and (high is None or value <= high)
   if not ok:
     allowed = f"{low}..{high}" if high is not None else f">= {low}"
-    raise ValueError(f"{field}={value!r}{why}: allowed {allowed} (an int)")
+    raise ConfigError(f"{field}={value!r}{why}: allowed {allowed} (an int)")
 
 
 def leave_one_domain_out(
@@ -53,7 +55,7 @@ def leave_one_domain_out(
   domains = np.asarray(domains)
   present = np.unique(domains)
   if target not in present:
-    raise ValueError(
+    raise ConfigError(
         f"target={target!r} is not a domain of the data: allowed {present.tolist()}"
     )
   return np.flatnonzero(domains != target), np.flatnonzero(domains == target)
@@ -100,13 +102,13 @@ def domain_split(
   s = len(source)
   _check_int("num_partitions", num_partitions, 1)
   if s == 0:
-    raise ValueError("domain_split: no source examples to split")
+    raise ConfigError("domain_split: no source examples to split")
   _check_int("d", d, 1, s, f" but there are only {s} source domains")
   per_domain = [indices[dom == j] for j in source]
   counts = domain_split_parts([len(p) for p in per_domain], num_partitions, d)
   for j, (p, c) in zip(source, zip(per_domain, counts)):
     if len(p) < c:
-      raise ValueError(
+      raise ConfigError(
           f"domain_split: source domain {int(j)} has {len(p)} examples but "
           f"num_partitions={num_partitions}, d={d} split it into {c} parts; "
           "lower num_partitions or d"
@@ -143,7 +145,7 @@ def k_clients_per_domain(
   for j in np.unique(dom):
     members = indices[dom == j]
     if len(members) < k:
-      raise ValueError(
+      raise ConfigError(
           f"k_per_domain: source domain {int(j)} has {len(members)} examples, "
           f"fewer than k={k} clients; lower k"
       )
@@ -184,7 +186,7 @@ def dirichlet(
   alphas = np.asarray(alpha, np.float64)
   if (alphas.ndim > 1 or (alphas.ndim == 1 and len(alphas) != num_partitions)
       or not np.all(alphas > 0)):
-    raise ValueError(
+    raise ConfigError(
         f"alpha={alpha!r}: allowed a positive float, or one per partition "
         f"({num_partitions} positive floats)"
     )
@@ -204,7 +206,7 @@ def dirichlet(
     smallest = min(sizes)
     if smallest >= min_partition_size:
       return _shuffled_parts(rng, [np.concatenate(p) for p in parts])
-  raise ValueError(
+  raise ConfigError(
       f"dirichlet: after max_tries={max_tries} draws with alpha={alpha} some "
       f"partition still had fewer than min_partition_size={min_partition_size} "
       f"examples (best draw: smallest partition {smallest}); raise alpha, lower "
@@ -253,19 +255,19 @@ class PartitionSpec:
   def __post_init__(self):
     name = ALIASES.get(self.name, self.name)
     if name not in PARTITIONERS:
-      raise ValueError(
+      raise ConfigError(
           f"PartitionSpec.name={self.name!r}: allowed "
           f"{', '.join(PARTITIONERS + tuple(ALIASES))}"
       )
     object.__setattr__(self, "name", name)
     if name == "k_per_domain":
       if self.k is None and self.num_partitions is None:
-        raise ValueError(
+        raise ConfigError(
             "PartitionSpec.k is required for name='k_per_domain' (clients per "
             "source domain, an int >= 1); or give num_partitions"
         )
     elif self.num_partitions is None:
-      raise ValueError(
+      raise ConfigError(
           f"PartitionSpec.num_partitions is required for name={name!r}: allowed "
           ">= 1 (an int)"
       )
@@ -278,7 +280,7 @@ class PartitionSpec:
     _check_int("PartitionSpec.few_shot_k", self.few_shot_k, 0)
     _check_int("PartitionSpec.seed", self.seed, 0)
     if not np.all(np.asarray(self.alpha, np.float64) > 0):
-      raise ValueError(
+      raise ConfigError(
           f"PartitionSpec.alpha={self.alpha!r}: allowed a positive float"
       )
 
@@ -304,13 +306,13 @@ class PartitionSpec:
     if self.k is not None:
       if (self.num_partitions is not None
           and self.num_partitions != self.k * num_source_domains):
-        raise ValueError(
+        raise ConfigError(
             f"PartitionSpec.num_partitions={self.num_partitions} disagrees with "
             f"k={self.k} x {num_source_domains} source domains; give only k"
         )
       return self.k
     if self.num_partitions % num_source_domains:
-      raise ValueError(
+      raise ConfigError(
           f"PartitionSpec.num_partitions={self.num_partitions} for k_per_domain "
           f"must be a multiple of the {num_source_domains} source domains; or "
           "give k"
@@ -320,7 +322,7 @@ class PartitionSpec:
   def validate(self, num_source_domains: int) -> None:
     """Checks the settings that depend on the data, before any split is made."""
     if num_source_domains < 1:
-      raise ValueError("there are no source domains to split among clients")
+      raise ConfigError("there are no source domains to split among clients")
     if self.name == "domain_split":
       _check_int("PartitionSpec.d", self.d, 1, num_source_domains,
                  f" but there are only {num_source_domains} source domains")
@@ -337,7 +339,7 @@ def as_spec(spec: PartitionSpec | Mapping[str, Any] | None = None,
   allowed = [f.name for f in dataclasses.fields(PartitionSpec)]
   unknown = sorted(set(fields) - set(allowed))
   if unknown:
-    raise ValueError(
+    raise ConfigError(
         f"unknown partition settings {unknown}: allowed {', '.join(allowed)}"
     )
   return PartitionSpec(**fields)

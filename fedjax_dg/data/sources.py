@@ -33,6 +33,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 from PIL import Image
 
+from fedjax_dg.errors import ConfigError, DataError
+
 ENV_DATA_DIR = "FEDJAX_DG_DATA_DIR"
 DEFAULT_DATA_DIR = os.path.join("~", ".cache", "fedjax_dg", "tfds")
 CACHE_DIRNAME = "fedjax_dg_cache"
@@ -113,11 +115,11 @@ def decode_image(
 def stack_images(images: Sequence[np.ndarray], name: str) -> np.ndarray:
   """Stacks equally sized images; says to pass `image_size` when they differ."""
   if not images:
-    raise ValueError(f"{name}: no images were read")
+    raise ConfigError(f"{name}: no images were read")
   shapes = {im.shape for im in images}
   if len(shapes) > 1:
     some = sorted(shapes)[:3]
-    raise ValueError(
+    raise ConfigError(
         f"{name}: images have different sizes (e.g. {some}); pass image_size=... "
         "to load() to resize them to one square size"
     )
@@ -376,9 +378,18 @@ def is_split_domain(domain: str | None) -> bool:
   return domain is not None and str(domain) in SPLIT_DOMAINS
 
 
+def eval_label(targets: Iterable) -> str:
+  """How to call the held-out evaluation of runs with these target domains:
+  "test" when every one is an official split (label-skew benchmarks:
+  fashion_mnist / cifar / tiny_imagenet with targets="test"), else "ood" (an
+  unseen domain). Runs without a target (None, "None") do not count."""
+  targets = [t for t in targets if t not in (None, "None")]
+  return "test" if targets and all(is_split_domain(t) for t in targets) else "ood"
+
+
 def _lookup(name: str) -> _Own | _Catalog:
   if name not in _DATASETS:
-    raise ValueError(
+    raise ConfigError(
         f"unknown dataset name {name!r}; available: {', '.join(available())}"
     )
   return _DATASETS[name]
@@ -444,7 +455,7 @@ def _read_own(name: str, entry: _Own, data_dir: str, manual_dir: str | None,
   )
 
 
-def catalog_error(tfds_name: str, error: Exception) -> RuntimeError:
+def catalog_error(tfds_name: str, error: Exception) -> DataError:
   """Explains why a TFDS catalog dataset could not be prepared."""
   hint = ""
   if isinstance(error, ModuleNotFoundError) and "tensorflow" in str(error):
@@ -453,7 +464,7 @@ def catalog_error(tfds_name: str, error: Exception) -> RuntimeError:
         "prepared array_record data does not): pip install tensorflow-cpu, or "
         "prepare it on another machine and copy the data_dir here. "
     )
-  return RuntimeError(
+  return DataError(
       f"could not prepare the TFDS catalog dataset {tfds_name!r} "
       f"({type(error).__name__}: {error}). {hint}It downloads on first use, so "
       "network access is needed once."
@@ -479,7 +490,7 @@ def _catalog_sources(entry: _Catalog, data_dir: str):
     elif split in splits:
       sources[domain] = [splits[split]]
     else:
-      raise ValueError(f"TFDS dataset {tfds_name!r} has no split {split!r} "
+      raise ConfigError(f"TFDS dataset {tfds_name!r} has no split {split!r} "
                        f"(it has {sorted(splits)})")
     info = sources[domain][0].dataset_info
     class_names = tuple(info.features["label"].names)
@@ -507,7 +518,7 @@ def _read(name: str, entry: _Own | _Catalog, data_dir: str,
 
 def _check_positive(field: str, value: int | None) -> None:
   if value is not None and (not isinstance(value, (int, np.integer)) or value < 1):
-    raise ValueError(f"{field}={value!r} is invalid: use a positive int or None")
+    raise ConfigError(f"{field}={value!r} is invalid: use a positive int or None")
 
 
 def load(

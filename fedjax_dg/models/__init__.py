@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_dg.errors import ConfigError
 from fedjax_dg.models import cnn
 from fedjax_dg.models import layers
 from fedjax_dg.models import resnet
@@ -136,7 +137,7 @@ def _per_channel(v, ch: int, what: str) -> tuple[float, ...]:
   if len(v) == 1:
     return v * ch
   if len(v) != ch:
-    raise ValueError(f"{what} has {len(v)} entries for {ch} input channels")
+    raise ConfigError(f"{what} has {len(v)} entries for {ch} input channels")
   return v
 
 
@@ -157,10 +158,10 @@ def get_model(name: str, *, input_shape, num_classes: int, mean=(0.5,),
       `stages`, `zero_init_residual`.
   """
   if name not in _REGISTRY:
-    raise ValueError(f"unknown model {name!r}; available: {available()}")
+    raise ConfigError(f"unknown model {name!r}; available: {available()}")
   h, w, ch = (int(v) for v in input_shape)
   if name != "mlp" and (h % 4 or w % 4):
-    raise ValueError(f"{name} needs H and W divisible by 4, got {input_shape}")
+    raise ConfigError(f"{name} needs H and W divisible by 4, got {input_shape}")
   if "init" in kwargs:  # Alias: `init=` is the modules' `weight_init`.
     kwargs["weight_init"] = kwargs.pop("init")
   module = _REGISTRY[name](int(num_classes), layers.resolve_conv_impl(conv_impl),

@@ -29,6 +29,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from fedjax_dg.errors import ConfigError
 from fedjax_dg.models import layers
 
 Array = jax.Array
@@ -87,7 +88,7 @@ class AutoEncoder(nn.Module):
   def setup(self):
     h, w, ch = self.image_shape
     if h % 4 or w % 4:
-      raise ValueError("the autoencoder needs H and W divisible by 4, got "
+      raise ConfigError("the autoencoder needs H and W divisible by 4, got "
                        f"{tuple(self.image_shape)}")
     conv = lambda f: layers.Conv(f, 3, padding=1, impl=self.conv_impl,
                                  weight_init=self.weight_init)

@@ -12,6 +12,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from fedjax_dg.errors import ConfigError
 from fedjax_dg.models import layers
 
 Array = jax.Array
@@ -22,7 +23,7 @@ def _flatten(x: Array, order: str) -> Array:
   if order == "chw":
     x = x.transpose(0, 3, 1, 2)
   elif order != "hwc":
-    raise ValueError(f"flatten_order must be 'chw' or 'hwc', got {order!r}")
+    raise ConfigError(f"flatten_order must be 'chw' or 'hwc', got {order!r}")
   return x.reshape(x.shape[0], -1)
 
 

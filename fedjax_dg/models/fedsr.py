@@ -28,6 +28,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from fedjax_dg.errors import ConfigError
 from fedjax_dg.models import layers
 
 Params = Any
@@ -54,7 +55,7 @@ class ProbabilisticModel:
 
   def __post_init__(self):
     if self.z_dim < 0:
-      raise ValueError(
+      raise ConfigError(
           f"z_dim must be >= 0 (0: the feature width), got {self.z_dim}")
     object.__setattr__(self, "feature_width", feature_dim(self.model))
     if not self.z_dim:

@@ -23,6 +23,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from fedjax_dg.errors import ConfigError
 from fedjax_dg.models import layers
 
 Array = jax.Array
@@ -47,7 +48,7 @@ class AttentionScores(nn.Module):
 
   def setup(self):
     if self.embed_dim % self.num_heads:
-      raise ValueError(f"hypergenfl: num_heads={self.num_heads} must divide the "
+      raise ConfigError(f"hypergenfl: num_heads={self.num_heads} must divide the "
                        f"embedding dimension {self.embed_dim}")
     self.mha = [nn.MultiHeadDotProductAttention(
         num_heads=self.num_heads, qkv_features=self.embed_dim,

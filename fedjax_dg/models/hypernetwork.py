@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from fedjax_dg.errors import ConfigError
 from fedjax_dg.models import layers
 
 Array = jax.Array
@@ -92,7 +93,7 @@ class HyperNetwork(nn.Module):
     to use instead of calling `client_init`.
     """
     if self.head_init not in HEAD_INITS:
-      raise ValueError(f"head_init must be one of {HEAD_INITS}, "
+      raise ConfigError(f"head_init must be one of {HEAD_INITS}, "
                        f"got {self.head_init!r}")
     h = jnp.asarray(embedding, jnp.float32)
     for i in range(self.n_hidden):
@@ -175,7 +176,7 @@ def hypernetwork_module(model, *, hidden: int = 50, n_hidden: int = 3,
                         init: str = "torch") -> HyperNetwork:
   """The hypernetwork module for a `Model` (its params define the heads)."""
   if head_init not in HEAD_INITS:
-    raise ValueError(f"head_init={head_init!r}: allowed {HEAD_INITS}")
+    raise ConfigError(f"head_init={head_init!r}: allowed {HEAD_INITS}")
   target = jax.eval_shape(model.init, jax.random.key(0))
   return HyperNetwork(target=target, hidden=hidden, n_hidden=n_hidden,
                       head_init=head_init, head_scale=head_scale,

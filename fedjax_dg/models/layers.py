@@ -37,6 +37,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from fedjax_dg.errors import ConfigError
+
 Array = jax.Array
 Padding = str | int | tuple[int, int] | Sequence[tuple[int, int]]
 
@@ -60,7 +62,7 @@ def resolve_conv_impl(impl: str, kernel_shape: Sequence[int] | None = None) -> s
   `kernel_shape` (HWIO) it stays "auto" on CPU (decided per layer).
   """
   if impl not in CONV_IMPLS:
-    raise ValueError(f"conv_impl must be one of {CONV_IMPLS}, got {impl!r}")
+    raise ConfigError(f"conv_impl must be one of {CONV_IMPLS}, got {impl!r}")
   if impl != "auto":
     return impl
   if jax.default_backend() != "cpu":
@@ -216,7 +218,7 @@ def kernel_init(init: str) -> nn.initializers.Initializer:
   if init == "kaiming_out":
     # torchvision ResNet convs: kaiming_normal_(mode="fan_out", relu), untruncated.
     return nn.initializers.variance_scaling(2.0, "fan_out", "normal")
-  raise ValueError(f"init must be one of {INITS}, got {init!r}")
+  raise ConfigError(f"init must be one of {INITS}, got {init!r}")
 
 
 def bias_init(init: str, fan_in: int) -> nn.initializers.Initializer:
@@ -230,7 +232,7 @@ def bias_init(init: str, fan_in: int) -> nn.initializers.Initializer:
       return jax.random.uniform(key, shape, dtype, -bound, bound)
 
     return _init
-  raise ValueError(f"init must be one of {INITS}, got {init!r}")
+  raise ConfigError(f"init must be one of {INITS}, got {init!r}")
 
 
 def init_rng_mode():

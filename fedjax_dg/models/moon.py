@@ -25,6 +25,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from fedjax_dg.errors import ConfigError
 from fedjax_dg.models import layers
 from fedjax_dg.models.fedsr import feature_dim
 
@@ -45,7 +46,7 @@ class ContrastiveModel:
 
   def __post_init__(self):
     if self.proj_dim < 1:
-      raise ValueError(f"proj_dim must be >= 1, got {self.proj_dim}")
+      raise ConfigError(f"proj_dim must be >= 1, got {self.proj_dim}")
     object.__setattr__(self, "feature_width", feature_dim(self.model))
 
   def init(self, key: jax.Array) -> Params:

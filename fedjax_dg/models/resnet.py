@@ -38,6 +38,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from fedjax_dg.errors import ConfigError
 from fedjax_dg.models import layers
 
 Array = jax.Array
@@ -83,7 +84,7 @@ class ResNet(nn.Module):
 
   def setup(self):
     if self.stem not in STEMS:
-      raise ValueError(f"stem must be one of {STEMS}, got {self.stem!r}")
+      raise ConfigError(f"stem must be one of {STEMS}, got {self.stem!r}")
     k, s = (3, 1) if self.stem == "cifar" else (7, 2)
     self.stem_conv = layers.Conv(self.width, k, strides=s, padding=k // 2,
                                  use_bias=False, impl=self.conv_impl,

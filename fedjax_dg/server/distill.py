@@ -26,6 +26,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fedjax_dg.errors import ConfigError
+
 PyTree = Any
 
 
@@ -36,7 +38,7 @@ def require_server_data(data, name: str) -> tuple[jax.Array, jax.Array]:
   server split (data.server_fraction = 0).
   """
   if data is None or getattr(data, "server_size", 0) == 0:
-    raise ValueError(
+    raise ConfigError(
         f"{name} trains on the server's split, but this federation has none: "
         "set data.server_fraction > 0 (e.g. 0.02, the share of FedLAW's proxy "
         "set) so that share of the source training examples is held by the "
@@ -107,7 +109,7 @@ def resolve_steps(steps: int, epochs: int, num: int, batch_size: int) -> int:
   if steps > 0:
     return int(steps)
   if epochs < 1:
-    raise ValueError(f"server training needs steps > 0 or epochs >= 1, got "
+    raise ConfigError(f"server training needs steps > 0 or epochs >= 1, got "
                      f"steps={steps}, epochs={epochs}")
   return int(epochs) * steps_per_epoch(num, batch_size)
 
@@ -150,7 +152,7 @@ def server_train(params: PyTree, objective: Callable, optimizer:
   or the last iterate if no step qualified.
   """
   if steps < 1:
-    raise ValueError(f"server training needs steps >= 1, got {steps}")
+    raise ConfigError(f"server training needs steps >= 1, got {steps}")
   k_batch, k_rng = jax.random.split(key)
   grad_fn = jax.value_and_grad(objective)
   use_swa = swa_start >= 0
@@ -181,6 +183,6 @@ def server_train(params: PyTree, objective: Callable, optimizer:
 def swa_start_step(fraction: float, steps: int) -> int:
   """The SWA start as a step count from a fraction of the server steps."""
   if not 0 <= fraction < 1:
-    raise ValueError(f"swa_start={fraction!r}: a fraction of the server steps "
+    raise ConfigError(f"swa_start={fraction!r}: a fraction of the server steps "
                      "in [0, 1)")
   return int(math.floor(fraction * steps))

@@ -7,6 +7,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from fedjax_dg.errors import ConfigError
 from fedjax_dg.server.aggregate import ServerTransform
 
 
@@ -26,9 +27,9 @@ def ema(decay: float, warmup_round: int) -> ServerTransform:
   (The paper's `alpha` weighs the *new* parameters: 0.75-0.95 in Table 10.)
   """
   if not 0.0 <= decay <= 1.0:
-    raise ValueError(f"ema decay must be in [0, 1], got {decay}")
+    raise ConfigError(f"ema decay must be in [0, 1], got {decay}")
   if warmup_round < 0:
-    raise ValueError(f"ema warm-up round must be >= 0, got {warmup_round}")
+    raise ConfigError(f"ema warm-up round must be >= 0, got {warmup_round}")
 
   def init(params):
     return EmaState(count=jnp.zeros((), jnp.int32), ema=params)

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_dg import tree
+from fedjax_dg.errors import ConfigError
 from fedjax_dg.server.aggregate import ServerTransform
 
 PyTree = Any
@@ -49,9 +50,9 @@ def gradient_masked_averaging(threshold: float,
     step_size: eta, the server step on the masked mean delta (1 = FedAvg's step).
   """
   if not 0.0 <= threshold <= 1.0:
-    raise ValueError(f"FedGMA threshold must be in [0, 1], got {threshold}")
+    raise ConfigError(f"FedGMA threshold must be in [0, 1], got {threshold}")
   if step_size <= 0:
-    raise ValueError(f"FedGMA server step size must be > 0, got {step_size}")
+    raise ConfigError(f"FedGMA server step size must be > 0, got {step_size}")
 
   def init(params):
     del params

@@ -52,6 +52,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_dg import tree
+from fedjax_dg.errors import ConfigError
 
 PyTree = Any
 Generator = Callable[[PyTree, jax.Array], PyTree]  # h(theta, embedding[e]) -> params
@@ -99,7 +100,7 @@ def hypernetwork_grads(h: Generator, theta: PyTree, emb: jax.Array,
       |J_i^T delta_i|^2 (model granularity), replacing the per-client VJPs.
   """
   if granularity not in GRANULARITIES:
-    raise ValueError(f"granularity={granularity!r}: allowed {GRANULARITIES}")
+    raise ConfigError(f"granularity={granularity!r}: allowed {GRANULARITIES}")
   m = emb.shape[0]
   h_many = jax.vmap(h, in_axes=(None, 0))
   _, vjp = jax.vjp(h_many, theta, emb)

@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_dg import tree
+from fedjax_dg.errors import ConfigError
 from fedjax_dg.server.aggregate import ServerTransform
 from fedjax_dg.server.hypernetwork import HyperParams
 
@@ -61,7 +62,7 @@ class HyperGenFLState(NamedTuple):
 
 def _check(name: str, value: str, allowed: tuple) -> None:
   if value not in allowed:
-    raise ValueError(f"hypergenfl.{name}={value!r}: allowed {allowed}")
+    raise ConfigError(f"hypergenfl.{name}={value!r}: allowed {allowed}")
 
 
 def _path_name(path) -> str:

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fedjax_dg.errors import ConfigError
 from fedjax_dg.server.aggregate import ServerTransform
 from fedjax_dg.server.gradalign import (GRANULARITIES, HyperGrads,
                                        hypernetwork_grads)
@@ -55,7 +56,7 @@ def hypernetwork_step(h: Callable, optimizer: optax.GradientTransformation, *,
   (`gradalign`), if any.
   """
   if granularity not in GRANULARITIES:
-    raise ValueError(f"gradalign granularity={granularity!r}: allowed "
+    raise ConfigError(f"gradalign granularity={granularity!r}: allowed "
                      f"{GRANULARITIES}")
 
   def init(params: HyperParams):

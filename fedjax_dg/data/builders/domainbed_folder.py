@@ -17,6 +17,8 @@ from typing import Iterator, Sequence
 from PIL import Image
 import tensorflow_datasets as tfds
 
+from fedjax_dg.errors import ConfigError, DataError
+
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 
 
@@ -71,14 +73,14 @@ def scan(
   """Lists and validates a DomainBed folder; errors say what is missing and why."""
   help_text = layout_help(name, domains, instructions)
   if not os.path.isdir(path) or not os.listdir(path):
-    raise FileNotFoundError(
+    raise DataError(
         f"{name}: the image folder {path!r} does not exist or is empty.\n{help_text}"
     )
   root = find_root(path, domains)
   if root is None:
     found = _subdirs(path)
     missing = [d for d in domains if d not in found]
-    raise FileNotFoundError(
+    raise DataError(
         f"{name}: {path!r} lacks the domain folders {missing} (found {found}).\n"
         f"{help_text}"
     )
@@ -88,13 +90,13 @@ def scan(
     if classes[d] != class_names:
       only_here = sorted(set(classes[d]) - set(class_names))
       only_there = sorted(set(class_names) - set(classes[d]))
-      raise ValueError(
+      raise ConfigError(
           f"{name}: class folders differ between domains {domains[0]!r} and {d!r} "
           f"in {root!r}: only in {d!r}: {only_here}; only in {domains[0]!r}: "
           f"{only_there}. Every domain must hold the same class folders.\n{help_text}"
       )
   if not class_names:
-    raise FileNotFoundError(
+    raise DataError(
         f"{name}: domain folder {os.path.join(root, domains[0])!r} has no class "
         f"folders.\n{help_text}"
     )
@@ -104,7 +106,7 @@ def scan(
       folder = os.path.join(root, d, c)
       images = _images(folder)
       if not images:
-        raise FileNotFoundError(
+        raise DataError(
             f"{name}: no image files ({', '.join(IMAGE_EXTENSIONS)}) in {folder!r}."
             f"\n{help_text}"
         )
@@ -175,7 +177,7 @@ class DomainBedFolder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
         self.MANUAL_DOWNLOAD_INSTRUCTIONS,
     )
     if self._class_names and index.class_names != self._class_names:
-      raise ValueError(
+      raise ConfigError(
           f"{self.name}: builder was constructed with classes {self._class_names} "
           f"but the folder holds {index.class_names}"
       )

@@ -19,6 +19,8 @@ import numpy as np
 from PIL import Image
 import tensorflow_datasets as tfds
 
+from fedjax_dg.errors import ConfigError, DataError
+
 ANGLES = (0, 15, 30, 45, 60, 75)
 DOMAIN_NAMES = tuple(str(a) for a in ANGLES)
 CLASS_NAMES = (
@@ -58,7 +60,7 @@ def read_idx(path: str | os.PathLike[str]) -> np.ndarray:
     data = f.read()
   zero, dtype_code, ndim = data[0] * 256 + data[1], data[2], data[3]
   if zero != 0 or dtype_code != 0x08:
-    raise ValueError(f"{path}: not an IDX file of unsigned bytes")
+    raise ConfigError(f"{path}: not an IDX file of unsigned bytes")
   dims = np.frombuffer(data, dtype=">u4", count=ndim, offset=4).astype(int)
   offset = 4 + 4 * ndim
   return np.frombuffer(data, dtype=np.uint8, offset=offset).reshape(dims)
@@ -82,7 +84,7 @@ def read_idx_splits(
     x = read_idx(os.path.join(source_dir, image_file))
     y = read_idx(os.path.join(source_dir, label_file))
     if x.ndim != 3 or y.ndim != 1 or len(x) != len(y):
-      raise ValueError(
+      raise ConfigError(
           f"{source_dir}: {image_file} has shape {x.shape} and {label_file} has "
           f"shape {y.shape}; expected [N, 28, 28] images and [N] labels"
       )
@@ -126,7 +128,7 @@ def load_raw_splits(
   try:
     return read_tfds_catalog(data_dir)
   except Exception as e:  # pylint: disable=broad-except
-    raise FileNotFoundError(
+    raise DataError(
         f"No Fashion-MNIST IDX files in {source_dir!r} and the TFDS download "
         f"failed ({type(e).__name__}: {e}).\n{MISSING_SOURCE_HELP}"
     ) from e

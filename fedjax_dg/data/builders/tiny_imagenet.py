@@ -25,6 +25,7 @@ from typing import Iterator
 import tensorflow_datasets as tfds
 
 from fedjax_dg.data.builders.domainbed_folder import encoded_image
+from fedjax_dg.errors import ConfigError, DataError
 
 DOMAIN_NAMES = ("train", "val")
 FOLDER = "tiny-imagenet-200"
@@ -76,18 +77,18 @@ def scan(path: str, name: str = "tiny_imagenet") -> TinyIndex:
   """Lists and validates a Tiny-ImageNet folder; errors name the expected layout."""
   path = os.fspath(path)
   if not os.path.isdir(path) or not os.listdir(path):
-    raise FileNotFoundError(
+    raise DataError(
         f"{name}: the folder {path!r} does not exist or is empty.\n{_help()}")
   root = find_root(path)
   if root is None:
     found = sorted(os.listdir(path))[:10]
-    raise FileNotFoundError(
+    raise DataError(
         f"{name}: {path!r} holds neither wnids.txt + train/ + val/ nor a {FOLDER} "
         f"folder with them (found {found}).\n{_help()}")
   with open(os.path.join(root, "wnids.txt")) as f:
     wnids = [line.strip() for line in f if line.strip()]
   if not wnids:
-    raise ValueError(f"{name}: {os.path.join(root, 'wnids.txt')!r} is empty.\n"
+    raise ConfigError(f"{name}: {os.path.join(root, 'wnids.txt')!r} is empty.\n"
                      f"{_help()}")
   class_names = tuple(sorted(wnids))
   label = {w: i for i, w in enumerate(class_names)}
@@ -96,26 +97,26 @@ def scan(path: str, name: str = "tiny_imagenet") -> TinyIndex:
     folder = os.path.join(root, "train", w, "images")
     images = _jpegs(folder) if os.path.isdir(folder) else []
     if not images:
-      raise FileNotFoundError(
+      raise DataError(
           f"{name}: no training images (*.JPEG) in {folder!r} for class {w!r} "
           f"of wnids.txt.\n{_help()}")
     files.extend((os.path.join(folder, f), label[w], 0) for f in images)
   ann = os.path.join(root, "val", "val_annotations.txt")
   if not os.path.isfile(ann):
-    raise FileNotFoundError(f"{name}: {ann!r} is missing.\n{_help()}")
+    raise DataError(f"{name}: {ann!r} is missing.\n{_help()}")
   val_dir = os.path.join(root, "val", "images")
   with open(ann) as f:
     rows = [line.split("\t") for line in f if line.strip()]
   if not rows:
-    raise ValueError(f"{name}: {ann!r} lists no images.\n{_help()}")
+    raise ConfigError(f"{name}: {ann!r} lists no images.\n{_help()}")
   for i, row in enumerate(rows):
     if len(row) < 2 or row[1].strip() not in label:
-      raise ValueError(
+      raise ConfigError(
           f"{name}: line {i + 1} of {ann!r} does not name a class of wnids.txt "
           f"({row[:2]!r}).\n{_help()}")
     file = os.path.join(val_dir, row[0].strip())
     if not os.path.isfile(file):
-      raise FileNotFoundError(
+      raise DataError(
           f"{name}: {file!r} (line {i + 1} of {ann!r}) does not exist.\n{_help()}")
     files.append((file, label[row[1].strip()], 1))
   return TinyIndex(root, class_names, tuple(files))
@@ -154,7 +155,7 @@ class TinyImagenet(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   def _split_generators(self, dl_manager):
     index = scan(os.fspath(dl_manager.manual_dir), self.name)
     if self._class_names and index.class_names != self._class_names:
-      raise ValueError(
+      raise ConfigError(
           f"{self.name}: builder was constructed with {len(self._class_names)} "
           f"classes that differ from the folder's {len(index.class_names)}")
     return {"train": self._generate_examples(index)}

@@ -1,0 +1,14 @@
+"""The errors a user can fix: the `fedjax-dg` command prints them without a
+traceback (any other exception is a bug and shows its traceback).
+
+Low in the import graph (imports nothing), so every layer raises them.
+"""
+
+
+class ConfigError(ValueError):
+  """A bad setting: names the key, the value and what is allowed."""
+
+
+class DataError(ConfigError):
+  """The data a setting points at is missing, unreadable or cannot be fetched:
+  says where it was looked for and what to do."""

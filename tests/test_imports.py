@@ -1,0 +1,144 @@
+"""The package's import graph: no cycles, and imports point down.
+
+Every module of fedjax_dg/ is parsed (module- and function-level imports): an
+edge A -> B for `import fedjax_dg.B`, `from fedjax_dg import B`, `from
+fedjax_dg.B import x` and relative imports. A package's `__init__` is its own node.
+"""
+
+import ast
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+PKG = os.path.join(ROOT, "fedjax_dg")
+
+
+def _module_name(path: str) -> str:
+  rel = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+  return rel[:-len(".__init__")] if rel.endswith(".__init__") else rel
+
+
+def modules() -> dict[str, str]:
+  out = {}
+  for dirpath, _, files in os.walk(PKG):
+    for f in files:
+      if f.endswith(".py"):
+        path = os.path.join(dirpath, f)
+        out[_module_name(path)] = path
+  return out
+
+
+def _resolve(name: str, known) -> str | None:
+  """The longest known module prefix of a dotted name."""
+  while name:
+    if name in known:
+      return name
+    name = name.rpartition(".")[0]
+  return None
+
+
+def graph() -> dict[str, set[str]]:
+  known = modules()
+  edges = {m: set() for m in known}
+  for mod, path in known.items():
+    is_pkg = path.endswith("__init__.py")
+    for node in ast.walk(ast.parse(open(path).read(), path)):
+      targets = []
+      if isinstance(node, ast.Import):
+        targets = [a.name for a in node.names]
+      elif isinstance(node, ast.ImportFrom):
+        base = node.module or ""
+        if node.level:
+          parts = mod.split(".")
+          anchor = parts if is_pkg else parts[:-1]
+          anchor = anchor[:len(anchor) - (node.level - 1)]
+          base = ".".join(anchor + ([base] if base else []))
+        # `from pkg import sub`: the submodule if it is one, else pkg itself
+        # (a name defined in pkg/__init__).
+        targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base
+                   for a in node.names]
+      for t in targets:
+        if t.startswith("fedjax_dg"):
+          dep = _resolve(t, known)
+          if dep and dep != mod:
+            edges[mod].add(dep)
+  return edges
+
+
+def find_cycle(edges) -> list[str] | None:
+  state, stack = {}, []
+
+  def visit(m):
+    state[m] = "open"
+    stack.append(m)
+    for d in sorted(edges[m]):
+      if state.get(d) == "open":
+        return stack[stack.index(d):] + [d]
+      if d not in state:
+        found = visit(d)
+        if found:
+          return found
+    state[m] = "done"
+    stack.pop()
+    return None
+
+  for m in sorted(edges):
+    if m not in state:
+      found = visit(m)
+      if found:
+        return found
+  return None
+
+
+def test_no_import_cycle():
+  cycle = find_cycle(graph())
+  assert cycle is None, " -> ".join(cycle)
+
+
+def test_the_cycle_finder_finds_a_planted_cycle():
+  edges = graph()
+  edges["fedjax_dg.plots"] = edges["fedjax_dg.plots"] | {"fedjax_dg.report"}
+  assert find_cycle(edges) is not None  # report imports plots
+
+
+LOW = ("fedjax_dg.server", "fedjax_dg.client", "fedjax_dg.models",
+       "fedjax_dg.data", "fedjax_dg.tree")
+HIGH = ("fedjax_dg.experiment", "fedjax_dg.sweep", "fedjax_dg.cli",
+        "fedjax_dg.report", "fedjax_dg.plots", "fedjax_dg.tables",
+        "fedjax_dg.config", "fedjax_dg.engine", "fedjax_dg.algorithms")
+
+
+def _under(mod, prefixes):
+  return any(mod == p or mod.startswith(p + ".") for p in prefixes)
+
+
+def test_imports_point_down():
+  for mod, deps in graph().items():
+    if _under(mod, LOW):
+      bad = [d for d in deps if _under(d, HIGH)]
+      assert not bad, f"{mod} imports {bad}"
+    if _under(mod, ("fedjax_dg.data",)):
+      assert not [d for d in deps if _under(d, ("fedjax_dg.models",))], mod
+    if _under(mod, ("fedjax_dg.models",)):
+      assert not [d for d in deps if _under(d, ("fedjax_dg.data",))], mod
+
+
+def test_packaged_configs_load_without_the_repository_folders(tmp_path):
+  """`fedjax-dg demo`'s config is part of the package: importable from any
+  directory with only the package on the path (no experiments/ folder)."""
+  script = ("import sys; sys.path = [p for p in sys.path if p not in ('', '.')];"
+            "from fedjax_dg.configs import demo, rfmnist_hfedf, paper_protocol;"
+            "c = demo.get_config(); print(c.name, c.model.name)")
+  out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=""))
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.split() == ["demo", "small_cnn"]
+  for mod, path in modules().items():
+    for node in ast.walk(ast.parse(open(path).read())):
+      if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        assert node.value.strip("/") != "experiments", (
+            f"{mod} builds a path to the repository's experiments/ folder")
