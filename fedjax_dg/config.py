@@ -187,6 +187,8 @@ def coerce(raw: str, old):
   if isinstance(old, str):
     return raw
   value = _parse(raw)
+  if isinstance(value, bool) != isinstance(old, bool) and old is not None:
+    raise ConfigError(f"expected {type(old).__name__} like {old!r}, got {raw!r}")
   if isinstance(old, float) and isinstance(value, int) and not isinstance(value, bool):
     return float(value)
   if isinstance(old, tuple) and isinstance(value, (list, str)):
@@ -206,7 +208,10 @@ def apply_overrides(config: ConfigDict, overrides: list[str]) -> ConfigDict:
     if isinstance(old, ConfigDict):
       raise ConfigError(f"--set {key}: {key!r} is a section; set one of its "
                         f"keys {sorted(old.keys())}")
-    value = coerce(raw, old)
+    try:
+      value = coerce(raw, old)
+    except ConfigError as e:
+      raise ConfigError(f"--set {key}: {e}") from None
     try:
       config.update_from_flattened_dict({key: value})
     except TypeError as e:

@@ -51,7 +51,7 @@ from fedjax_dg import evaluate, tree
 from fedjax_dg.algorithms.base import (Algorithm, ClientContext, ClientData,
                                       ClientResult, with_frozen)
 from fedjax_dg.client.update import local_update
-from fedjax_dg.errors import ConfigError
+from fedjax_dg.errors import ConfigError, NonFiniteError
 
 PyTree = Any
 MAPPINGS = ("auto", "vmap", "map", "shard")
@@ -76,25 +76,32 @@ class EngineConfig:
   ood_eval_max: int = 2000      # target examples scored between chunks (0: all)
   progress: bool = True
 
-  def validate(self, num_clients: int) -> None:
+  def validate(self, num_clients: int | None) -> None:
+    """Every setting; the cohort against `num_clients` (None: not known yet,
+    before the data is read)."""
     checks = [
         ("rounds", self.rounds >= 1, "an integer >= 1"),
         ("eval_every", self.eval_every >= 1, "an integer >= 1"),
         ("epochs", self.epochs >= 1, "an integer >= 1"),
         ("local_steps", self.local_steps >= 0, "0 (use epochs) or an integer >= 1"),
         ("batch_size", self.batch_size >= 1, "an integer >= 1"),
-        ("cohort_size", 0 <= self.cohort_size <= num_clients,
-         f"0 (all clients) or 1..{num_clients}"),
+        ("cohort_size", 0 <= self.cohort_size <= (num_clients or
+                                                  self.cohort_size),
+         "0 (all clients) or " + (f"1..{num_clients}" if num_clients
+                                  else "a positive count")),
         ("client_mapping", self.client_mapping in MAPPINGS, f"one of {MAPPINGS}"),
         ("map_batch_size", self.map_batch_size >= 1, "an integer >= 1"),
         ("eval_batch_size", self.eval_batch_size >= 1, "an integer >= 1"),
         ("ood_eval_max", self.ood_eval_max >= 0, "0 (all) or a positive count"),
     ]
+    if self.seed < 0:
+      raise ConfigError(f"invalid setting seed={self.seed!r}: allowed values are "
+                        "integers >= 0")
     for field, ok, allowed in checks:
       if not ok:
         raise ConfigError(f"invalid setting train.{field}={getattr(self, field)!r}: "
                          f"allowed values are {allowed}")
-    if num_clients < 1:
+    if num_clients is not None and num_clients < 1:
       raise ConfigError("the federation has zero clients: check the partition "
                        "settings (num_clients / d)")
 
@@ -364,6 +371,50 @@ class _Checkpointer:
     return jax.tree.unflatten(treedef, leaves), out["meta"]
 
 
+@jax.jit
+def _finite_leaves(tree_) -> jax.Array:
+  """[leaves] bool: every value of the leaf is finite (integer leaves are)."""
+  return jnp.stack([jnp.all(jnp.isfinite(x)) if jnp.issubdtype(x.dtype, jnp.inexact)
+                    else jnp.bool_(True) for x in jax.tree.leaves(tree_)])
+
+
+LIKELY_CAUSES = ("a learning rate too large for the model (client.lr, the "
+                 "algorithm's server_lr), a temperature of 0, or an input whose "
+                 "normalization divides by ~0")
+
+
+def check_finite(name: str, r0: int, metrics: dict[str, list], carry,
+                 last_good: int | None, checkpoint_dir: str | None) -> None:
+  """Stops a run whose chunk from round `r0` went non-finite (NonFiniteError):
+  the first round whose training loss or a round metric is NaN / inf, or the
+  server / client state leaf that is."""
+  bad = []
+  for key, values in metrics.items():
+    arr = np.asarray(values, np.float64)
+    rows = ~np.isfinite(arr.reshape(arr.shape[0], -1)).all(axis=1)
+    if rows.any():
+      label = "training loss" if key == "loss" else f"round metric {key!r}"
+      bad.append((r0 + int(np.argmax(rows)), label))
+  paths = [jax.tree_util.keystr(p) for p, _ in
+           jax.tree_util.tree_flatten_with_path(carry)[0]]
+  finite = np.asarray(_finite_leaves(carry)) if paths else np.ones(0, bool)
+  where = ("server state", "client state")
+  for path, ok in zip(paths, finite):
+    if not ok:
+      part = where[int(path.startswith("[1]"))]
+      bad.append((r0 + len(metrics.get("loss", [0])) - 1,
+                  f"{part} {path[3:] or '(whole)'}"))
+      break
+  if not bad:
+    return
+  round_, what = min(bad)
+  kept = (f" The last good checkpoint (round {last_good}) is kept in "
+          f"{checkpoint_dir}." if last_good is not None else "")
+  raise NonFiniteError(
+      f"{name}: the {what} went non-finite (NaN / inf) by round {round_}; the run "
+      f"is stopped.{kept} Likely: {LIKELY_CAUSES}.")
+
+
 def _to_host(metrics: dict) -> dict[str, list]:
   return {k: np.asarray(v).tolist() for k, v in metrics.items()}
 
@@ -406,30 +457,37 @@ def run(alg: Algorithm, data, model, cfg: EngineConfig, *,
 
   bar = _progress(cfg, alg.name, r0)
   t0 = time.perf_counter()
-  while r0 < cfg.rounds:
-    length = min(cfg.eval_every, cfg.rounds - r0)
-    carry, metrics = run_chunk(carry, jnp.int32(r0), train, root_key, frozen,
-                               length)
-    r0 += length
-    for k, v in _to_host(metrics).items():
-      round_metrics.setdefault(k, []).extend(v)
-    entry = dict(round=r0, train_loss=float(np.mean(round_metrics["loss"][-length:])),
-                 **eval_step(carry, frozen, val, ood_sub))
-    history.append(entry)
-    if on_eval is not None:
-      on_eval(entry)
+  try:
+    while r0 < cfg.rounds:
+      length = min(cfg.eval_every, cfg.rounds - r0)
+      carry, metrics = run_chunk(carry, jnp.int32(r0), train, root_key, frozen,
+                                 length)
+      chunk_metrics = _to_host(metrics)
+      # Before anything is recorded or saved: the last good checkpoint stays.
+      check_finite(alg.name, r0, chunk_metrics, carry,
+                   ckpt.latest() if ckpt is not None else None, checkpoint_dir)
+      r0 += length
+      for k, v in chunk_metrics.items():
+        round_metrics.setdefault(k, []).extend(v)
+      train_loss = float(np.mean(round_metrics["loss"][-length:]))
+      entry = dict(round=r0, train_loss=train_loss,
+                   **eval_step(carry, frozen, val, ood_sub))
+      history.append(entry)
+      if on_eval is not None:
+        on_eval(entry)
+      if bar is not None:
+        bar.update(length)
+        bar.set_postfix({short: f"{entry[key]:.3f}" for short, key in
+                         (("loss", "train_loss"), ("id", "id_acc"),
+                          ("ood", "ood_acc")) if key in entry})
+      if ckpt is not None:
+        ckpt.save(r0, carry, dict(round=r0, history=history,
+                                  round_metrics=round_metrics))
+  finally:  # a stopped run still leaves complete checkpoints
     if bar is not None:
-      bar.update(length)
-      bar.set_postfix({short: f"{entry[key]:.3f}" for short, key in
-                       (("loss", "train_loss"), ("id", "id_acc"), ("ood", "ood_acc"))
-                       if key in entry})
+      bar.close()
     if ckpt is not None:
-      ckpt.save(r0, carry, dict(round=r0, history=history,
-                                round_metrics=round_metrics))
-  if bar is not None:
-    bar.close()
-  if ckpt is not None:
-    ckpt.close()
+      ckpt.close()
   final = dict(round=r0, **eval_step(carry, frozen, val, ood_full, details=True))
   server, clients = carry
   return RunResult(alg.name, server, clients, history, round_metrics, final,

@@ -12,3 +12,8 @@ class ConfigError(ValueError):
 class DataError(ConfigError):
   """The data a setting points at is missing, unreadable or cannot be fetched:
   says where it was looked for and what to do."""
+
+
+class NonFiniteError(ConfigError):
+  """Training went non-finite (NaN / inf): names the algorithm, the round and
+  the quantity, and the settings that usually cause it."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import math
 import os
 import shutil
 import time
@@ -83,7 +84,22 @@ def validate(cfg: ConfigDict) -> None:
   if cfg.data.num_clients < 0:
     raise ConfigError(f"data.num_clients={cfg.data.num_clients}: allowed values "
                      "are 0 (one client per source domain) or a positive count")
-  engine_config(cfg).validate(max(cfg.data.num_clients, cfg.train.cohort_size, 1))
+  engine_config(cfg).validate(cfg.data.num_clients or None)
+  check_algorithms(cfg)
+
+
+def check_algorithms(cfg: ConfigDict) -> None:
+  """Every algorithm's settings (its section, its clients' optimizer) checked
+  before any data is read: each is built once on a tiny stand-in model (those
+  that derive something from the data check their optimizer only)."""
+  from fedjax_dg import models
+  probe = models.get_model("mlp", input_shape=(4, 4, 1), num_classes=2,
+                           hidden=2)
+  n = cfg.data.num_clients or 4
+  for name in cfg.algorithms:
+    algorithms.client_optimizer(cfg, name)
+    if not algorithms.uses_data(name, cfg):
+      algorithms.build(name, probe, n, cfg)
 
 
 def target_domains(cfg: ConfigDict, domain_names) -> list:
@@ -222,8 +238,20 @@ def run(cfg: ConfigDict, run_dir: str | None = None, *, echo=print) -> dict:
   return results
 
 
+def strict_json(value):
+  """`value` with every NaN / inf float as None (null): strict JSON, which
+  `json.dump` would otherwise write as bare NaN tokens."""
+  if isinstance(value, float):
+    return value if math.isfinite(value) else None
+  if isinstance(value, dict):
+    return {k: strict_json(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [strict_json(v) for v in value]
+  return value
+
+
 def _write(run_dir: str, results: dict) -> None:
   tmp = os.path.join(run_dir, "results.json.tmp")
   with open(tmp, "w") as f:
-    json.dump(results, f)
+    json.dump(strict_json(results), f, allow_nan=False)
   os.replace(tmp, os.path.join(run_dir, "results.json"))

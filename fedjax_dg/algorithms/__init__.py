@@ -164,8 +164,13 @@ def client_optimizer(cfg, name: str):
   """The clients' optimizer of algorithm `name`: `cfg.client` with the non-None
   fields of `cfg.<section>.client`."""
   section = spec(name).section
-  c = client_settings(dict(cfg.client), dict(cfg[section].client))
-  return make_optimizer(c["optimizer"], c["lr"], c["weight_decay"], c["momentum"])
+  try:
+    c = client_settings(dict(cfg.client), dict(cfg[section].client))
+    return make_optimizer(c["optimizer"], c["lr"], c["weight_decay"],
+                          c["momentum"])
+  except ConfigError as e:
+    raise ConfigError(f"{name}'s client optimizer (client.*, overridden by "
+                      f"{section}.client.*): {e}") from None
 
 
 def needs_server_data(name: str) -> bool:

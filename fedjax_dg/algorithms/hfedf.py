@@ -178,6 +178,11 @@ def hfedf(model, optimizer, loss, *, num_clients: int,
   `embeddings="autoencoder"` only, `seed` seeds that autoencoder."""
   if embeddings not in EMBEDDINGS:
     raise ConfigError(f"hfedf.embeddings={embeddings!r}: allowed {EMBEDDINGS}")
+  if temperature <= 0:
+    raise ConfigError(f"hfedf.temperature={temperature!r}: GradAlign's softmax "
+                      "temperature must be > 0 (1 = the paper)")
+  if norm_batch_size < 1:
+    raise ConfigError(f"hfedf.norm_batch_size={norm_batch_size!r}: allowed >= 1")
   if gradalign_granularity not in GRANULARITIES:
     raise ConfigError(f"hfedf.gradalign_granularity={gradalign_granularity!r}: "
                      f"allowed {GRANULARITIES}")

@@ -65,12 +65,17 @@ def stack_clients(
   return ClientArrays(x=x, y=y, n=n)
 
 
+MIN_STD = 0.5 / 255  # a channel whose std is below this is constant
+
+
 def channel_stats(
     x: np.ndarray, n: np.ndarray
 ) -> tuple[tuple[float, ...], tuple[float, ...]]:
   """Per-channel mean and (population) std in [0, 1] units of the real examples.
 
   Exact, from per-channel histograms of the uint8 values, so memory stays small.
+  A constant channel (std below half a grey level) gets std 1: normalized, it is
+  0 everywhere instead of a division by zero (NaN from the first step).
   """
   ch = x.shape[-1]
   hist = np.zeros((ch, 256), np.float64)
@@ -83,7 +88,9 @@ def channel_stats(
   total = np.maximum(hist.sum(1), 1)
   mean = hist @ values / total
   var = np.maximum(hist @ values**2 / total - mean**2, 0.0)
-  return tuple(mean.tolist()), tuple(np.sqrt(var).tolist())
+  std = np.sqrt(var)
+  std = np.where(std < MIN_STD, 1.0, std)
+  return tuple(mean.tolist()), tuple(std.tolist())
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

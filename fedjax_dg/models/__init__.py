@@ -135,9 +135,13 @@ def available() -> tuple[str, ...]:
 def _per_channel(v, ch: int, what: str) -> tuple[float, ...]:
   v = tuple(float(a) for a in (v if isinstance(v, (tuple, list)) else (v,)))
   if len(v) == 1:
-    return v * ch
+    v = v * ch
   if len(v) != ch:
     raise ConfigError(f"{what} has {len(v)} entries for {ch} input channels")
+  if not all(np.isfinite(v)) or (what == "std" and min(v) <= 0):
+    raise ConfigError(f"{what}={v}: the input normalization needs finite values"
+                      + (" and std > 0 (a constant channel: std 1)"
+                         if what == "std" else ""))
   return v
 
 

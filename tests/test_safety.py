@@ -1,0 +1,122 @@
+"""No silent wrong numbers: non-finite training stops, constant channels, strict
+JSON, settings refused before any data is read (issue 12)."""
+
+import dataclasses
+import json
+import math
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import synthetic_domains
+from fedjax_dg import config, engine, experiment, models
+from fedjax_dg.algorithms.base import ServerState
+from fedjax_dg.algorithms.fedavg import fedavg
+from fedjax_dg.client import objectives
+from fedjax_dg.data import federated, partition
+from fedjax_dg.errors import ConfigError, NonFiniteError
+from fedjax_dg.optim import make_optimizer
+
+CFG = engine.EngineConfig(rounds=6, eval_every=2, epochs=1, batch_size=8,
+                          client_mapping="map", progress=False, eval_batch_size=16)
+
+
+def _mlp(fed):
+  return models.get_model("mlp", input_shape=fed.image_shape,
+                          num_classes=fed.num_classes, mean=fed.mean, std=fed.std)
+
+
+def test_nan_loss_stops_the_run_naming_round_and_keeping_the_last_checkpoint(
+    fed3, tmp_path):
+  model = _mlp(fed3)
+  ce = objectives.cross_entropy(model)
+  # The loss turns NaN from round 3 on (the second chunk of two rounds).
+  loss = lambda p, b, rng, ctx: jnp.where(ctx.round >= 3, jnp.nan, ce(p, b, rng, ctx))
+  alg = dataclasses.replace(fedavg(model, make_optimizer("adam", 1e-2), ce),
+                            loss=loss)
+  ckpt = str(tmp_path / "ckpt")
+  with pytest.raises(NonFiniteError) as e:
+    engine.run(alg, fed3, model, CFG, checkpoint_dir=ckpt)
+  msg = str(e.value)
+  assert "fedavg" in msg and "training loss" in msg and "round 3" in msg, msg
+  assert "round 2) is kept" in msg and "learning rate" in msg
+  assert engine._Checkpointer(ckpt).latest() == 2  # the bad chunk not saved
+
+
+def test_non_finite_server_state_is_named(fed3):
+  model = _mlp(fed3)
+  base = fedavg(model, make_optimizer("adam", 1e-2),
+                objectives.cross_entropy(model))
+
+  def server_update(server, result, key):
+    server, metrics = base.server_update(server, result, key)
+    bad = {**server.params, "fc2": {**server.params["fc2"],
+                                    "bias": server.params["fc2"]["bias"] / 0.0}}
+    return ServerState(bad, server.opt), metrics
+
+  alg = dataclasses.replace(base, server_update=server_update)
+  with pytest.raises(NonFiniteError, match=r"fedavg: the server state \.params\["):
+    engine.run(alg, fed3, model, CFG)
+
+
+def test_a_constant_channel_normalizes_to_zero_not_nan():
+  ds = synthetic_domains(num_domains=3, per_domain=30)
+  rgb = np.concatenate([ds.images, ds.images,
+                        np.full_like(ds.images, 77)], axis=-1)  # a constant channel
+  ds = dataclasses.replace(ds, images=rgb)
+  fed = federated.build(ds, partition.PartitionSpec(num_partitions=2, seed=0),
+                        target_domain=0)
+  mean, std = fed.mean, fed.std
+  assert std[2] == 1.0 and abs(mean[2] - 77 / 255) < 1e-9
+  assert std[0] < 1.0
+  model = _mlp(fed)
+  x = model.normalize(jnp.asarray(rgb[:4]))
+  assert np.all(np.isfinite(np.asarray(x))) and np.all(np.asarray(x[..., 2]) == 0)
+  res = engine.run(fedavg(model, make_optimizer("adam", 1e-2),
+                          objectives.cross_entropy(model)), fed, model,
+                   dataclasses.replace(CFG, rounds=2))
+  assert math.isfinite(res.history[-1]["train_loss"])
+  with pytest.raises(ConfigError, match="std > 0"):
+    models.get_model("mlp", input_shape=(4, 4, 1), num_classes=2, std=0.0)
+
+
+def test_results_json_is_strict(tmp_path):
+  results = dict(runs=[dict(final=dict(ece=float("nan"), acc=0.5,
+                                       hist=[1.0, float("inf")]))])
+  experiment._write(str(tmp_path), results)
+  text = (tmp_path / "results.json").read_text()
+
+  def refuse(token):
+    raise AssertionError(f"non-strict JSON token {token}")
+
+  loaded = json.loads(text, parse_constant=refuse)
+  assert loaded["runs"][0]["final"] == dict(ece=None, acc=0.5, hist=[1.0, None])
+
+
+def _validated(*overrides):
+  cfg = config.apply_overrides(config.base_config(), list(overrides))
+  experiment.validate(cfg)  # no data is read
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (["hfedf.temperature=0.0"], "hfedf.temperature=0.0"),
+    (["client.lr=0"], "client optimizer (client.*"),
+    (["algorithms=fedprox", "fedprox.client.lr=-1.0"], "fedprox.client"),
+    (["hfedf.ema_decay=1.5"], "ema decay must be in [0, 1]"),
+    (["seed=-1"], "seed=-1"),
+    (["train.cohort_size=-1"], "train.cohort_size=-1: allowed values are 0 "
+                               "(all clients) or a positive count"),
+    (["moon.temperature=0.0", "algorithms=moon"], "MOON temperature"),
+])
+def test_bad_settings_are_refused_before_any_data(overrides, needle):
+  with pytest.raises(ConfigError) as e:
+    _validated(*overrides)
+  assert needle in str(e.value), str(e.value)
+
+
+def test_a_bool_is_not_an_int():
+  with pytest.raises(ConfigError, match="train.rounds: expected int"):
+    config.apply_overrides(config.base_config(), ["train.rounds=True"])
+  with pytest.raises(ConfigError, match="hfedf.ema: expected bool"):
+    config.apply_overrides(config.base_config(), ["hfedf.ema=1"])
