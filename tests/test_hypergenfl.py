@@ -423,3 +423,33 @@ def test_learns_above_chance_on_label_skewed_clients_with_partial_participation(
   w = np.asarray(extras["weights"])
   assert w.shape == (8, 2) and (w.sum(1) > 0).sum() == 4
   np.testing.assert_allclose(w.sum(0), 1.0, rtol=1e-5)
+
+
+@pytest.mark.parametrize("seed", [3, 55])
+def test_an_initialization_cannot_start_dead(seed):
+  """With the 5-layer CIFAR CNN, seeds 3 and 55 (as the engine derives the init
+  key) draw a hypernetwork whose every decoder ReLU is off: zero gradients,
+  weights 1/m forever. The algorithm re-draws phi until one is on."""
+  from fedjax_dg.algorithms import hypergenfl as hg_alg
+  from fedjax_dg.models.hypergenfl import decoder_preactivations
+  model = models.get_model("cifar_cnn", input_shape=(32, 32, 3), num_classes=10)
+  alg = hypergenfl(model, optax.sgd(0.1), None, num_clients=10)
+  init_key = jax.random.fold_in(jax.random.key(seed), 2**31 - 1)
+  server, _ = jax.jit(alg.init)(init_key)
+  layer_of, _ = hg.layer_groups(jax.eval_shape(model.init, jax.random.key(0)))
+  module = AttentionScores(embed_dim=128, num_layers=max(layer_of) + 1)
+  pre = decoder_preactivations(module, server.hp.theta, server.hp.embeddings)
+  assert float(jnp.max(pre)) > 0
+  # The plain draw from the same key was dead (what the re-draw fixes) ...
+  _, k_phi, _ = jax.random.split(init_key, 3)
+  plain = init_attention_scores(module, k_phi, 128)
+  assert float(jnp.max(decoder_preactivations(module, plain,
+                                              server.hp.embeddings))) <= 0
+  # ... while a key that starts alive keeps its draw.
+  alive_key = jax.random.fold_in(jax.random.key(0), 2**31 - 1)
+  _, k0, _ = jax.random.split(alive_key, 3)
+  same = jax.tree.map(
+      lambda a, b: bool(jnp.array_equal(a, b)),
+      hg_alg.init_alive(module, k0, 128, jnp.ones((10, 128))),
+      init_attention_scores(module, k0, 128))
+  assert all(jax.tree.leaves(same))
