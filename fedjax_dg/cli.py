@@ -38,7 +38,7 @@ def _run(config_path: str | None, overrides: list[str], resume: str | None,
   cfg = (importlib.import_module(module).get_config() if module
          else config_lib.load(config_path))
   cfg = config_lib.apply_overrides(cfg, overrides)
-  results = experiment.run(cfg, run_dir=resume)
+  results = experiment.run(cfg, run_dir=resume, resume=resume is not None)
   print()
   print(report.text_table(results))
   paths = report.write_all(results, results["run_dir"])

@@ -117,6 +117,25 @@ def _unknown(key: str, options, where: str = "") -> str:
           f"{sorted(str(o) for o in options)})")
 
 
+def flatten(tree: dict, prefix: str = "") -> dict:
+  """{"train.rounds": 200, ...} of a nested dict (a config's JSON)."""
+  if isinstance(tree, dict):
+    out = {}
+    for k, v in tree.items():
+      out.update(flatten(v, f"{prefix}{k}."))
+    return out
+  return {prefix[:-1]: tree}
+
+
+def drift(saved: dict, now: dict) -> list[str]:
+  """"key: old -> new" for every field whose value differs between two
+  configs' JSON (fields only one has, e.g. added to base_config since, are not
+  drift)."""
+  a, b = flatten(saved), flatten(now)
+  return [f"{k}: {a[k]!r} -> {b[k]!r}" for k in sorted(set(a) & set(b))
+          if a[k] != b[k]]
+
+
 def _from_ml_collections(error: Exception) -> bool:
   frames = traceback.extract_tb(error.__traceback__)
   return bool(frames) and "ml_collections" in frames[-1].filename

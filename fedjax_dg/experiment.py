@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 from fedjax_dg import algorithms, engine
+from fedjax_dg import config as config_lib
 from fedjax_dg.config import ConfigDict
 from fedjax_dg.errors import ConfigError
 
@@ -173,8 +174,39 @@ def make_model(cfg: ConfigDict, fed, mean, std):
                           conv_impl=cfg.model.conv_impl)
 
 
-def run(cfg: ConfigDict, run_dir: str | None = None, *, echo=print) -> dict:
-  """Runs every (target domain, algorithm) of `cfg`; returns the results dict."""
+def check_resume(cfg: ConfigDict, run_dir: str, data: dict) -> None:
+  """A run directory is continued only with its own settings and data: the
+  stored config.json and data.json must equal the requested ones (a
+  ConfigError names the differing keys). Nothing is written before this."""
+  path = os.path.join(run_dir, "config.json")
+  if not os.path.exists(path):
+    raise ConfigError(f"--resume {run_dir}: holds no config.json, so it is not "
+                      "a run directory of fedjax-dg run")
+  with open(path) as f:
+    stored = json.load(f)
+  changed = config_lib.drift(stored, json.loads(cfg.to_json()))
+  if changed:
+    raise ConfigError(
+        f"{run_dir} was run with other settings ({'; '.join(changed)}): resume "
+        "it with the same config and --set values, or start a new run")
+  path = os.path.join(run_dir, "data.json")
+  if os.path.exists(path):
+    with open(path) as f:
+      before = json.load(f)
+    if before != data:
+      raise ConfigError(
+          f"{run_dir} was run on other data ({before} -> {data}): the dataset "
+          "changed since (another prepare, data_dir or manual_dir); start a "
+          "new run")
+
+
+def run(cfg: ConfigDict, run_dir: str | None = None, *, resume: bool = False,
+        echo=print) -> dict:
+  """Runs every (target domain, algorithm) of `cfg`; returns the results dict.
+
+  `run_dir` (a sweep's cell, or `resume`: an earlier run to continue) is
+  continued if it holds a run: only with the same settings and data.
+  """
   cfg = resolve(cfg)
   validate(cfg)
   # Data, federations and engine settings are all checked before a run directory
@@ -186,11 +218,20 @@ def run(cfg: ConfigDict, run_dir: str | None = None, *, echo=print) -> dict:
   for fed in feds:
     ecfg.validate(fed.num_clients)
 
-  resume = run_dir is not None and os.path.exists(os.path.join(run_dir, "config.json"))
+  data = dict(dataset=dataset.name, images=int(len(dataset.images)),
+              fingerprint=dataset.fingerprint())
+  if resume and not os.path.isdir(run_dir or ""):
+    raise ConfigError(f"--resume {run_dir}: no such run directory")
+  resume = run_dir is not None and (
+      resume or os.path.exists(os.path.join(run_dir, "config.json")))
+  if resume:
+    check_resume(cfg, run_dir, data)
   run_dir = run_dir or make_run_dir(cfg.output_dir, cfg.name)
   os.makedirs(run_dir, exist_ok=True)
   with open(os.path.join(run_dir, "config.json"), "w") as f:
     f.write(cfg.to_json(indent=2))
+  with open(os.path.join(run_dir, "data.json"), "w") as f:
+    json.dump(data, f)
   results = dict(name=cfg.name, run_dir=run_dir, dataset=dataset.name,
                  domains=list(dataset.domain_names), targets=[str(t) for t in targets],
                  algorithms=list(cfg.algorithms), runs=[])

@@ -247,25 +247,8 @@ def write_manifest(sweep_dir: str, manifest: dict) -> None:
   os.replace(tmp, os.path.join(sweep_dir, MANIFEST))
 
 
-def _flat(tree, prefix="") -> dict:
-  if isinstance(tree, dict):
-    out = {}
-    for k, v in tree.items():
-      out.update(_flat(v, f"{prefix}{k}."))
-    return out
-  return {prefix[:-1]: tree}
-
-
 def _config_json(cfg) -> dict:
   return json.loads(cfg.to_json())
-
-
-def config_drift(saved: dict, now: dict) -> list[str]:
-  """Fields whose value differs between two configs (fields only one has, e.g.
-  added to base_config since, are not drift)."""
-  a, b = _flat(saved), _flat(now)
-  return [f"{k}: {a[k]!r} -> {b[k]!r}" for k in sorted(set(a) & set(b))
-          if a[k] != b[k]]
 
 
 def _complete(cell_dir: str) -> bool:
@@ -303,7 +286,7 @@ def run_sweep(config_path: str | None = None, sets=(), grid=(), seeds=None, *,
              use_defaults=False)
     if [c.name for c in p.cells] != [c["name"] for c in manifest["cells"]]:
       raise ConfigError(f"{resume}: the cells of {MANIFEST} do not match its grid")
-    drift = config_drift(manifest["base_config"], _config_json(p.base))
+    drift = config_lib.drift(manifest["base_config"], _config_json(p.base))
     if drift:
       raise ConfigError(f"{manifest['config']} changed since the sweep started "
                        f"(resuming would mix settings): {'; '.join(drift)}")

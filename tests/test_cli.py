@@ -78,6 +78,30 @@ def test_run_writes_results_table_and_plots_and_never_overwrites(tiny_config, ca
   res = json.load(open(os.path.join(out, run_dir, "results.json")))
   assert len(res["runs"]) == 4
 
+  # --resume refuses other settings or data, before anything is written.
+  files = {f: open(os.path.join(out, run_dir, f)).read()
+           for f in ("config.json", "results.json", "data.json")}
+  for extra, needle in ((["--set", "train.rounds=3"], "train.rounds: 2 -> 3"),
+                        (["--set", "data.max_per_domain=30"],
+                         "data.max_per_domain: 40 -> 30")):
+    assert cli.main(["run", "--config", path, "--resume",
+                     os.path.join(out, run_dir)] + extra) == 2
+    assert needle in capsys.readouterr().err
+  for f, text in files.items():
+    assert open(os.path.join(out, run_dir, f)).read() == text, f
+  # Same settings, other data (as after another `prepare`): refused too.
+  data = json.loads(files["data.json"])
+  json.dump(dict(data, fingerprint="0" * 16),
+            open(os.path.join(out, run_dir, "data.json"), "w"))
+  assert cli.main(["run", "--config", path, "--resume",
+                   os.path.join(out, run_dir)]) == 2
+  assert "run on other data" in capsys.readouterr().err
+  # A directory that does not exist is an error, not a fresh run.
+  assert cli.main(["run", "--config", path, "--resume",
+                   os.path.join(out, "nope")]) == 2
+  assert "no such run directory" in capsys.readouterr().err
+  assert not os.path.exists(os.path.join(out, "nope"))
+
 
 @pytest.mark.parametrize("override,needle", [
     ("algorithms=fedavg,nope", "unknown algorithm 'nope'"),
