@@ -115,6 +115,43 @@ def test_pacs_folder_prepare_load_resize(tmp_path):
   assert "24 images" in sources.prepare("pacs", data_dir=data_dir)
 
 
+def test_prepare_from_another_folder_prepares_again_and_runs_refuse_stale_data(
+    tmp_path):
+  data_dir = str(tmp_path / "data")
+  a = write_pacs_tree(str(tmp_path / "A"))
+  b = write_pacs_tree(str(tmp_path / "B"), per_class=3)
+  assert "24 images" in sources.prepare("pacs", data_dir=data_dir, manual_dir=a)
+  assert sources.load("pacs", data_dir=data_dir, manual_dir=a,
+                      image_size=8).images.shape[0] == 24
+  # Another folder: prepared again, its images (not the old ones, not "ready").
+  assert "36 images" in sources.prepare("pacs", data_dir=data_dir, manual_dir=b)
+  assert sources.load("pacs", data_dir=data_dir, manual_dir=b,
+                      image_size=8).images.shape[0] == 36
+  # A run naming the old folder is refused (it would get B's images).
+  with pytest.raises(DataError, match=r"built from .*B.*prepare pacs --manual-dir"):
+    sources.load("pacs", data_dir=data_dir, manual_dir=a, image_size=8)
+  # The same folder, changed (a file added): refused as well, even from cache.
+  Image.fromarray(np.zeros((9, 9, 3), np.uint8)).save(
+      os.path.join(b, "photo", "dog", "new.png"))
+  with pytest.raises(DataError, match="changed"):
+    sources.load("pacs", data_dir=data_dir, manual_dir=b, image_size=8)
+  assert "37 images" in sources.prepare("pacs", data_dir=data_dir, manual_dir=b)
+  # A folder that does not exist is an error, never "ready".
+  with pytest.raises(DataError, match="is not a folder"):
+    sources.prepare("pacs", data_dir=data_dir, manual_dir=str(tmp_path / "nope"))
+  # Prepared data outlive their source folder: no folder, nothing to compare.
+  assert sources.load("pacs", data_dir=data_dir, image_size=8).images.shape[0] == 37
+
+
+def test_a_truncated_image_is_named_at_prepare_time(tmp_path):
+  root = write_pacs_tree(str(tmp_path / "PACS"))
+  broken = os.path.join(root, "cartoon", "house", "0.jpg")
+  data = open(broken, "rb").read()
+  open(broken, "wb").write(data[:len(data) // 2])
+  with pytest.raises(DataError, match=r"cartoon/house/0.jpg: not a readable image"):
+    sources.prepare("pacs", data_dir=str(tmp_path / "data"), manual_dir=root)
+
+
 def test_pacs_different_sizes_need_image_size(tmp_path):
   root = write_pacs_tree(str(tmp_path / "PACS"))
   with pytest.raises(ValueError, match="pass image_size"):

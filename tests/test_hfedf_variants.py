@@ -14,9 +14,11 @@ import pytest
 from conftest import synthetic_domains
 from fedjax_dg import algorithms, engine, experiment, models, presets, server
 from fedjax_dg.algorithms import hfedf as hfedf_lib
+from fedjax_dg.algorithms.base import ClientResult
 from fedjax_dg.config import base_config
 from fedjax_dg.data import federated, partition
 from fedjax_dg.models import autoencoder as ae
+from fedjax_dg.server import EmaState
 from test_server import tiny_generator
 
 ENGINE = engine.EngineConfig(rounds=6, eval_every=3, epochs=1, batch_size=8,
@@ -281,6 +283,25 @@ def test_table3_ablations_are_algorithm_names(fed3):
     assert algorithms.spec(name).section == "hfedf"
     assert algorithms.build(name, _mlp(fed3), 3, cfg).name == name
   assert hfedf_lib.VARIANTS["hfedf_no_both"][1] == dict(gradalign=False, ema=False)
+  # Each name really switches its parts off: uniform GradAlign weights without
+  # GradAlign, no EMA state without EMA.
+  model = _mlp(fed3)
+  ids = jnp.arange(3)
+  for name, (align, smooth) in {"hfedf": (True, True),
+                                "hfedf_no_gradalign": (False, True),
+                                "hfedf_no_ema": (True, False),
+                                "hfedf_no_both": (False, False)}.items():
+    alg = algorithms.build(name, model, 3, cfg)
+    server, _ = jax.jit(alg.init)(jax.random.key(0))
+    start = alg.client_start(server, None, ids)
+    trained = jax.tree.map(
+        lambda x: x + 0.1 * jax.random.normal(jax.random.key(x.size), x.shape),
+        start)
+    result = ClientResult(ids, 0, start, trained, jnp.full(3, 10), jnp.ones(3))
+    new, metrics = jax.jit(alg.server_update)(server, result, jax.random.key(1))
+    uniform = np.allclose(metrics["gradalign_theta"], 1 / 3, atol=1e-7)
+    assert uniform == (not align), name
+    assert isinstance(new.ema, EmaState) == smooth, name
   assert algorithms.spec("hfedf_no_both").display_name == (
       "hFedF w/o GradAlign & EMA")
 
@@ -312,8 +333,17 @@ def test_presets_set_table10_values(name):
     assert cfg.fedsr.l2r_coeff == l2r
   if "pfedhn" in cfg:
     assert (cfg.pfedhn.server_lr, cfg.pfedhn.server_weight_decay) == (plr, pwd)
-  # The optimizer an algorithm gets reflects the preset.
-  assert algorithms.client_optimizer(cfg, "hfedf") is not None
+  # The optimizer an algorithm gets reflects the preset: Adam with L2 weight
+  # decay, so at w = 1 a zero gradient steps by -lr (the decay alone), and a
+  # gradient of -wd cancels the decay (no step).
+  opt = algorithms.client_optimizer(cfg, "hfedf")
+  w = {"w": jnp.ones(3)}
+  lr = cfg.hfedf.client.lr or cfg.client.lr  # the section overrides the run's
+  wd = cfg.hfedf.client.weight_decay
+  step, _ = opt.update({"w": jnp.zeros(3)}, opt.init(w), w)
+  np.testing.assert_allclose(step["w"], -lr, rtol=1e-3)
+  step, _ = opt.update({"w": jnp.full(3, -wd)}, opt.init(w), w)
+  np.testing.assert_allclose(step["w"], 0.0, atol=1e-12)
 
 
 def test_presets_skip_missing_sections_and_rfmnist_is_pacs():

@@ -138,6 +138,17 @@ def test_weights_are_positive_and_sum_to_one_per_layer(granularity):
   assert np.abs(w2[1:] - w[1:]).max() > 0
 
 
+def test_eq4_softmax_is_over_each_clients_features():
+  """z = softmax(MHA(sigma) + sigma) over the d features of each client: every
+  row of the latent sums to one (a softmax over clients would make columns)."""
+  module, _, phi, _ = weight_net(tiny_model())
+  sigma = jax.random.normal(jax.random.key(11), (5, 8))
+  z = np.asarray(module.apply({"params": phi}, sigma,
+                              method=AttentionScores.latent))
+  np.testing.assert_allclose(z.sum(1), 1.0, rtol=1e-6)
+  assert np.abs(z.sum(0) - 1.0).max() > 1e-2
+
+
 def test_identical_embeddings_give_uniform_weights_and_the_plain_mean():
   model = tiny_model()
   _, hn, phi, layer_of = weight_net(model)

@@ -70,8 +70,20 @@ def test_gradalign_matches_brute_force(temperature):
   np.testing.assert_allclose(got.cos_emb, want["cos_e"], rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(got.weights_emb, want["w_e"], rtol=1e-4)
   np.testing.assert_allclose(got.embeddings, want["g_emb"], rtol=1e-4, atol=1e-6)
-  # The best-aligned client gets the largest weight (softmax of +cos).
-  assert int(np.argmax(got.weights_theta)) == int(np.argmax(want["cos"]))
+
+
+def test_gradalign_weighs_an_opposed_client_least():
+  """Independent of the brute force: with a linear generator h(theta, e) =
+  theta (every client the same model), client gradients are the deltas; two
+  clients agree and one opposes them: it gets the smallest weight (softmax of
+  +cos, not -cos), the two agreeing ones equal weights."""
+  h = lambda th, e: th
+  theta = {"w": jnp.zeros(4)}
+  d = jnp.array([[1.0, 2.0, 0.0, 1.0], [1.0, 2.0, 0.0, 1.0],
+                 [-1.0, -2.0, 0.5, -1.0]])
+  got = server.hypernetwork_grads(h, theta, jnp.zeros((3, 1)), {"w": d})
+  w = np.asarray(got.weights_theta)
+  assert w[2] < w[0] and abs(w[0] - w[1]) < 1e-7 and abs(w.sum() - 1) < 1e-6
 
 
 def test_without_gradalign_is_the_plain_mean():

@@ -1,5 +1,6 @@
 """The server's data split and the server-data baselines FedDF, FedBE, FedLAW."""
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,6 +12,7 @@ from test_data_federated import make_dataset
 from fedjax_dg import algorithms, engine, experiment, models, tree
 from fedjax_dg.algorithms.base import ClientResult
 from fedjax_dg.algorithms import fedbe as fedbe_lib
+from fedjax_dg.algorithms import feddf as feddf_lib
 from fedjax_dg.algorithms import fedlaw as fedlaw_lib
 from fedjax_dg.algorithms.feddf import avg_logits_teacher
 from fedjax_dg.config import base_config
@@ -337,9 +339,58 @@ def test_fedbe_server_update_distills_into_the_mean(sfed):
   server, _ = alg.init(jax.random.key(9))
   new, metrics = jax.jit(alg.server_update)(server, result, jax.random.key(1))
   assert metrics["distill_loss_last"] < metrics["distill_loss_first"]
-  mean = tree.weighted_mean(stacked, result.num_examples)
-  moved = optax.tree.norm(optax.tree.sub(new.params, mean))
-  assert float(moved) > 0
+
+
+def _fedbe_out(sfed, stacked, n, **kw):
+  """FedBE's aggregator output (same key) under settings `kw`."""
+  model = _mlp(sfed)
+  args = dict(steps=12, batch_size=16, swa_start=-1, swa_freq=1,
+              sharpen_temperature=1.0, eval_chunk=64, num_samples=3)
+  args.update(kw)
+  t = fedbe_lib.bayesian_ensemble_distillation(
+      model, jnp.asarray(sfed.server_x), optax.sgd(0.5), **args)
+  out, _ = jax.jit(lambda u, s: t.update(u, s, None, weights=n,
+                                         key=jax.random.key(1)))(
+      stacked, t.init(None))
+  return out
+
+
+def test_fedbe_returns_the_swa_average_and_uses_its_samples(sfed):
+  """The new model is the SWA average (not the last iterate), from the mean
+  model (p-weighted), and the Bayesian samples change the pseudo-labels."""
+  model = _mlp(sfed)
+  stacked = _clients(model, seed=4)
+  n = jnp.asarray([10, 20, 30])
+  last = _fedbe_out(sfed, stacked, n)  # no SWA: the last iterate
+  swa = _fedbe_out(sfed, stacked, n, swa_start=0, swa_freq=1)
+  assert float(optax.tree.norm(optax.tree.sub(swa, last))) > 1e-4
+  # SWA from the last step only (c > steps - 1) is the last iterate exactly.
+  only_last = _fedbe_out(sfed, stacked, n, swa_start=11, swa_freq=1)
+  chex.assert_trees_all_close(only_last, last, atol=1e-6)
+  # No samples (mean + clients only): other pseudo-labels, another model.
+  no_samples = _fedbe_out(sfed, stacked, n, num_samples=0)
+  assert float(optax.tree.norm(optax.tree.sub(no_samples, last))) > 1e-4
+  # Zero steps of size 0 leave the student at the p-weighted mean.
+  t = fedbe_lib.bayesian_ensemble_distillation(
+      model, jnp.asarray(sfed.server_x), optax.sgd(0.0), steps=1,
+      batch_size=16, swa_start=-1, swa_freq=1, sharpen_temperature=1.0,
+      eval_chunk=64, num_samples=1)
+  out, _ = t.update(stacked, t.init(None), None, weights=n,
+                    key=jax.random.key(1))
+  chex.assert_trees_all_close(out, tree.weighted_mean(stacked, n), atol=1e-6)
+
+
+def test_feddf_student_starts_from_the_example_weighted_mean(sfed):
+  model = _mlp(sfed)
+  stacked = _clients(model, seed=2)
+  n = jnp.asarray([10, 20, 30])
+  t = feddf_lib.ensemble_distillation(model, jnp.asarray(sfed.server_x),
+                                      optax.sgd(0.0), steps=1, batch_size=16)
+  out, _ = t.update(stacked, t.init(None), None, weights=n,
+                    key=jax.random.key(0))
+  chex.assert_trees_all_close(out, tree.weighted_mean(stacked, n), atol=1e-6)
+  unweighted = tree.weighted_mean(stacked, jnp.ones(3))
+  assert float(optax.tree.norm(optax.tree.sub(out, unweighted))) > 1e-3
 
 
 # ----------------------------------------------------------------------------

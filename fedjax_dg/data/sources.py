@@ -27,7 +27,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import io
+import json
 import os
+import shutil
 import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -421,9 +423,67 @@ def manual_dir_default(name: str, data_dir: str) -> str:
   return env or os.path.join(data_dir, "downloads", "manual", name)
 
 
+SOURCE_RECORD = "fedjax_dg_source.json"  # beside the prepared data
+
+
+def source_fingerprint(path: str | None) -> dict | None:
+  """A cheap identity of a raw-data folder (absolute path, file count, total
+  size, newest mtime); None when there is no such folder (then the data came
+  from, or will come from, a download)."""
+  if not path or not os.path.isdir(path):
+    return None
+  files = size = 0
+  newest = 0.0
+  for root, _, names in os.walk(path):
+    for n in names:
+      st = os.stat(os.path.join(root, n))
+      files, size, newest = files + 1, size + st.st_size, max(newest, st.st_mtime)
+  return dict(path=os.path.abspath(path), files=files, bytes=size,
+              mtime=round(newest, 3))
+
+
+def _prepared_dir(entry: _Own, data_dir: str) -> str:
+  return os.path.join(data_dir, entry.tfds_name, entry.version)
+
+
+def recorded_source(entry: _Own, data_dir: str) -> dict | None:
+  """The source the prepared data was built from ({} if unknown: prepared by
+  an older fedjax_dg, or from a download), None if nothing is prepared."""
+  path = os.path.join(_prepared_dir(entry, data_dir), SOURCE_RECORD)
+  if not os.path.exists(path):
+    return {} if os.path.isdir(_prepared_dir(entry, data_dir)) else None
+  with open(path) as f:
+    return json.load(f)
+
+
+def _record_source(entry: _Own, data_dir: str, manual_dir: str) -> None:
+  with open(os.path.join(_prepared_dir(entry, data_dir), SOURCE_RECORD), "w") as f:
+    json.dump(source_fingerprint(manual_dir) or {}, f)
+
+
+def check_source(name: str, data_dir: str, manual_dir: str | None) -> None:
+  """Refuses prepared data built from another folder than the one given now
+  (or from the same folder before it changed): a run would silently use the
+  old images. Nothing to compare when the folder is absent (prepared data
+  outlive their source) or nothing is recorded."""
+  entry = _lookup(name)
+  if not isinstance(entry, _Own):
+    return
+  before = recorded_source(entry, data_dir)
+  now = source_fingerprint(manual_dir or manual_dir_default(name, data_dir))
+  if before and now is not None and before != now:
+    raise DataError(
+        f"{name}: the prepared data at {_prepared_dir(entry, data_dir)} were "
+        f"built from {before['path']} ({before['files']} files), but the source "
+        f"folder now is {now['path']} ({now['files']} files, changed): run "
+        f"`fedjax-dg prepare {name} --manual-dir {now['path']}` to prepare "
+        "it again")
+
+
 def _own_builder(entry: _Own, data_dir: str, manual_dir: str | None,
                  name: str, prepare: bool):
-  """Constructs the builder and prepares it if needed; validates inputs first."""
+  """Constructs the builder and prepares it if needed (recording the source
+  folder it was built from); validates inputs first."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   from fedjax_dg.data import builders  # pylint: disable=g-import-not-at-top
   cls = getattr(builders, entry.builder)
@@ -433,6 +493,7 @@ def _own_builder(entry: _Own, data_dir: str, manual_dir: str | None,
                   source_dir=manual_dir)
     if prepare and not builder.is_prepared():
       builder.download_and_prepare()
+      _record_source(entry, data_dir, manual_dir)
     return builder
   builder = cls(data_dir=data_dir, file_format="array_record")
   if prepare and not builder.is_prepared():
@@ -444,6 +505,7 @@ def _own_builder(entry: _Own, data_dir: str, manual_dir: str | None,
     builder.download_and_prepare(
         download_config=tfds.download.DownloadConfig(manual_dir=index.root)
     )
+    _record_source(entry, data_dir, manual_dir)
     builder = cls(data_dir=data_dir, file_format="array_record")
   return builder
 
@@ -559,6 +621,7 @@ def load(
   _check_positive("image_size", image_size)
   _check_positive("max_per_domain", max_per_domain)
   data_dir = os.path.expanduser(data_dir or data_dir_default())
+  check_source(name, data_dir, manual_dir)
   cache_dir = _cache_dir(name, entry, data_dir)
   path = os.path.join(cache_dir, cache_key(image_size, max_per_domain, seed) + ".npz")
   if os.path.exists(path):
@@ -590,7 +653,16 @@ def prepare(
   entry = _lookup(name)
   data_dir = os.path.expanduser(data_dir or data_dir_default())
   start = time.perf_counter()
+  if manual_dir and not os.path.isdir(manual_dir):
+    raise DataError(f"{name}: --manual-dir {manual_dir!r} is not a folder")
   if isinstance(entry, _Own):
+    # Prepared from another (or a changed) folder, or from an unknown one while
+    # a folder is named: prepare again (the caches go with the prepared data).
+    before = recorded_source(entry, data_dir)
+    now = source_fingerprint(manual_dir or manual_dir_default(name, data_dir))
+    if before is not None and now is not None and before != now and (
+        before or manual_dir):
+      shutil.rmtree(_prepared_dir(entry, data_dir))
     builder = _own_builder(entry, data_dir, manual_dir, name, prepare=True)
     where = os.fspath(builder.data_dir)
   else:

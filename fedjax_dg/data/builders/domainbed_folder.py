@@ -115,12 +115,21 @@ def scan(
 
 
 def encoded_image(path: str) -> str | bytes:
-  """The file path for RGB JPEG/PNG files, else the image converted to RGB PNG."""
-  with Image.open(path) as im:
-    if im.format in ("JPEG", "PNG") and im.mode == "RGB":
-      return path
-    buf = io.BytesIO()
-    im.convert("RGB").save(buf, format="PNG")
+  """The file path for RGB JPEG/PNG files, else the image converted to RGB PNG.
+
+  Every image is decoded here, at prepare time: a broken or truncated file is
+  a DataError naming it, never a crash of a later run with no file name.
+  """
+  try:
+    with Image.open(path) as im:
+      im.load()  # decodes every pixel: a truncated file fails here
+      if im.format in ("JPEG", "PNG") and im.mode == "RGB":
+        return path
+      buf = io.BytesIO()
+      im.convert("RGB").save(buf, format="PNG")
+  except (OSError, SyntaxError, ValueError) as e:  # PIL's "cannot identify" etc.
+    raise DataError(f"{path}: not a readable image ({type(e).__name__}: {e}); "
+                    "replace or delete the file and prepare again") from e
   return buf.getvalue()
 
 
