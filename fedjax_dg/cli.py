@@ -104,6 +104,13 @@ def main(argv: list[str] | None = None) -> int:
   except ConfigError as e:  # a setting or input to fix; anything else is a bug
     print(f"fedjax-dg: error: {e}", file=sys.stderr)
     return 2
+  except KeyboardInterrupt:
+    where = getattr(args, "resume", None)
+    print("\nfedjax-dg: stopped. Finished runs are in results.json and every "
+          "unfinished one has its last checkpoint: continue with the same command "
+          + ("(it resumes)" if where else "and --resume RUN_DIR (the directory "
+             "printed at the start)") + ".", file=sys.stderr)
+    return 130
 
 
 if __name__ == "__main__":

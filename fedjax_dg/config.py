@@ -164,17 +164,25 @@ def load(path: str) -> ConfigDict:
   of the wrong type set there is a ConfigError naming the file)."""
   if not os.path.isfile(path):
     raise ConfigError(f"config file {path!r} does not exist (see experiments/)")
+  if not path.endswith(".py"):
+    raise ConfigError(f"config file {path!r}: a config is a Python file defining "
+                      "get_config() (see experiments/); to run a stored "
+                      "config.json, resume its run directory (--resume DIR)")
   spec = importlib.util.spec_from_file_location("_fedjax_dg_experiment", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   if not hasattr(module, "get_config"):
     raise ConfigError(f"{path} must define get_config() returning a ConfigDict")
   try:
-    return module.get_config()
+    cfg = module.get_config()
   except (AttributeError, KeyError, TypeError) as e:
     if _from_ml_collections(e):
       raise ConfigError(f"{path}: {_explain(e)}") from e
     raise
+  if not isinstance(cfg, ConfigDict):
+    raise ConfigError(f"{path}: get_config() returned a {type(cfg).__name__}; "
+                      "return the ConfigDict of base_config() with your changes")
+  return cfg
 
 
 def _parse(value: str):

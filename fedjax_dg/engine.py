@@ -51,7 +51,7 @@ from fedjax_dg import evaluate, tree
 from fedjax_dg.algorithms.base import (Algorithm, ClientContext, ClientData,
                                       ClientResult, with_frozen)
 from fedjax_dg.client.update import local_update
-from fedjax_dg.errors import ConfigError, NonFiniteError
+from fedjax_dg.errors import ConfigError, DataError, NonFiniteError
 
 PyTree = Any
 MAPPINGS = ("auto", "vmap", "map", "shard")
@@ -351,13 +351,24 @@ class _Checkpointer:
     self.manager.wait_until_finished()
     self.manager.close()
 
+  def _damaged(self, step: int, error: Exception) -> DataError:
+    return DataError(
+        f"the checkpoint of round {step} in {self.manager.directory} cannot be "
+        f"read ({type(error).__name__}: {str(error)[:300]}): it is damaged, e.g. "
+        "by a run killed while writing it or a full disk; delete that folder to "
+        "start this algorithm's run over (the run directory's finished runs "
+        "stay), or start a new run directory")
+
   def restore(self, step: int, like):
     ocp = self._ocp
     flat, treedef = jax.tree.flatten(like)
     abstract = {str(i): jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype)
                 for i, x in enumerate(flat)}
-    meta = self.manager.restore(step, args=ocp.args.Composite(
-        meta=ocp.args.JsonRestore()))["meta"]
+    try:
+      meta = self.manager.restore(step, args=ocp.args.Composite(
+          meta=ocp.args.JsonRestore()))["meta"]
+    except Exception as e:  # pylint: disable=broad-except
+      raise self._damaged(step, e) from e
     if meta.get("layout") != self.layout(like):
       raise ConfigError(
           f"the checkpoint in {self.manager.directory} holds another state "
@@ -365,8 +376,12 @@ class _Checkpointer:
           "different algorithm, model or settings, or a checkpoint of an older "
           "fedjax_dg); resume with the settings it was written with, or start "
           "a new run directory")
-    out = self.manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+    try:
+      out = self.manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(abstract),
+          meta=ocp.args.JsonRestore()))
+    except Exception as e:  # pylint: disable=broad-except
+      raise self._damaged(step, e) from e
     leaves = [jnp.asarray(out["state"][str(i)]) for i in range(len(flat))]
     return jax.tree.unflatten(treedef, leaves), out["meta"]
 

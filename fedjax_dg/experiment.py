@@ -35,6 +35,10 @@ def make_run_dir(root: str, name: str) -> str:
     except FileExistsError:
       k += 1
       path = f"{base}-{k}"
+    except PermissionError as e:
+      raise ConfigError(f"cannot create the run directory {path!r} ({e}): set "
+                        "output_dir to a writable folder (--set output_dir=...)"
+                        ) from e
 
 
 def engine_config(cfg: ConfigDict) -> engine.EngineConfig:

@@ -145,3 +145,16 @@ def test_a_bug_is_not_dressed_as_a_config_error(tiny_config, monkeypatch):
   monkeypatch.setattr(experiment, "run", broken)
   with pytest.raises(ValueError, match="an internal bug"):
     cli.main(["run", "--config", path])
+
+
+def test_ctrl_c_says_how_to_continue(tiny_config, monkeypatch, capsys):
+  from fedjax_dg import experiment
+  path, _ = tiny_config
+
+  def interrupted(*args, **kwargs):
+    raise KeyboardInterrupt
+
+  monkeypatch.setattr(experiment, "run", interrupted)
+  assert cli.main(["run", "--config", path]) == 130
+  err = capsys.readouterr().err
+  assert "stopped" in err and "--resume RUN_DIR" in err and "Traceback" not in err

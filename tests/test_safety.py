@@ -120,3 +120,42 @@ def test_a_bool_is_not_an_int():
     config.apply_overrides(config.base_config(), ["train.rounds=True"])
   with pytest.raises(ConfigError, match="hfedf.ema: expected bool"):
     config.apply_overrides(config.base_config(), ["hfedf.ema=1"])
+
+
+def test_a_damaged_checkpoint_is_a_clear_error(fed3, tmp_path):
+  import glob
+  import os
+  from fedjax_dg.errors import DataError
+  model = _mlp(fed3)
+  alg = fedavg(model, make_optimizer("adam", 1e-2), objectives.cross_entropy(model))
+  ckpt = str(tmp_path / "ckpt")
+  engine.run(alg, fed3, model, dataclasses.replace(CFG, rounds=2),
+             checkpoint_dir=ckpt)
+  for f in glob.glob(os.path.join(ckpt, "2", "**", "*"), recursive=True):
+    if os.path.isfile(f) and os.path.getsize(f) > 64:
+      with open(f, "r+b") as fh:
+        fh.truncate(os.path.getsize(f) // 3)
+  with pytest.raises(DataError, match="checkpoint of round 2 .* damaged"):
+    engine.run(alg, fed3, model, CFG, checkpoint_dir=ckpt)
+
+
+def test_config_files_that_are_not_configs_are_named(tmp_path):
+  js = tmp_path / "config.json"
+  js.write_text("{}")
+  with pytest.raises(ConfigError, match="a config is a Python file"):
+    config.load(str(js))
+  py = tmp_path / "exp.py"
+  py.write_text("def get_config():\n  return {'train': {}}\n")
+  with pytest.raises(ConfigError, match="get_config\\(\\) returned a dict"):
+    config.load(str(py))
+
+
+def test_an_unwritable_output_dir_is_named(monkeypatch):
+  """A read-only output_dir (simulated: the suite may run as root, for whom
+  permissions are not enforced) is a ConfigError naming the setting."""
+  def refuse(path, *args, **kwargs):
+    raise PermissionError(13, "Permission denied", path)
+
+  monkeypatch.setattr(experiment.os, "makedirs", refuse)
+  with pytest.raises(ConfigError, match="set output_dir to a writable folder"):
+    experiment.make_run_dir("/read-only/runs", "x")

@@ -182,3 +182,19 @@ def test_distill_state_reports_losses(setup):
       trained, t.init(params), params)
   assert isinstance(state, distill.DistillState)
   assert float(state.loss_first) > 0 and np.isfinite(float(state.loss_last))
+
+
+def test_hfedf_ema_is_alpha_times_the_step():
+  """Algorithm 4 as written: after the warm-up, feeding theta + u (the
+  optimizer's step from the previous output) returns theta + alpha u."""
+  alpha, warmup = 0.3, 1
+  t = server.ema(alpha, warmup)
+  rng = np.random.default_rng(0)
+  theta = jnp.asarray(rng.normal(size=4))
+  state = t.init(theta)
+  for r in range(5):
+    u = jnp.asarray(rng.normal(size=4))
+    out, state = t.update(theta + u, state)
+    want = theta + u if r <= warmup else theta + alpha * u
+    np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-7)
+    theta = out
