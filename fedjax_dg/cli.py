@@ -59,9 +59,19 @@ def main(argv: list[str] | None = None) -> int:
   for p in (p_run, p_demo):
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. --set train.rounds=50")
-  p_prep = sub.add_parser("prepare", help="prepare a dataset once (TFDS array_record)")
-  p_prep.add_argument("name")
-  p_prep.add_argument("--manual-dir", default=None)
+  p_prep = sub.add_parser(
+      "prepare", help="prepare a dataset once (TFDS array_record); `prepare "
+      "folder --manual-dir DIR --name NAME`: a DomainBed-layout folder of yours")
+  p_prep.add_argument("name", help="a dataset (see `fedjax-dg datasets`) or "
+                      "'folder'")
+  p_prep.add_argument("--manual-dir", default=None,
+                      help="the raw data folder (<root>/<domain>/<class>/<image> "
+                      "for DomainBed-layout datasets)")
+  p_prep.add_argument("--name", dest="dataset_name", default=None,
+                      help="with `prepare folder`: the new dataset's name")
+  sub.add_parser("datasets", help="list the datasets (built-in and prepared "
+                 "folders) and whether each is prepared")
+  sub.add_parser("algorithms", help="list the algorithms and their settings")
   p_sweep = sub.add_parser(
       "sweep", help="grid values x seeds of a config, one run directory per cell")
   p_sweep.add_argument("--config", help="experiments/<file>.py")
@@ -90,7 +100,16 @@ def main(argv: list[str] | None = None) -> int:
       import tensorflow_datasets as tfds
       from fedjax_dg.data import sources
       tfds.disable_progress_bar()
-      print(sources.prepare(args.name, manual_dir=args.manual_dir))
+      print(sources.prepare(args.name, manual_dir=args.manual_dir,
+                            dataset_name=args.dataset_name))
+      return 0
+    if args.command == "datasets":
+      from fedjax_dg.data import sources
+      print(sources.describe_available())
+      return 0
+    if args.command == "algorithms":
+      from fedjax_dg import algorithms
+      print(algorithms.describe())
       return 0
     if args.command == "demo":
       return _run(None, args.set, None, module=FULL if args.full else DEMO)

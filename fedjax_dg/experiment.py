@@ -67,9 +67,11 @@ def validate(cfg: ConfigDict) -> None:
     if a not in algorithms.available():
       raise ConfigError(f"unknown algorithm {a!r} in algorithms; allowed: "
                        f"{algorithms.available()}")
-  if cfg.data.name not in sources.available():
+  known = sources.available(cfg.data.data_dir or None)
+  if cfg.data.name not in known:
     raise ConfigError(f"unknown dataset data.name={cfg.data.name!r}; allowed: "
-                     f"{sources.available()}")
+                      f"{known} (a folder of your own: fedjax-dg prepare folder "
+                      f"--manual-dir DIR --name {cfg.data.name})")
   if cfg.model.name not in models.available():
     raise ConfigError(f"unknown model model.name={cfg.model.name!r}; allowed: "
                      f"{models.available()}")
@@ -113,7 +115,7 @@ def target_domains(cfg: ConfigDict, domain_names) -> list:
   if spec == "all":
     # Datasets whose domains are official splits (fashion_mnist: train / test):
     # "all" means the evaluation split only, never training on the test set.
-    split = sources.eval_split(cfg.data.name) if cfg.data.name in sources.available() else None
+    split = sources.eval_split(cfg.data.name)
     return [split] if split is not None else list(domain_names)
   if spec in ("none", ""):
     return [None]

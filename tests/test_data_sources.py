@@ -1,6 +1,7 @@
 """Data sources: own TFDS builders on tiny generated data, conversion, caching."""
 
 import gzip
+import math
 import io
 import os
 import types
@@ -13,7 +14,7 @@ from fedjax_dg.data import sources
 from fedjax_dg.data.builders import domainbed_folder
 from fedjax_dg.data.builders import rotated_fashion_mnist as rfm
 from fedjax_dg.data.builders import tiny_imagenet
-from fedjax_dg.errors import DataError
+from fedjax_dg.errors import ConfigError, DataError
 
 PACS_DOMAINS = ("art_painting", "cartoon", "photo", "sketch")
 CLASSES = ("giraffe", "dog", "house")  # Deliberately unsorted on disk creation.
@@ -550,3 +551,82 @@ def test_real_rotated_fashion_mnist(tmp_path):
   assert ds.images.shape == (70000, 32, 32, 1)
   assert ds.domain_counts() == {
       "0": 11667, "15": 11667, "30": 11667, "45": 11667, "60": 11666, "75": 11666}
+
+
+def _write_own_folder(root, domains, classes, missing=()):
+  """A user's folder: mixed sizes, grayscale and RGB, blue constant at 77."""
+  rng = np.random.default_rng(0)
+  for d_i, d in enumerate(domains):
+    for c_i, c in enumerate(classes):
+      if (d, c) in missing:
+        continue
+      folder = os.path.join(root, d, c)
+      os.makedirs(folder)
+      for i in range(2):
+        h, w = 10 + 2 * i + d_i, 9 + c_i
+        if (c_i + i) % 2:  # grayscale
+          Image.fromarray(rng.integers(0, 255, (h, w), np.uint8), "L").save(
+              os.path.join(folder, f"{i}.png"))
+        else:
+          rgb = rng.integers(0, 255, (h, w, 3), np.uint8)
+          rgb[..., 2] = 77
+          Image.fromarray(rgb).save(os.path.join(folder, f"{i}.png"))
+  return root
+
+
+@pytest.mark.parametrize("n_domains,n_classes", [(2, 2), (3, 5), (6, 10)])
+def test_a_folder_of_your_own_becomes_a_named_dataset(tmp_path, n_domains,
+                                                      n_classes):
+  domains = [f"site_{k}" for k in range(n_domains)]
+  classes = [f"class{k}" for k in range(n_classes)]
+  missing = {(domains[-1], classes[0])}  # a domain may lack a class
+  root = _write_own_folder(str(tmp_path / "mine"), domains, classes, missing)
+  data_dir = str(tmp_path / "data")
+  line = sources.prepare("folder", data_dir=data_dir, manual_dir=root,
+                         dataset_name="my_sites")
+  total = 2 * (n_domains * n_classes - 1)
+  assert f"{total} images" in line
+  assert "my_sites" in sources.available(data_dir)
+  assert "my_sites" in sources.describe_available(data_dir)
+  ds = sources.load("my_sites", data_dir=data_dir, image_size=8)
+  assert ds.images.shape == (total, 8, 8, 3)
+  assert ds.domain_names == tuple(domains) and ds.class_names == tuple(classes)
+  counts = ds.domain_counts()
+  assert counts[domains[-1]] == 2 * (n_classes - 1)
+  assert all(counts[d] == 2 * n_classes for d in domains[:-1])
+  for c in range(n_classes):  # every label present where its folder is
+    assert (ds.labels == c).sum() == 2 * (n_domains - (c == 0))
+
+
+def test_a_folder_dataset_trains_end_to_end(tmp_path):
+  from fedjax_dg import config, experiment
+  root = _write_own_folder(str(tmp_path / "mine"),
+                           ["a", "b", "c"], ["x", "y"])
+  data_dir = str(tmp_path / "data")
+  sources.prepare("folder", data_dir=data_dir, manual_dir=root,
+                  dataset_name="abc")
+  cfg = config.apply_overrides(config.base_config(), [
+      "data.name=abc", f"data.data_dir={data_dir}", "data.image_size=8",
+      "data.targets=c", "model.name=mlp", "algorithms=fedavg",
+      "train.rounds=1", "train.eval_every=1", "train.epochs=1",
+      "train.batch_size=4", "train.progress=False", "data.val_fraction=0.25",
+      f"output_dir={tmp_path / 'runs'}"])
+  results = experiment.run(cfg, echo=lambda *a: None)
+  (run,) = results["runs"]
+  assert run["target"] == "c" and math.isfinite(run["history"][-1]["train_loss"])
+
+
+def test_folder_dataset_errors_name_what_to_fix(tmp_path):
+  root = _write_own_folder(str(tmp_path / "mine"), ["a", "b"], ["x", "y"])
+  data_dir = str(tmp_path / "data")
+  for kw, needle in ((dict(dataset_name="pacs"), "built-in"),
+                     (dict(dataset_name="My Data"), "lowercase"),
+                     (dict(dataset_name=None), "--name NAME")):
+    with pytest.raises(ConfigError, match=needle):
+      sources.prepare("folder", data_dir=data_dir, manual_dir=root, **kw)
+  one = _write_own_folder(str(tmp_path / "one"), ["a"], ["x"])
+  with pytest.raises(DataError, match="at least 2"):
+    sources.prepare("folder", data_dir=data_dir, manual_dir=one,
+                    dataset_name="single")
+  with pytest.raises(ConfigError, match="prepare folder --manual-dir DIR --name nope"):
+    sources.load("nope", data_dir=data_dir)

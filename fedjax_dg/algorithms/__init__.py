@@ -173,6 +173,25 @@ def client_optimizer(cfg, name: str):
                       f"{section}.client.*): {e}") from None
 
 
+def describe() -> str:
+  """One line per algorithm: name, display name, section, hyperparameters
+  with their defaults (for `fedjax-dg algorithms`)."""
+  lines = []
+  for name in available():
+    s = spec(name)
+    facts = [f"section {s.section}"]
+    if s.overrides:
+      facts.append(", ".join(f"{k}={v!r}" for k, v in s.overrides.items()))
+    if s.needs_server_data:
+      facts.append("needs data.server_fraction > 0")
+    lines.append(f"{name:20s} {s.display_name} ({'; '.join(facts)})")
+    if s.name == s.section:
+      hp = hyperparameters(s.section)
+      if hp:
+        lines.append("    " + ", ".join(f"{k}={v!r}" for k, v in hp.items()))
+  return "\n".join(lines)
+
+
 def needs_server_data(name: str) -> bool:
   """Whether algorithm `name` trains on the server's split
   (`FederatedData.server_x`, config `data.server_fraction` > 0)."""
@@ -219,6 +238,6 @@ def build(name: str, model, num_clients: int, cfg, data=None) -> Algorithm:
 
 
 __all__ = ["Algorithm", "ClientContext", "ClientData", "ClientResult",
-           "ServerState", "Spec", "available", "build", "client_defaults",
+           "ServerState", "Spec", "available", "build", "client_defaults", "describe",
            "client_optimizer", "client_settings", "create", "hyperparameters",
            "modules", "needs_server_data", "spec", "uses_data"]

@@ -321,11 +321,12 @@ def data_dir_default() -> str:
 class _Own:
   """A dataset prepared by one of the project's own TFDS builders."""
 
-  builder: str  # Class name in fedjax_dg.data.builders.
+  builder: str  # Class name in fedjax_dg.data.builders ("Folder": a user's).
   tfds_name: str
   version: str
   channels: int
   fixed_shape: bool  # Stored images all have one known shape (native cache OK).
+  domains: tuple[str, ...] = ()  # a user's folder dataset: its domain folders
 
 
 @dataclasses.dataclass(frozen=True)
@@ -375,14 +376,56 @@ EVAL_SPLITS = {"fashion_mnist": "test", "cifar10": "test", "cifar100": "test",
                "tiny_imagenet": "val"}
 
 
-def available() -> tuple[str, ...]:
-  return tuple(_DATASETS)
+FOLDER_RECORD = "fedjax_dg_folder.json"  # marks a user's prepared folder dataset
+
+
+def _folder_entry(name: str, domains) -> _Own:
+  return _Own("Folder", name, "1.0.0", 3, False, tuple(domains))
+
+
+def user_datasets(data_dir: str | None = None) -> dict[str, _Own]:
+  """The folder datasets prepared with `prepare folder --name NAME` in
+  `data_dir` (default: `data_dir_default()`)."""
+  data_dir = os.path.expanduser(data_dir or data_dir_default())
+  out = {}
+  if os.path.isdir(data_dir):
+    for name in sorted(os.listdir(data_dir)):
+      record = os.path.join(data_dir, name, "1.0.0", FOLDER_RECORD)
+      if os.path.exists(record):
+        with open(record) as f:
+          out[name] = _folder_entry(name, json.load(f)["domains"])
+  return out
+
+
+def available(data_dir: str | None = None) -> tuple[str, ...]:
+  """The built-in dataset names, then the user's prepared folder datasets."""
+  return tuple(_DATASETS) + tuple(n for n in user_datasets(data_dir)
+                                  if n not in _DATASETS)
+
+
+def describe_available(data_dir: str | None = None) -> str:
+  """One line per dataset: name, kind, domains, prepared or not (for
+  `fedjax-dg datasets`)."""
+  data_dir = os.path.expanduser(data_dir or data_dir_default())
+  lines = [f"data directory: {data_dir} (${ENV_DATA_DIR})"]
+  for name in available(data_dir):
+    entry = _lookup(name, data_dir)
+    if isinstance(entry, _Own):
+      ready = os.path.exists(os.path.join(_prepared_dir(entry, data_dir),
+                                          "dataset_info.json"))
+      kind = "your folder" if entry.builder == "Folder" else "own builder"
+      domains = (f", domains {list(entry.domains)}" if entry.domains else "")
+    else:
+      ready, kind, domains = None, "TFDS catalog", f", domains {list(entry.configs)}"
+    state = {True: "prepared", False: "not prepared",
+             None: "downloaded by TFDS on first use"}[ready]
+    lines.append(f"  {name:24s} {kind}{domains}: {state}")
+  return "\n".join(lines)
 
 
 def eval_split(name: str) -> str | None:
   """The official evaluation split (a domain name) of `name`, or None if its
   domains are not splits (domain-generalization datasets)."""
-  _lookup(name)
   return EVAL_SPLITS.get(name)
 
 
@@ -400,12 +443,16 @@ def eval_label(targets: Iterable) -> str:
   return "test" if targets and all(is_split_domain(t) for t in targets) else "ood"
 
 
-def _lookup(name: str) -> _Own | _Catalog:
-  if name not in _DATASETS:
+def _lookup(name: str, data_dir: str | None = None) -> _Own | _Catalog:
+  if name in _DATASETS:
+    return _DATASETS[name]
+  own = user_datasets(data_dir)
+  if name not in own:
     raise ConfigError(
-        f"unknown dataset name {name!r}; available: {', '.join(available())}"
-    )
-  return _DATASETS[name]
+        f"unknown dataset name {name!r}; available: "
+        f"{', '.join(available(data_dir))} (a folder of your own: `fedjax-dg "
+        f"prepare folder --manual-dir DIR --name {name}`)")
+  return own[name]
 
 
 def _cache_dir(name: str, entry: _Own | _Catalog, data_dir: str) -> str:
@@ -466,7 +513,7 @@ def check_source(name: str, data_dir: str, manual_dir: str | None) -> None:
   (or from the same folder before it changed): a run would silently use the
   old images. Nothing to compare when the folder is absent (prepared data
   outlive their source) or nothing is recorded."""
-  entry = _lookup(name)
+  entry = _lookup(name, data_dir)
   if not isinstance(entry, _Own):
     return
   before = recorded_source(entry, data_dir)
@@ -486,7 +533,11 @@ def _own_builder(entry: _Own, data_dir: str, manual_dir: str | None,
   folder it was built from); validates inputs first."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   from fedjax_dg.data import builders  # pylint: disable=g-import-not-at-top
-  cls = getattr(builders, entry.builder)
+  if entry.builder == "Folder":
+    from fedjax_dg.data.builders.domainbed_folder import folder_builder  # pylint: disable=g-import-not-at-top
+    cls = folder_builder(entry.tfds_name, entry.domains)
+  else:
+    cls = getattr(builders, entry.builder)
   manual_dir = manual_dir or manual_dir_default(name, data_dir)
   if entry.builder in ("RotatedFashionMnist", "FashionMnistSplits"):
     builder = cls(data_dir=data_dir, file_format="array_record",
@@ -617,10 +668,10 @@ def load(
     max_per_domain: keep at most this many seeded-random examples per domain.
     seed: seed of that subset.
   """
-  entry = _lookup(name)
   _check_positive("image_size", image_size)
   _check_positive("max_per_domain", max_per_domain)
   data_dir = os.path.expanduser(data_dir or data_dir_default())
+  entry = _lookup(name, data_dir)
   check_source(name, data_dir, manual_dir)
   cache_dir = _cache_dir(name, entry, data_dir)
   path = os.path.join(cache_dir, cache_key(image_size, max_per_domain, seed) + ".npz")
@@ -643,15 +694,25 @@ def load(
 
 
 def prepare(
-    name: str, *, data_dir: str | None = None, manual_dir: str | None = None
+    name: str, *, data_dir: str | None = None, manual_dir: str | None = None,
+    dataset_name: str | None = None,
 ) -> str:
   """Prepares a dataset once (TFDS download_and_prepare); returns a summary line.
 
   Datasets of fixed image shape are also decoded into the native-size cache, so
-  later `load` calls at any size are fast.
+  later `load` calls at any size are fast. `name="folder"`: a DomainBed-layout
+  folder of your own (`manual_dir`: <root>/<domain>/<class>/<image>) becomes
+  dataset `dataset_name` (domains and classes read from the folders), loadable
+  by that name (`data.name`).
   """
-  entry = _lookup(name)
   data_dir = os.path.expanduser(data_dir or data_dir_default())
+  if name == "folder":
+    name, entry = _user_folder(dataset_name, manual_dir, data_dir)
+  else:
+    if dataset_name:
+      raise ConfigError(f"--name {dataset_name!r} names a folder dataset: use "
+                        "`prepare folder --manual-dir DIR --name NAME`")
+    entry = _lookup(name, data_dir)
   start = time.perf_counter()
   if manual_dir and not os.path.isdir(manual_dir):
     raise DataError(f"{name}: --manual-dir {manual_dir!r} is not a folder")
@@ -665,6 +726,9 @@ def prepare(
       shutil.rmtree(_prepared_dir(entry, data_dir))
     builder = _own_builder(entry, data_dir, manual_dir, name, prepare=True)
     where = os.fspath(builder.data_dir)
+    if entry.builder == "Folder":  # loadable by its name from now on
+      with open(os.path.join(where, FOLDER_RECORD), "w") as f:
+        json.dump({"domains": list(entry.domains)}, f)
   else:
     _catalog_sources(entry, data_dir)
     where = data_dir
@@ -674,6 +738,28 @@ def prepare(
   else:
     summary = _summary_without_images(name, entry, data_dir)
   return f"{summary}; ready in {time.perf_counter() - start:.1f} s at {where}"
+
+
+def _user_folder(dataset_name: str | None, manual_dir: str | None,
+                 data_dir: str) -> tuple[str, _Own]:
+  """(name, entry) of `prepare folder`, its record written beside the data."""
+  from fedjax_dg.data.builders.domainbed_folder import folder_builder, folder_domains  # pylint: disable=g-import-not-at-top
+  if not dataset_name or not manual_dir:
+    raise ConfigError("prepare folder needs --manual-dir DIR (the folder: "
+                      "<root>/<domain>/<class>/<image>) and --name NAME (how "
+                      "runs name it: --set data.name=NAME)")
+  if dataset_name in _DATASETS or dataset_name == "folder":
+    raise ConfigError(f"--name {dataset_name!r} is a built-in dataset; choose "
+                      "another name")
+  domains = folder_domains(manual_dir, dataset_name)
+  folder_builder(dataset_name, domains)  # validates the name
+  entry = _folder_entry(dataset_name, domains)
+  prepared = _prepared_dir(entry, data_dir)
+  if os.path.isdir(prepared):
+    known = user_datasets(data_dir).get(dataset_name)
+    if known is None or known.domains != entry.domains:
+      shutil.rmtree(prepared)  # other domains: prepared again
+  return dataset_name, entry
 
 
 def _summary_without_images(name: str, entry: _Own | _Catalog, data_dir: str) -> str:

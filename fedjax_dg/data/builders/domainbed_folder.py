@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
+import re
+import types
 from typing import Iterator, Sequence
 
 from PIL import Image
@@ -68,9 +70,14 @@ def layout_help(name: str, domains: Sequence[str], instructions: str) -> str:
 
 
 def scan(
-    path: str, name: str, domains: Sequence[str], instructions: str
+    path: str, name: str, domains: Sequence[str], instructions: str,
+    same_classes: bool = True,
 ) -> FolderIndex:
-  """Lists and validates a DomainBed folder; errors say what is missing and why."""
+  """Lists and validates a DomainBed folder; errors say what is missing and why.
+
+  `same_classes=False` (a user's own folder): the classes are the union of the
+  domains' class folders, and a domain may lack some.
+  """
   help_text = layout_help(name, domains, instructions)
   if not os.path.isdir(path) or not os.listdir(path):
     raise DataError(
@@ -86,7 +93,9 @@ def scan(
     )
   classes = {d: tuple(_subdirs(os.path.join(root, d))) for d in domains}
   class_names = classes[domains[0]]
-  for d in domains:
+  if not same_classes:
+    class_names = tuple(sorted(set().union(*classes.values())))
+  for d in domains if same_classes else ():
     if classes[d] != class_names:
       only_here = sorted(set(classes[d]) - set(class_names))
       only_there = sorted(set(class_names) - set(classes[d]))
@@ -104,6 +113,8 @@ def scan(
   for di, d in enumerate(domains):
     for ci, c in enumerate(class_names):
       folder = os.path.join(root, d, c)
+      if not same_classes and c not in classes[d]:
+        continue  # this domain has no such class
       images = _images(folder)
       if not images:
         raise DataError(
@@ -181,10 +192,7 @@ class DomainBedFolder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     )
 
   def _split_generators(self, dl_manager):
-    index = scan(
-        os.fspath(dl_manager.manual_dir), self.name, self.DOMAINS,
-        self.MANUAL_DOWNLOAD_INSTRUCTIONS,
-    )
+    index = self.scan_manual(os.fspath(dl_manager.manual_dir), self.name)
     if self._class_names and index.class_names != self._class_names:
       raise ConfigError(
           f"{self.name}: builder was constructed with classes {self._class_names} "
@@ -235,3 +243,42 @@ class OfficeHome(DomainBedFolder, skip_registration=True):
       "https://drive.google.com/uc?id=1uY0pj7oFsjMxRwaD3Sxy0jgel0fsYXLC",
       HOMEPAGE, "office_home",
   )
+
+
+FOLDER_INSTRUCTIONS = (
+    "A folder of your own: <root>/<domain>/<class>/<image> with any number of "
+    "domains and classes (a domain may lack a class); JPEG, PNG and the other "
+    "formats PIL reads, RGB or grayscale (stored as RGB). Prepare it with "
+    "`fedjax-dg prepare folder --manual-dir ROOT --name NAME`.")
+NAME_PATTERN = r"[a-z][a-z0-9_]{0,63}"
+
+
+def folder_domains(path: str, name: str) -> tuple[str, ...]:
+  """The domain folders of a user's folder (at least two: domain
+  generalization holds one out)."""
+  if not os.path.isdir(path):
+    raise DataError(f"{name}: the image folder {path!r} does not exist.\n"
+                    f"{FOLDER_INSTRUCTIONS}")
+  domains = tuple(_subdirs(path))
+  if len(domains) < 2:
+    raise DataError(f"{name}: {path!r} holds {len(domains)} domain folder(s) "
+                    f"{list(domains)}; at least 2 are needed.\n{FOLDER_INSTRUCTIONS}")
+  return domains
+
+
+def folder_builder(name: str, domains: Sequence[str]) -> type:
+  """A DomainBed-folder builder for a user's dataset `name` (TFDS name too)."""
+  if not re.fullmatch(NAME_PATTERN, name):
+    raise ConfigError(f"dataset name {name!r}: use lowercase letters, digits and "
+                      "_ (a letter first, at most 64), e.g. my_photos")
+
+  def body(ns):
+    ns.update(__module__=__name__, name=name, DOMAINS=tuple(domains),
+              MANUAL_DOWNLOAD_INSTRUCTIONS=FOLDER_INSTRUCTIONS,
+              __doc__=f"{name}: a user's image folder, domains {list(domains)}.")
+
+  cls = types.new_class(f"Folder_{name}", (DomainBedFolder,),
+                        {"skip_registration": True}, body)
+  cls.scan_manual = classmethod(lambda c, path, n: scan(
+      path, n, c.DOMAINS, FOLDER_INSTRUCTIONS, same_classes=False))
+  return cls
