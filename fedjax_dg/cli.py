@@ -20,10 +20,10 @@ def setup_jax() -> str:
   reuse compiled programs instead of recompiling."""
   import jax
   from fedjax_dg import engine
+  from fedjax_dg.data import sources
   engine.use_cpu_devices()
   path = os.environ.get("FEDJAX_DG_JAX_CACHE") or os.path.join(
-      os.environ.get("FEDJAX_DG_DATA_DIR")
-      or os.path.expanduser(os.path.join("~", ".cache", "fedjax_dg")), "jax_cache")
+      sources.data_dir_default(), "jax_cache")
   jax.config.update("jax_compilation_cache_dir", path)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
   return path

@@ -117,6 +117,14 @@ class RunResult:
   seconds: float
 
 
+def checkpoint_bytes(alg: Algorithm) -> int:
+  """Bytes of one checkpoint of `alg` (its scan carry: server and per-client
+  state; shared-frozen parameters are not saved), from shapes alone."""
+  carry = jax.eval_shape(alg.init, jax.random.key(0))
+  return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize
+             for x in jax.tree.leaves(carry))
+
+
 def use_cpu_devices(count: int | None = None) -> None:
   """Splits the host CPU into `count` XLA devices (call before JAX runs anything).
 

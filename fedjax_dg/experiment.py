@@ -206,6 +206,21 @@ def check_resume(cfg: ConfigDict, run_dir: str, data: dict) -> None:
           "new run")
 
 
+def check_disk(name: str, alg, run_dir: str, echo) -> None:
+  """Says how much disk the algorithm's checkpoints take, and refuses to start
+  when the run directory's disk has less than two of them free (the latest is
+  kept while the next one is written; finished runs' are deleted)."""
+  size = engine.checkpoint_bytes(alg)
+  free = shutil.disk_usage(run_dir).free
+  echo(f"{name}: checkpoints of {size / 2**20:.1f} MiB (at most 2 at a time: "
+       f"{2 * size / 2**20:.1f} MiB); {free / 2**30:.1f} GiB free")
+  if free < 2 * size + 2**26:
+    raise ConfigError(
+        f"{name}: its checkpoints need {2 * size / 2**20:.0f} MiB but only "
+        f"{free / 2**20:.0f} MiB are free at {run_dir}: free space or set "
+        "output_dir to another disk (--set output_dir=...)")
+
+
 def run(cfg: ConfigDict, run_dir: str | None = None, *, resume: bool = False,
         echo=print) -> dict:
   """Runs every (target domain, algorithm) of `cfg`; returns the results dict.
@@ -268,6 +283,7 @@ def run(cfg: ConfigDict, run_dir: str | None = None, *, resume: bool = False,
              id(fed) if algorithms.uses_data(name, cfg) else None)
       if key not in built:
         built[key] = algorithms.build(name, model, fed.num_clients, cfg, data=fed)
+        check_disk(name, built[key], run_dir, echo)
       alg = built[key]
       ckpt = os.path.join(run_dir, "checkpoints", f"{name}--{target}")
       res = engine.run(alg, fed, model, ecfg, checkpoint_dir=ckpt)

@@ -630,3 +630,14 @@ def test_folder_dataset_errors_name_what_to_fix(tmp_path):
                     dataset_name="single")
   with pytest.raises(ConfigError, match="prepare folder --manual-dir DIR --name nope"):
     sources.load("nope", data_dir=data_dir)
+
+
+def test_one_data_dir_rule(monkeypatch, tmp_path):
+  monkeypatch.setenv("FEDJAX_DG_DATA_DIR", str(tmp_path / "env"))
+  assert sources.data_dir_default() == str(tmp_path / "env")
+  monkeypatch.delenv("FEDJAX_DG_DATA_DIR")
+  checkout = os.path.join(os.path.dirname(os.path.dirname(
+      os.path.abspath(sources.__file__))), "..", ".data")
+  want = (os.path.abspath(checkout) if os.path.isdir(checkout)
+          else os.path.expanduser("~/.cache/fedjax_dg/tfds"))
+  assert os.path.abspath(sources.data_dir_default()) == want

@@ -159,3 +159,21 @@ def test_an_unwritable_output_dir_is_named(monkeypatch):
   monkeypatch.setattr(experiment.os, "makedirs", refuse)
   with pytest.raises(ConfigError, match="set output_dir to a writable folder"):
     experiment.make_run_dir("/read-only/runs", "x")
+
+
+def test_checkpoint_size_is_the_carry_and_a_full_disk_is_refused(fed3, monkeypatch):
+  import collections
+  from fedjax_dg import tree
+  model = _mlp(fed3)
+  alg = fedavg(model, make_optimizer("adam", 1e-2), objectives.cross_entropy(model))
+  # FedAvg's carry: the model (float32) only.
+  assert engine.checkpoint_bytes(alg) == 4 * tree.num_params(
+      model.init(__import__("jax").random.key(0)))
+  lines = []
+  experiment.check_disk("fedavg", alg, "/", lines.append)
+  assert "MiB" in lines[0] and "free" in lines[0]
+  usage = collections.namedtuple("usage", "total used free")
+  monkeypatch.setattr(experiment.shutil, "disk_usage",
+                      lambda path: usage(1, 1, 1000))
+  with pytest.raises(ConfigError, match="checkpoints need .* MiB but only 0 MiB"):
+    experiment.check_disk("fedavg", alg, "/", lines.append)

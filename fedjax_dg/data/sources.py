@@ -314,7 +314,17 @@ def cache_key(
 
 
 def data_dir_default() -> str:
-  return os.path.expanduser(os.environ.get(ENV_DATA_DIR) or DEFAULT_DATA_DIR)
+  """Where prepared data live, one rule for every entry point (the command,
+  Python, the notebooks): `$FEDJAX_DG_DATA_DIR` if set; else the checkout's
+  `.data/` when fedjax_dg runs from a checkout that has one (what `make demo`
+  / `make test` prepare); else `~/.cache/fedjax_dg/tfds`."""
+  if os.environ.get(ENV_DATA_DIR):
+    return os.path.expanduser(os.environ[ENV_DATA_DIR])
+  checkout = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__)))), ".data")
+  if os.path.isdir(checkout):
+    return checkout
+  return os.path.expanduser(DEFAULT_DATA_DIR)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -407,7 +417,8 @@ def describe_available(data_dir: str | None = None) -> str:
   """One line per dataset: name, kind, domains, prepared or not (for
   `fedjax-dg datasets`)."""
   data_dir = os.path.expanduser(data_dir or data_dir_default())
-  lines = [f"data directory: {data_dir} (${ENV_DATA_DIR})"]
+  lines = [f"data directory: {data_dir} (${ENV_DATA_DIR}, else a checkout's "
+           ".data/, else ~/.cache/fedjax_dg/tfds)"]
   for name in available(data_dir):
     entry = _lookup(name, data_dir)
     if isinstance(entry, _Own):
