@@ -17,3 +17,9 @@ class DataError(ConfigError):
 class NonFiniteError(ConfigError):
   """Training went non-finite (NaN / inf): names the algorithm, the round and
   the quantity, and the settings that usually cause it."""
+
+
+class NeedsDataError(ConfigError):
+  """An algorithm derives something from the run's data and was built without
+  it. Raised after its settings are checked, so validation before any data is
+  read builds it without data and takes this error as "settings valid"."""

@@ -253,6 +253,30 @@ def resolve_scenario(cfg: ConfigDict) -> list[str]:
   return applied
 
 
+def check_explicit(cfg: ConfigDict, overrides: list[str]) -> None:
+  """Refuses a `key=value` the user gave that `cfg.scenario` would replace.
+
+  `resolve_scenario` can only see values other than the default; a value
+  given explicitly that equals the default (`--set scenario=extreme --set
+  data.alpha=0.5`) would silently become the scenario's. The command line and
+  sweeps pass their overrides here."""
+  if not cfg.get("scenario", ""):
+    return
+  key = SCENARIO_ALIASES.get(cfg.scenario.lower(), cfg.scenario.lower())
+  if key not in SCENARIOS:
+    return  # resolve_scenario names the unknown scenario
+  for item in overrides or ():
+    path = item.split("=", 1)[0].strip()
+    if path in SCENARIO_FIELDS:
+      field, default = SCENARIO_FIELDS[path]
+      want = SCENARIOS[key][field]
+      section, leaf = path.split(".")
+      if cfg[section][leaf] != type(default)(want):
+        raise ConfigError(
+            f"scenario={cfg.scenario!r} sets {path}={want!r}, but {item!r} was "
+            "given too: drop one of the two")
+
+
 def apply_scenario(cfg: ConfigDict, scenario: str, *, dataset: str | None = None,
                    strict: bool = False) -> list[str]:
   """Sets HyperGenFL scenario `scenario` (Table 1) on `cfg` in place: its shared
@@ -293,4 +317,4 @@ def apply_scenario(cfg: ConfigDict, scenario: str, *, dataset: str | None = None
 __all__ = ["ALIASES", "HYPERGENFL_BASELINES", "HYPERGENFL_COMMON",
            "HYPERGENFL_DATASETS", "SAME_AS", "SCENARIOS", "SCENARIO_FIELDS",
            "TABLE10", "apply", "apply_scenario", "available",
-           "resolve_scenario", "scenario_values", "values"]
+           "resolve_scenario", "scenario_values", "values", "check_explicit"]

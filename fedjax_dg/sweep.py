@@ -36,6 +36,7 @@ import time
 
 from fedjax_dg import config as config_lib
 from fedjax_dg import plots
+from fedjax_dg import presets
 from fedjax_dg import tables
 from fedjax_dg.errors import ConfigError, DataError
 
@@ -176,6 +177,10 @@ def plan(config_path: str, sets=(), grid=(), seeds=None, *,
         name = f"{cell_name(settings)}-{k}"
       names.add(name)
       cfg = config_lib.apply_overrides(copy.deepcopy(base), overrides)
+      try:
+        presets.check_explicit(cfg, list(sets) + overrides)
+      except ConfigError as e:
+        raise ConfigError(f"sweep cell {cell_name(settings)}: {e}") from None
       cells.append(Cell(name, settings, overrides))
       configs.append(cfg)
   return Plan(config_path, list(sets), list(merged.items()), seeds, base, cells,

@@ -133,6 +133,15 @@ def test_failed_validation_leaves_no_run_directory(tiny_config):
   assert after == before
 
 
+def test_a_value_the_scenario_would_replace_is_refused(tiny_config, capsys):
+  path, out = tiny_config
+  before = set(os.listdir(out)) if os.path.isdir(out) else set()
+  assert cli.main(["run", "--config", path, "--set", "scenario=extreme",
+                   "--set", "data.alpha=0.5"]) == 2
+  assert "'data.alpha=0.5' was given too" in capsys.readouterr().err
+  assert (set(os.listdir(out)) if os.path.isdir(out) else set()) == before
+
+
 def test_a_bug_is_not_dressed_as_a_config_error(tiny_config, monkeypatch):
   """Only ConfigError (a setting to fix) becomes a one-line message; any other
   exception keeps its traceback."""

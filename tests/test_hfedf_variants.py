@@ -359,3 +359,29 @@ def test_presets_skip_missing_sections_and_rfmnist_is_pacs():
   assert presets.values("rotated_fashion_mnist") == presets.values("pacs")
   with pytest.raises(ValueError, match="unknown preset"):
     presets.apply(cfg, "domainnet")
+
+
+@pytest.mark.parametrize("over", ["joint", "theta"])
+def test_gradalign_over_reaches_the_server_step(few_shot_fed, over):
+  """`hfedf.gradalign_over` is wired to the server step: "joint" reports one
+  weight per client for theta and the embeddings, "theta" unweighted rows."""
+  _, fed = few_shot_fed
+  n = fed.num_clients
+  model = _mlp(fed)
+  alg = algorithms.build("hfedf", model, n, _cfg(gradalign_over=over))
+  server_state, _ = alg.init(jax.random.key(0))
+  ids = jnp.arange(n)
+  start = alg.client_start(server_state, None, ids)
+  trained = jax.tree.map(
+      lambda p: p + 0.1 * jax.random.normal(jax.random.key(1), p.shape), start)
+  result = ClientResult(ids=ids, round=jnp.int32(0), start=start, params=trained,
+                        num_examples=jnp.ones((n,)), loss=jnp.zeros((n,)))
+  _, metrics = alg.server_update(server_state, result, jax.random.key(2))
+  w_t = np.asarray(metrics["gradalign_theta"])
+  w_e = np.asarray(metrics["gradalign_emb"])
+  np.testing.assert_allclose(w_t.sum(), 1.0, rtol=1e-5)
+  assert np.std(w_t) > 0
+  if over == "joint":
+    np.testing.assert_array_equal(w_t, w_e)
+  else:
+    np.testing.assert_allclose(w_e, np.full(n, 1 / n), rtol=1e-6)

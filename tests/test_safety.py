@@ -108,6 +108,9 @@ def _validated(*overrides):
     (["train.cohort_size=-1"], "train.cohort_size=-1: allowed values are 0 "
                                "(all clients) or a positive count"),
     (["moon.temperature=0.0", "algorithms=moon"], "MOON temperature"),
+    (["hfedf.gradalign_over=both"], "hfedf.gradalign_over='both'"),
+    (["hfedf.gradalign_over=joint", "hfedf.gradalign_granularity=tensor"],
+     "needs hfedf.gradalign_granularity='model'"),
 ])
 def test_bad_settings_are_refused_before_any_data(overrides, needle):
   with pytest.raises(ConfigError) as e:

@@ -72,6 +72,51 @@ def test_gradalign_matches_brute_force(temperature):
   np.testing.assert_allclose(got.embeddings, want["g_emb"], rtol=1e-4, atol=1e-6)
 
 
+def joint_brute_force(h, theta, emb, deltas, temperature=1.0):
+  """arXiv v1: one GradAlign over the concatenated (theta, embedding table)
+  gradients of each client."""
+  b = brute_force(h, theta, emb, deltas)
+  m, e = emb.shape
+  tables = np.zeros((m, m * e))  # client i's gradient of the [m, e] table
+  raw = b["g_emb"] / b["w_e"][:, None]  # unweighted rows
+  for i in range(m):
+    tables[i, i * e:(i + 1) * e] = raw[i]
+  J = np.concatenate([b["G"], tables], axis=1)
+  avg = J.mean(0)
+  cos = J @ avg / (np.linalg.norm(J, axis=1) * np.linalg.norm(avg))
+  w = np.exp(cos / temperature) / np.exp(cos / temperature).sum()
+  return dict(cos=cos, w=w, g=(w[:, None] * b["G"]).sum(0),
+              g_emb=raw * w[:, None], raw=raw)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.3])
+def test_joint_gradalign_matches_brute_force(temperature):
+  h, theta = tiny_generator(jax.random.key(0))
+  m = 5
+  emb = jax.random.normal(jax.random.key(1), (m, 3))
+  deltas = {"w": jax.random.normal(jax.random.key(2), (m, 4, 2)),
+            "b": jax.random.normal(jax.random.key(3), (m, 2))}
+  got = server.hypernetwork_grads(h, theta, emb, deltas, temperature=temperature,
+                                  norm_batch_size=2, over="joint")
+  want = joint_brute_force(h, theta, emb, deltas, temperature)
+  np.testing.assert_allclose(got.cos_theta, want["cos"], rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(got.weights_theta, want["w"], rtol=1e-4)
+  np.testing.assert_allclose(got.weights_emb, want["w"], rtol=1e-4)
+  flat = np.concatenate([np.ravel(x) for x in jax.tree.leaves(got.theta)])
+  np.testing.assert_allclose(flat, want["g"], rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(got.embeddings, want["g_emb"], rtol=1e-4, atol=1e-6)
+  # Joint weights differ from both separate softmaxes.
+  sep = brute_force(h, theta, emb, deltas, temperature)
+  assert np.max(np.abs(want["w"] - sep["w"])) > 1e-3
+  assert np.max(np.abs(want["w"] - sep["w_e"])) > 1e-3
+  # "theta": theta weighted as "separate", embedding rows a plain mean.
+  th = server.hypernetwork_grads(h, theta, emb, deltas, temperature=temperature,
+                                 over="theta")
+  np.testing.assert_allclose(th.weights_theta, sep["w"], rtol=1e-4)
+  np.testing.assert_allclose(th.weights_emb, np.full(m, 1 / m), rtol=1e-6)
+  np.testing.assert_allclose(th.embeddings, want["raw"] / m, rtol=1e-4, atol=1e-6)
+
+
 def test_gradalign_weighs_an_opposed_client_least():
   """Independent of the brute force: with a linear generator h(theta, e) =
   theta (every client the same model), client gradients are the deltas; two

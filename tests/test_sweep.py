@@ -171,6 +171,16 @@ def test_invalid_grid_stops_before_compute_naming_it(tiny, capsys, grid, needle)
   assert not os.path.exists(out)
 
 
+def test_a_grid_value_the_scenario_would_replace_is_refused(tiny, capsys):
+  path, d = tiny
+  out = os.path.join(d, "never")
+  assert cli.main(["sweep", "--config", path, "--set", "scenario=extreme",
+                   "--grid", "data.alpha=0.5,0.1", "--out", out]) == 2
+  err = capsys.readouterr().err
+  assert "sweep cell data.alpha=0.5" in err and "drop one of the two" in err, err
+  assert not os.path.exists(out)
+
+
 def test_resume_refuses_new_settings(swept, capsys):
   assert cli.main(["sweep", "--resume", swept, "--seeds", "1"]) == 2
   assert "--resume" in capsys.readouterr().err

@@ -20,6 +20,9 @@ Variants (docs/faithfulness.md, "hFedF variants"):
   data-conditioned embeddings, `autoencoder_embeddings`, computed once before
   training from the run's FederatedData).
 * `gradalign_granularity`: "model" (the paper) or "tensor" (`server.gradalign`).
+* `gradalign_over`: "separate" (the conference paper: theta and the embeddings
+  each their own GradAlign), "joint" (arXiv v1: one weight per client over
+  both) or "theta" (the embeddings' gradients unweighted).
 * Table 3 ablations as algorithm names (`VARIANTS`): "hfedf_no_gradalign",
   "hfedf_no_ema", "hfedf_no_both".
 
@@ -40,14 +43,14 @@ import optax
 
 from fedjax_dg.algorithms.base import Algorithm, ClientResult
 from fedjax_dg.client.update import local_update
-from fedjax_dg.errors import ConfigError
+from fedjax_dg.errors import ConfigError, NeedsDataError
 from fedjax_dg.models import autoencoder as ae
 from fedjax_dg.models.hypernetwork import (client_grad_sq_norms,
                                             hypernetwork_module,
                                             init_hypernetwork)
 from fedjax_dg.optim import make_optimizer
 from fedjax_dg.server import ema as ema_transform
-from fedjax_dg.server.gradalign import GRANULARITIES
+from fedjax_dg.server.gradalign import ALIGN_OVER, GRANULARITIES
 from fedjax_dg.server.hypernetwork import (HyperParams, HypernetworkState,
                                           hypernetwork_step)
 
@@ -164,6 +167,8 @@ def hfedf(model, optimizer, loss, *, num_clients: int,
           gradalign: bool = True, temperature: float = 1.0,
           norm_batch_size: int = 1,
           gradalign_granularity: str = "model",  # model (the paper) | tensor
+          gradalign_over: str = "separate",  # separate (the paper) | joint
+                                             # (arXiv v1) | theta
           ema: bool = True, ema_decay: float = 0.95, ema_warmup: int = 5,
           learn_embeddings: bool = True,  # "learned" only; False: fixed N(0, 1)
           embeddings: str = "learned",    # learned | random (Table 7) |
@@ -186,12 +191,19 @@ def hfedf(model, optimizer, loss, *, num_clients: int,
   if gradalign_granularity not in GRANULARITIES:
     raise ConfigError(f"hfedf.gradalign_granularity={gradalign_granularity!r}: "
                      f"allowed {GRANULARITIES}")
+  if gradalign_over not in ALIGN_OVER:
+    raise ConfigError(f"hfedf.gradalign_over={gradalign_over!r}: allowed "
+                      f"{ALIGN_OVER}")
+  if gradalign_over == "joint" and gradalign_granularity != "model":
+    raise ConfigError("hfedf.gradalign_over='joint' needs "
+                      "hfedf.gradalign_granularity='model' (one weight per "
+                      "client over theta and the embeddings)")
   e = embed_dim or default_embed_dim(num_clients)
   fixed = None
   if embeddings == "autoencoder":
     if data is None:
-      raise ConfigError("hfedf.embeddings='autoencoder' needs the run's "
-                       "FederatedData: algorithms.build(..., data=fed)")
+      raise NeedsDataError("hfedf.embeddings='autoencoder' needs the run's "
+                           "FederatedData: algorithms.build(..., data=fed)")
     if data.num_clients != num_clients:
       raise ConfigError(f"data has {data.num_clients} clients, hfedf was built "
                        f"for {num_clients}")
@@ -214,6 +226,7 @@ def hfedf(model, optimizer, loss, *, num_clients: int,
                            norm_batch_size=norm_batch_size,
                            learn_embeddings=learn,
                            granularity=gradalign_granularity,
+                           align_over=gradalign_over,
                            client_sq_norms=client_grad_sq_norms(module))
   smoother = ema_transform(ema_decay, ema_warmup) if ema else None
 

@@ -41,6 +41,19 @@ buffers with chunks of 1, independent of m). Compute: tensor mode does 2 m
 per-client VJPs plus the batched VJP (model mode: m per-client VJPs, one JVP
 and two batched VJPs). The embedding table is a single tensor, so its GradAlign
 is the same in both modes.
+
+`over` picks which gradients one GradAlign weight covers:
+
+* "separate" (the conference version's Algorithm 1, the default): one softmax
+  for theta, another for the embeddings;
+* "joint" (arXiv v1, `003_*` Algorithm 1: g_i = grad_{theta, v} phi_i . delta_i,
+  one GradAlign over it): one weight per client from the cosine of the whole
+  (theta, embedding table) gradient, exactly
+  <g_avg, g_i> = <g_avg_theta, g_i_theta> + |row_i|^2 / m and
+  |g_i|^2 = |g_i_theta|^2 + |row_i|^2 (model granularity only);
+* "theta" (GradAlign for theta only, the embeddings' gradients unweighted:
+  client i's embedding gradient lives in its own row, so its "alignment" is
+  only its norm, docs/faithfulness.md).
 """
 
 from __future__ import annotations
@@ -72,6 +85,7 @@ class HyperGrads(NamedTuple):
 
 
 GRANULARITIES = ("model", "tensor")
+ALIGN_OVER = ("separate", "joint", "theta")
 
 
 def _safe_div(a, b, eps=1e-30):
@@ -83,7 +97,8 @@ def hypernetwork_grads(h: Generator, theta: PyTree, emb: jax.Array,
                        temperature: float = 1.0,
                        norm_batch_size: int = 1,
                        granularity: str = "model",
-                       client_sq_norms: Callable | None = None) -> HyperGrads:
+                       client_sq_norms: Callable | None = None,
+                       over: str = "separate") -> HyperGrads:
   """Aggregated hypernetwork gradients for one server step.
 
   Args:
@@ -98,9 +113,15 @@ def hypernetwork_grads(h: Generator, theta: PyTree, emb: jax.Array,
       paper) or "tensor" (one cosine and softmax per theta tensor).
     client_sq_norms: optional `(theta, emb, deltas) -> [m]` closed form of
       |J_i^T delta_i|^2 (model granularity), replacing the per-client VJPs.
+    over: "separate" | "joint" | "theta" (module docstring).
   """
   if granularity not in GRANULARITIES:
     raise ConfigError(f"granularity={granularity!r}: allowed {GRANULARITIES}")
+  if over not in ALIGN_OVER:
+    raise ConfigError(f"GradAlign over={over!r}: allowed {ALIGN_OVER}")
+  if over == "joint" and granularity != "model":
+    raise ConfigError("GradAlign over='joint' (one weight per client over theta "
+                      "and the embeddings) needs granularity='model'")
   m = emb.shape[0]
   h_many = jax.vmap(h, in_axes=(None, 0))
   _, vjp = jax.vjp(h_many, theta, emb)
@@ -115,7 +136,8 @@ def hypernetwork_grads(h: Generator, theta: PyTree, emb: jax.Array,
   # <g_avg, g_i> = |row_i|^2 / m and |g_avg| = sqrt(sum_j |row_j|^2) / m.
   row_norms = jnp.linalg.norm(rows, axis=1)
   cos_emb = _safe_div(row_norms, jnp.sqrt(jnp.sum(row_norms**2)))
-  w_emb = jax.nn.softmax(cos_emb / temperature)
+  w_emb = (uniform if over == "theta"
+           else jax.nn.softmax(cos_emb / temperature))
   if granularity == "tensor":
     return _per_tensor(h, theta, emb, deltas, g_avg, rows * w_emb[:, None],
                        w_emb, cos_emb, temperature, norm_batch_size)
@@ -133,9 +155,20 @@ def hypernetwork_grads(h: Generator, theta: PyTree, emb: jax.Array,
     norms = jnp.sqrt(jnp.maximum(client_sq_norms(theta, emb, deltas), 0.0))
   else:
     norms = jax.lax.map(client_norm, (emb, deltas), batch_size=norm_batch_size)
-  cos_theta = _safe_div(dots, optax.tree.norm(g_avg) * norms)
+  avg_norm = optax.tree.norm(g_avg)
+  cos_theta = _safe_div(dots, avg_norm * norms)
+  if over == "joint":
+    # One cosine over (theta, embedding table): the embedding part of
+    # <g_avg, g_i> is |row_i|^2 / m, of |g_avg|^2 it is sum_j |row_j|^2 / m^2.
+    sq_rows = row_norms**2
+    cos_theta = cos_emb = _safe_div(
+        dots + sq_rows / m,
+        jnp.sqrt(avg_norm**2 + jnp.sum(sq_rows) / m**2)
+        * jnp.sqrt(norms**2 + sq_rows))
 
   w_theta = jax.nn.softmax(cos_theta / temperature)
+  if over == "joint":
+    w_emb = w_theta
   weighted = jax.tree.map(lambda d: d * w_theta.reshape((m,) + (1,) * (d.ndim - 1)),
                           deltas)
   g_theta, _ = vjp(weighted)

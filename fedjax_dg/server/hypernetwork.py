@@ -17,7 +17,7 @@ import optax
 
 from fedjax_dg.errors import ConfigError
 from fedjax_dg.server.aggregate import ServerTransform
-from fedjax_dg.server.gradalign import (GRANULARITIES, HyperGrads,
+from fedjax_dg.server.gradalign import (ALIGN_OVER, GRANULARITIES, HyperGrads,
                                        hypernetwork_grads)
 
 
@@ -42,7 +42,8 @@ def hypernetwork_step(h: Callable, optimizer: optax.GradientTransformation, *,
                       norm_batch_size: int = 1,
                       learn_embeddings: bool = True,
                       granularity: str = "model",
-                      client_sq_norms: Callable | None = None) -> ServerTransform:
+                      client_sq_norms: Callable | None = None,
+                      align_over: str = "separate") -> ServerTransform:
   """Stacked deltas [m, ...] (start minus trained) -> updates of `params`.
 
   `params` is the HyperParams (theta, embeddings [N, e]); extra `ids` [m] are the
@@ -53,11 +54,15 @@ def hypernetwork_step(h: Callable, optimizer: optax.GradientTransformation, *,
   updates). `granularity`: GradAlign over the whole gradient ("model", the
   paper) or per hypernetwork tensor ("tensor"); see `gradalign`.
   `client_sq_norms`: the generator's closed-form per-client gradient norms
-  (`gradalign`), if any.
+  (`gradalign`), if any. `align_over`: "separate" (theta and embeddings each
+  their own GradAlign, the conference paper), "joint" (one weight per client,
+  arXiv v1) or "theta" (embeddings unweighted); see `gradalign`.
   """
   if granularity not in GRANULARITIES:
     raise ConfigError(f"gradalign granularity={granularity!r}: allowed "
                      f"{GRANULARITIES}")
+  if align_over not in ALIGN_OVER:
+    raise ConfigError(f"gradalign align_over={align_over!r}: allowed {ALIGN_OVER}")
 
   def init(params: HyperParams):
     n = params.embeddings.shape[0]
@@ -74,7 +79,8 @@ def hypernetwork_step(h: Callable, optimizer: optax.GradientTransformation, *,
                                        align=align, temperature=temperature,
                                        norm_batch_size=norm_batch_size,
                                        granularity=granularity,
-                                       client_sq_norms=client_sq_norms)
+                                       client_sq_norms=client_sq_norms,
+                                       over=align_over)
     emb_grad = jnp.zeros_like(params.embeddings)
     if learn_embeddings:
       emb_grad = emb_grad.at[ids].add(g.embeddings)
