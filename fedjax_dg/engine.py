@@ -278,7 +278,8 @@ def make_round(alg: Algorithm, cfg: EngineConfig, num_clients: int,
                         shared=common, frozen=frozen)
     trained, loss = local_update(alg.loss, alg.optimizer, start, x, y, n, key,
                                  ctx, batch_size=cfg.batch_size,
-                                 epochs=cfg.epochs, steps=steps)
+                                 epochs=cfg.epochs, steps=steps,
+                                 rounds=cfg.rounds)
     aux = None
     if alg.client_aux is not None:
       aux = alg.client_aux(ctx, trained, ClientData(x, y, n),

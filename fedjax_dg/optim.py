@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import optax
 
+from fedjax_dg.client.update import RunProgress
 from fedjax_dg.errors import ConfigError
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
@@ -37,3 +39,18 @@ def make_optimizer(name: str, lr: float, weight_decay: float = 0.0,
   else:
     parts.append(optax.adam(lr))
   return optax.chain(*parts)
+
+
+def cosine_over_run(base: optax.GradientTransformation) -> RunProgress:
+  """`base`'s steps scaled by 0.5 (1 + cos(pi * progress)), progress = the
+  share of the run's local epochs done (an epoch-wise cosine annealing over the
+  whole run to 0, as FedCCRL's reference code steps its scheduler once per
+  local epoch over rounds x epochs), although each round's optimizer state is
+  fresh. `base` takes no extra arguments."""
+
+  def update(updates, state, params=None, *, progress, **extra):
+    del extra
+    out, state = base.update(updates, state, params)
+    return optax.tree.scale(0.5 * (1.0 + jnp.cos(jnp.pi * progress)), out), state
+
+  return RunProgress(base.init, update)

@@ -108,3 +108,39 @@ def fedsr(prob_model, l2r_coeff: float, cmi_coeff: float) -> Any:
     return obj
 
   return loss
+
+
+def supervised_contrastive(z1: jax.Array, z2: jax.Array, y: jax.Array,
+                           mask: jax.Array, temperature: float) -> jax.Array:
+  """FedCCRL Eq. 9-11 (Khosla et al. 2020) on Z = cat(z1, z2), Y = cat(y, y):
+  for each anchor i, -1/|P(i)| sum_{p in P(i)} log(s_ip / sum_{a != i} s_ia)
+  with s = exp(cos / temperature), P(i) = the other rows of i's label (the
+  anchor excluded). Padded rows (`mask` 0) are neither anchors nor candidates;
+  the anchors' losses are averaged (Eq. 11 sums them: the mean keeps lambda_1
+  independent of the batch size, as the released code does)."""
+  z = jnp.concatenate([z1, z2], axis=0)
+  labels = jnp.concatenate([y, y])
+  valid = jnp.concatenate([mask, mask]) > 0
+  norms = row_norms(z)
+  z = z / jnp.maximum(norms, 1e-12)[:, None]
+  sim = (z @ z.T) / temperature
+  n = z.shape[0]
+  others = valid[None, :] & valid[:, None] & ~jnp.eye(n, dtype=bool)
+  log_denom = jax.nn.logsumexp(jnp.where(others, sim, -jnp.inf), axis=1)
+  positive = others & (labels[:, None] == labels[None, :])
+  count = jnp.sum(positive, axis=1)
+  log_prob = jnp.where(positive, sim - log_denom[:, None], 0.0)
+  per_anchor = -jnp.sum(log_prob, axis=1) / jnp.maximum(count, 1)
+  anchors = (valid & (count > 0)).astype(jnp.float32)
+  return masked_mean(per_anchor, anchors)
+
+
+def js_divergence(logits: list[jax.Array], mask: jax.Array) -> jax.Array:
+  """FedCCRL Eq. 13-14: mean over the k predictions of KL(p_k || mean p), the
+  mixture clipped to [1e-7, 1] as the released code does; batch mean over
+  the real examples."""
+  probs = [jax.nn.softmax(l, axis=-1) for l in logits]
+  log_mix = jnp.log(jnp.clip(sum(probs) / len(probs), 1e-7, 1.0))
+  kls = [jnp.sum(p * (jax.nn.log_softmax(l, axis=-1) - log_mix), axis=-1)
+         for p, l in zip(probs, logits)]
+  return masked_mean(sum(kls) / len(kls), mask)

@@ -46,6 +46,14 @@ class ClientData(NamedTuple):
   n: jax.Array  # scalar: real examples (rows 0..n-1; the rest is padding)
 
 
+class RunProgress(optax.GradientTransformationExtraArgs):
+  """A client optimizer whose `update` takes `progress=`: the share of the
+  run's local epochs done before the current one, (round * E + epoch) /
+  (rounds * E), so a schedule can span the run although the optimizer state
+  starts fresh every round (`optim.cosine_over_run`). `local_update` passes it
+  (and needs `rounds`)."""
+
+
 # loss_fn(params, batch, rng, ctx: ClientContext) -> scalar loss.
 LossFn = Callable[[PyTree, Batch, jax.Array, ClientContext], jax.Array]
 
@@ -106,16 +114,22 @@ def match_varying(values: PyTree, like: jax.Array) -> PyTree:
 def local_update(loss_fn: LossFn, optimizer: optax.GradientTransformation,
                  params: PyTree, x: jax.Array, y: jax.Array, n: jax.Array,
                  key: jax.Array, ctx: Any = None, *, batch_size: int,
-                 epochs: int, steps: int = 0) -> tuple[PyTree, jax.Array]:
+                 epochs: int, steps: int = 0,
+                 rounds: int = 0) -> tuple[PyTree, jax.Array]:
   """Trains one client; returns (params, mean loss over its steps).
 
   `epochs` passes over the client's own `n` examples, or, with `steps > 0`,
   exactly `steps` steps for every client (pFedHN's "inner steps"), cycling through
   fresh permutations. The optimizer state starts fresh every call (every round),
   as in the papers' reference code. `x`: uint8 [n_max, ...], `y`: [n_max], `n`:
-  scalar count.
+  scalar count. `rounds`: the run's rounds, for a `RunProgress` optimizer.
   """
   n_max = x.shape[0]
+  scheduled = isinstance(optimizer, RunProgress)
+  if scheduled and rounds < 1:
+    raise ValueError("a RunProgress optimizer (a schedule over the run) needs "
+                     "local_update(..., rounds=R)")
+  fixed_steps = steps > 0
   perm_key, step_key = jax.random.split(key)
   if steps > 0:  # at most one epoch per step: `steps` permutations suffice
     perms = epoch_permutations(perm_key, n, n_max, steps)
@@ -141,6 +155,12 @@ def local_update(loss_fn: LossFn, optimizer: optax.GradientTransformation,
     kw = {}
     if extra_args:
       kw["grad_fn"] = lambda q, _: jax.grad(loss_fn)(q, batch, rng, ctx)
+    if scheduled:
+      # With fixed steps a round counts as one epoch.
+      e = 1 if fixed_steps else epochs
+      per_epoch = jnp.maximum((n + batch_size - 1) // batch_size, 1)
+      epoch = 0 if fixed_steps else jnp.minimum(s // per_epoch, e - 1)
+      kw["progress"] = (getattr(ctx, "round", 0) * e + epoch) / (rounds * e)
     updates, new_opt_state = optimizer.update(grads, opt_state, p, **kw)
     new_p = optax.apply_updates(p, updates)
     keep = lambda new, old: jnp.where(active, new, old)

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dg.errors import ConfigError
+from fedjax_dg.errors import ConfigError, NeedsDataError
 
 PyTree = Any
 
@@ -37,7 +37,11 @@ def require_server_data(data, name: str) -> tuple[jax.Array, jax.Array]:
   A clear error, naming the setting to change, when the federation holds no
   server split (data.server_fraction = 0).
   """
-  if data is None or getattr(data, "server_size", 0) == 0:
+  if data is None:
+    raise NeedsDataError(f"{name} trains on the server's split: pass the run's "
+                         "FederatedData, built with data.server_fraction > 0, "
+                         "as algorithms.build(..., data=fed)")
+  if getattr(data, "server_size", 0) == 0:
     raise ConfigError(
         f"{name} trains on the server's split, but this federation has none: "
         "set data.server_fraction > 0 (e.g. 0.02, the share of FedLAW's proxy "

@@ -1,0 +1,314 @@
+"""FedCCRL: its augmentations against PIL / numpy, its losses against plain
+numpy loops of Eq. 11-16, the style pool, the cosine schedule over the run, and
+the algorithm end to end."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from PIL import Image, ImageOps
+
+from conftest import synthetic_federation
+from fedjax_dg import algorithms, engine, models, optim
+from fedjax_dg.algorithms import fedccrl
+from fedjax_dg.client import augment, objectives
+from fedjax_dg.client.update import Batch, ClientContext, local_update
+from fedjax_dg.config import base_config
+from fedjax_dg.errors import ConfigError, NeedsDataError
+
+RNG = np.random.default_rng(0)
+
+
+def _image(h=12, w=10, constant_channel=False):
+  x = RNG.integers(20, 230, (h, w, 3)).astype(np.uint8)
+  if constant_channel:
+    x[..., 1] = 77
+  return x
+
+
+# --------------------------------------------------------------------------
+# AugMix operations against PIL (the reference's implementation).
+
+
+@pytest.mark.parametrize("constant_channel", [False, True])
+def test_pixel_operations_equal_pil(constant_channel):
+  x = _image(constant_channel=constant_channel)
+  im, xf = Image.fromarray(x), jnp.asarray(x, jnp.float32)
+  pil = lambda img: np.asarray(img, np.float32)
+  np.testing.assert_array_equal(augment.equalize(xf), pil(ImageOps.equalize(im)))
+  for bits in (1, 3, 4):
+    np.testing.assert_array_equal(augment.posterize(xf, jnp.asarray(bits)),
+                                  pil(ImageOps.posterize(im, bits)))
+  for threshold in (0, 100, 256):
+    np.testing.assert_array_equal(augment.solarize(xf, float(threshold)),
+                                  pil(ImageOps.solarize(im, threshold)))
+  # PIL computes the stretch in float64: a value can land one grey level away.
+  got = np.asarray(augment.autocontrast(xf))
+  assert np.max(np.abs(got - pil(ImageOps.autocontrast(im)))) <= 1
+  assert got.min() == 0 and got[..., 0].max() == 255
+  if constant_channel:
+    np.testing.assert_array_equal(got[..., 1], 77)
+
+
+def _inside(matrix, h, w):
+  """Output pixels whose four bilinear source neighbours lie in the image."""
+  a, b, c, d, e, f = matrix
+  v, u = np.meshgrid(np.arange(h) + 0.5, np.arange(w) + 0.5, indexing="ij")
+  col, row = a * u + b * v + c - 0.5, d * u + e * v + f - 0.5
+  return ((np.floor(col) >= 0) & (np.floor(col) + 1 <= w - 1)
+          & (np.floor(row) >= 0) & (np.floor(row) + 1 <= h - 1))
+
+
+@pytest.mark.parametrize("matrix", [(1, 0.25, 0, 0, 1, 0), (1, 0, 0, -0.2, 1, 0),
+                                    (1, 0, 3, 0, 1, 0), (1, 0, 0, 0, 1, -2)])
+def test_affine_equals_pil_bilinear(matrix):
+  x = _image()
+  want = np.asarray(Image.fromarray(x).transform(
+      (10, 12), Image.AFFINE, matrix, resample=Image.BILINEAR), np.float32)
+  got = np.asarray(augment.affine(jnp.asarray(x, jnp.float32),
+                                  jnp.asarray(matrix, jnp.float32)))
+  inside = _inside(matrix, 12, 10)
+  assert inside.sum() > 40
+  assert np.max(np.abs(got - want)[inside]) <= 1  # rounding of the blend
+  if matrix[1] == matrix[3] == 0:  # integer translations: exact everywhere
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("degrees", [7.0, -9.0])
+def test_rotation_equals_pil(degrees):
+  x = _image()
+  m = np.asarray(augment.rotation_matrix(jnp.asarray(degrees), 12, 10))
+  got = np.asarray(augment.affine(jnp.asarray(x, jnp.float32), jnp.asarray(m)))
+  want = np.asarray(Image.fromarray(x).rotate(degrees, resample=Image.BILINEAR),
+                    np.float32)
+  inside = _inside(m, 12, 10)
+  assert inside.sum() > 40
+  assert np.max(np.abs(got - want)[inside]) <= 1
+
+
+def test_one_chain_of_depth_one_is_a_blend_with_one_operation():
+  """AugMix with width 1, depth 1 is x + m (op(x) - x): with the chain key
+  shared (the released code's one chain per batch) and the mixing keys
+  different, the outputs lie on one line through x, at different points;
+  different chain keys draw different operations (other lines)."""
+  x = jnp.asarray(_image(), jnp.float32)
+  run = jax.jit(lambda kc, km: augment.augmix(x, kc, km, width=1, depth=1) - x)
+  direction = lambda a: np.asarray(a).ravel() / max(np.linalg.norm(a), 1e-9)
+  lines = []
+  for seed in range(8):
+    kc = jax.random.key(seed)
+    a, b = run(kc, jax.random.key(100 + seed)), run(kc, jax.random.key(200 + seed))
+    if np.linalg.norm(a) < 1e-3 or np.linalg.norm(b) < 1e-3:
+      continue  # an operation that left this image unchanged
+    assert abs(np.dot(direction(a), direction(b))) == pytest.approx(1.0, abs=1e-4)
+    assert not np.allclose(a, b)  # another m
+    lines.append(direction(a))
+  cos = [abs(np.dot(u, v)) for i, u in enumerate(lines) for v in lines[:i]]
+  assert len(lines) >= 5 and min(cos) < 0.9
+
+
+def test_augmix_stays_in_the_pixel_range_and_random_width_drops_chains():
+  x = jnp.asarray(_image(), jnp.float32)
+  keys = jax.random.split(jax.random.key(0), 8)
+  outs = {w: jax.jit(jax.vmap(lambda k: augment.augmix(x, k, k, width=w)))(keys)
+          for w in (0, 3)}
+  for o in outs.values():
+    assert float(o.min()) >= 0.0 and float(o.max()) <= 255.0
+  # Same keys: k ~ U{1,2,3} chains differ from three chains when k < 3 only.
+  same = [bool(np.allclose(a, b)) for a, b in zip(outs[0], outs[3])]
+  assert 0 < sum(same) < len(same), same
+
+
+def test_pixel_overflow_clamps_or_wraps():
+  v = jnp.asarray([-3.2, 0.4, 255.6, 300.0]) / 255.0
+  np.testing.assert_array_equal(augment.to_pixels(v, 0.0, 1.0, "clamp"),
+                                [0, 0, 255, 255])
+  np.testing.assert_array_equal(augment.to_pixels(v, 0.0, 1.0, "wrap"),
+                                [253, 0, 255, 44])
+
+
+# --------------------------------------------------------------------------
+# CCDT: statistics, MixStyle, the pool without the client's own entries.
+
+
+def test_mixstyle_moves_the_statistics_to_the_mix():
+  x = jnp.asarray(RNG.normal(size=(6, 5, 3)), jnp.float32)
+  mu, sig = (np.asarray(a) for a in augment.style_stats(x))
+  np.testing.assert_allclose(mu, np.asarray(x).mean((0, 1)), rtol=1e-5)
+  np.testing.assert_allclose(sig, np.sqrt(np.asarray(x).var((0, 1)) + 1e-6),
+                             rtol=1e-5)
+  mu2, sig2 = np.array([1.0, -2.0, 0.5]), np.array([0.3, 2.0, 1.0])
+  for lam in (0.0, 0.3, 1.0):
+    out = augment.mixstyle(x, jnp.asarray(mu2), jnp.asarray(sig2), lam)
+    m, s = (np.asarray(a) for a in augment.style_stats(out))
+    np.testing.assert_allclose(m, lam * mu2 + (1 - lam) * mu, atol=1e-5)
+    np.testing.assert_allclose(s, lam * sig2 + (1 - lam) * sig, rtol=1e-3)
+
+
+def test_a_client_never_draws_its_own_or_an_empty_slot():
+  n, s = 4, 3
+  mu = jnp.arange(n * s, dtype=jnp.float32).reshape(n, s, 1)
+  valid = jnp.asarray([[1, 1, 0], [1, 0, 0], [0, 0, 0], [1, 1, 1]], bool)
+  for own in range(n):
+    got, _ = augment.sample_foreign(jax.random.key(own), mu, mu, valid,
+                                    jnp.asarray(own), 600)
+    rows = np.asarray(got[:, 0]).astype(int)
+    allowed = {c * s + j for c in range(n) for j in range(s)
+               if c != own and valid[c, j]}
+    assert set(rows) == allowed  # all allowed, each drawn, nothing else
+
+
+# --------------------------------------------------------------------------
+# Losses against plain numpy loops.
+
+
+def _supcon_numpy(z1, z2, y, tau):
+  z = np.concatenate([z1, z2])
+  z = z / np.linalg.norm(z, axis=1, keepdims=True)
+  lab = np.concatenate([y, y])
+  losses = []
+  for i in range(len(z)):
+    s = np.exp(z @ z[i] / tau)
+    denom = sum(s[a] for a in range(len(z)) if a != i)
+    pos = [p for p in range(len(z)) if p != i and lab[p] == lab[i]]
+    losses.append(-np.mean([np.log(s[p] / denom) for p in pos]))
+  return np.mean(losses)
+
+
+def test_supervised_contrastive_equals_eq11_and_ignores_padding():
+  z1, z2 = RNG.normal(size=(5, 4)), RNG.normal(size=(5, 4))
+  y = np.array([0, 1, 0, 2, 1])
+  got = objectives.supervised_contrastive(jnp.asarray(z1), jnp.asarray(z2),
+                                          jnp.asarray(y), jnp.ones(5), 0.1)
+  np.testing.assert_allclose(got, _supcon_numpy(z1, z2, y, 0.1), rtol=1e-4)
+  # Two padded rows (mask 0, garbage values) change nothing.
+  pad = lambda a, v: np.concatenate([a, v])
+  got = objectives.supervised_contrastive(
+      jnp.asarray(pad(z1, 9 * np.ones((2, 4)))), jnp.asarray(pad(z2, -np.ones((2, 4)))),
+      jnp.asarray(pad(y, [0, 0])), jnp.asarray([1.0] * 5 + [0.0] * 2), 0.1)
+  np.testing.assert_allclose(got, _supcon_numpy(z1, z2, y, 0.1), rtol=1e-4)
+
+
+def test_js_divergence_equals_eq14():
+  logits = [RNG.normal(size=(4, 3)) for _ in range(3)]
+  p = [np.exp(l) / np.exp(l).sum(1, keepdims=True) for l in logits]
+  mix = sum(p) / 3
+  want = np.mean([np.sum(q * np.log(q / mix), 1) for q in p], axis=0).mean()
+  got = objectives.js_divergence([jnp.asarray(l) for l in logits], jnp.ones(4))
+  np.testing.assert_allclose(got, want, rtol=1e-4)
+  same = objectives.js_divergence([jnp.asarray(logits[0])] * 3, jnp.ones(4))
+  assert abs(float(same)) < 1e-6
+
+
+# --------------------------------------------------------------------------
+# The cosine schedule over the run (a fresh optimizer state every round).
+
+
+def test_cosine_over_run_scales_each_epoch_of_each_round():
+  """Loss <w, 1> with SGD lr 1: one round moves w by minus the sum over its
+  steps of 0.5 (1 + cos(pi (round E + epoch) / (R E)))."""
+  opt = optim.cosine_over_run(optax.sgd(1.0))
+  loss = lambda p, batch, rng, ctx: jnp.sum(p["w"]) + 0.0 * jnp.sum(batch.mask)
+  x, y = jnp.zeros((6, 2, 2, 1), jnp.uint8), jnp.zeros((6,), jnp.int32)
+  R, E, B, n = 4, 2, 2, 5  # 3 steps per epoch
+  for r in range(R):
+    ctx = ClientContext(id=jnp.int32(0), round=jnp.int32(r), start=None)
+    params, _ = local_update(loss, opt, {"w": jnp.zeros(())}, x, y, jnp.int32(n),
+                             jax.random.key(0), ctx, batch_size=B, epochs=E,
+                             rounds=R)
+    want = -sum(3 * 0.5 * (1 + np.cos(np.pi * (r * E + e) / (R * E)))
+                for e in range(E))
+    np.testing.assert_allclose(params["w"], want, rtol=1e-5)
+  with pytest.raises(ValueError, match="rounds"):
+    local_update(loss, opt, {"w": jnp.zeros(())}, x, y, jnp.int32(n),
+                 jax.random.key(0), ctx, batch_size=B, epochs=E)
+
+
+# --------------------------------------------------------------------------
+# The algorithm.
+
+
+@pytest.fixture(scope="module")
+def setup():
+  fed = synthetic_federation(num_clients=3, per_domain=40, size=12)
+  model = models.get_model("small_cnn", input_shape=fed.image_shape,
+                           num_classes=fed.num_classes, mean=fed.mean,
+                           std=fed.std)
+  return fed, model
+
+
+def _build(fed, model, **hp):
+  cfg = base_config()
+  for k, v in hp.items():
+    cfg.fedccrl[k] = v
+  return algorithms.build("fedccrl", model, fed.num_clients, cfg, data=fed)
+
+
+def test_without_augmentation_and_alignment_the_loss_is_cross_entropy(setup):
+  fed, model = setup
+  params = model.init(jax.random.key(0))
+  batch = Batch(jnp.asarray(fed.train.x[0, :8]), jnp.asarray(fed.train.y[0, :8]),
+                jnp.asarray([1.0] * 6 + [0.0] * 2))
+  ctx = ClientContext(id=jnp.int32(0), round=jnp.int32(0), start=params)
+  ce = objectives.cross_entropy(model)(params, batch, jax.random.key(1), ctx)
+  for cls_loss, factor in (("mean", 1.0), ("sum", 3.0)):
+    alg = _build(fed, model, ccdt=False, difp=False, lambda1=0.0, lambda2=0.0,
+                 cls_loss=cls_loss)
+    got = jax.jit(alg.loss)(params, batch, jax.random.key(1), ctx)
+    np.testing.assert_allclose(got, factor * ce, rtol=1e-5)
+  # Identical views: L_RA is exactly the contrastive loss of (Z, Z).
+  alg = _build(fed, model, ccdt=False, difp=False, lambda1=0.5, lambda2=0.0)
+  z = model.features(params, batch.x, train=True, rng=jax.random.key(0))
+  sc = objectives.supervised_contrastive(z, z, batch.y, batch.mask, 0.1)
+  got = jax.jit(alg.loss)(params, batch, jax.random.key(1), ctx)
+  np.testing.assert_allclose(got, ce + 0.5 * sc, rtol=1e-4)
+  # Re-styled views (MixStyle only): L_JS adds a positive amount.
+  js, plain = (_build(fed, model, difp=False, lambda1=0.0, lambda2=lam)
+               for lam in (1.0, 0.0))
+  server, _ = plain.init(jax.random.key(0))
+  ctx = ctx._replace(shared=server.pool)
+  key = jax.random.key(2)
+  assert float(jax.jit(js.loss)(params, batch, key, ctx)) > float(
+      jax.jit(plain.loss)(params, batch, key, ctx)) + 1e-6
+
+
+def test_style_pool_holds_statistics_of_each_clients_own_images(setup):
+  fed, model = setup
+  alg = _build(fed, model, r=0.25)
+  server, _ = alg.init(jax.random.key(0))
+  pool = jax.tree.map(np.asarray, server.pool)
+  x = np.asarray(fed.train.x)
+  for c in range(fed.num_clients):
+    n = int(fed.train.n[c])
+    assert pool.valid[c].sum() == int(np.ceil(0.25 * n))
+    imgs = (x[c, :n] / 255.0 - np.asarray(fed.mean)) / np.asarray(fed.std)
+    mus = imgs.mean((1, 2))
+    for j in np.flatnonzero(pool.valid[c]):
+      assert np.min(np.abs(mus - pool.mu[c, j]).max(1)) < 1e-4
+
+
+def test_fedccrl_learns_and_refreshes_the_pool(setup):
+  fed, model = setup
+  alg = _build(fed, model, augmix_width=1)
+  res = engine.run(alg, fed, model, engine.EngineConfig(
+      rounds=3, eval_every=3, epochs=1, batch_size=16, progress=False))
+  assert res.final["id_acc"] > 1.0 / fed.num_classes + 0.2, res.final
+  first, _ = alg.init(jax.random.key(0))
+  sizes = np.asarray(res.round_metrics["ccdt_pool_size"])
+  np.testing.assert_array_equal(sizes, int(first.pool.valid.sum()))
+  assert not np.allclose(res.server.pool.mu, first.pool.mu)  # redrawn
+
+
+def test_bad_settings_and_missing_data_are_errors(setup):
+  fed, model = setup
+  for hp, needle in ((dict(r=0.0), "fedccrl.r=0.0"),
+                     (dict(pixel_overflow="mod"), "pixel_overflow"),
+                     (dict(cls_loss="avg"), "cls_loss"),
+                     (dict(temperature=0.0), "temperature")):
+    with pytest.raises(ConfigError, match=needle):
+      _build(fed, model, **hp)
+  with pytest.raises(NeedsDataError, match="first style pool"):
+    algorithms.build("fedccrl", model, 3, base_config())
+  assert fedccrl.uses_data({"ccdt": True}) and not fedccrl.uses_data(
+      {"ccdt": False})
