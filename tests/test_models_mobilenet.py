@@ -299,3 +299,23 @@ def test_torchvision_and_timm_weights_give_their_logits(tmp_path):
       assert scale > 1e-3, (layout, scale)
       np.testing.assert_allclose(logits, ref, rtol=0, atol=1e-4 * scale,
                                  err_msg=f"{layout} {path.suffix}")
+
+
+def test_config_keys_reach_get_model(tmp_path):
+  from fedjax_dg import config, experiment
+  path = tmp_path / "mnv3.safetensors"
+  path.write_bytes(b"")
+  cfg = config.apply_overrides(config.base_config(), [
+      "model.name=mobilenet_v3_large", f"model.weights={path}",
+      "model.skip_head=True", "data.name=pacs"])
+  assert (cfg.model.weights, cfg.model.skip_head) == (str(path), True)
+  with pytest.raises(ConfigError, match="model.skip_head"):
+    config.apply_overrides(config.base_config(), ["model.skiphead=True"])
+  fed = type("Fed", (), {"num_classes": 7})
+  fed.train = type("Train", (), {"x": np.zeros((1, 1, 32, 32, 3), np.uint8)})
+  model = experiment.make_model(cfg, fed, (0.5,) * 3, (0.5,) * 3)
+  assert (model.weights, model.skip_head, model.module.norm) == (
+      str(path), True, "affine")
+  cfg.model.weights = str(tmp_path / "missing.pth")
+  with pytest.raises(DataError, match="missing.pth.*no such file"):
+    experiment.validate(cfg)

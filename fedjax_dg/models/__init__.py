@@ -167,6 +167,18 @@ def _per_channel(v, ch: int, what: str) -> tuple[float, ...]:
   return v
 
 
+def check_weights(name: str, weights: str) -> None:
+  """A weights file ("" = none) is allowed for `name` and exists."""
+  if not weights:
+    return
+  if name not in PRETRAINED:
+    raise ConfigError(f"model.weights={weights!r}: only {PRETRAINED} load "
+                      f"pretrained weights, not {name!r}")
+  if not os.path.isfile(weights):
+    raise DataError(f"model.weights={weights!r}: no such file (see "
+                    "docs/models.md, MobileNetV3, for how to get one)")
+
+
 def get_model(name: str, *, input_shape, num_classes: int, mean=(0.5,),
               std=(0.5,), conv_impl: str = "auto", weights: str = "",
               skip_head: bool = False, **kwargs) -> Model:
@@ -193,13 +205,8 @@ def get_model(name: str, *, input_shape, num_classes: int, mean=(0.5,),
   """
   if name not in _REGISTRY:
     raise ConfigError(f"unknown model {name!r}; available: {available()}")
+  check_weights(name, weights)
   if weights:
-    if name not in PRETRAINED:
-      raise ConfigError(f"model.weights={weights!r}: only {PRETRAINED} load "
-                        f"pretrained weights, not {name!r}")
-    if not os.path.isfile(weights):
-      raise DataError(f"model.weights={weights!r}: no such file (see "
-                      "docs/models.md, MobileNetV3, for how to get one)")
     kwargs.setdefault("norm", "affine")
     if kwargs["norm"] != "affine":
       raise ConfigError(f"model.weights needs norm='affine' (BatchNorm folds "
@@ -223,6 +230,6 @@ from fedjax_dg.models.hypernetwork import (  # noqa: E402
 __all__ = [
     "MLP", "PRETRAINED", "CifarCNN", "HyperNetwork", "InceptionCNN",
     "MobileNetV3Large", "Model", "NaiveInception", "Params", "ResNet", "SmallCNN",
-    "available", "cnn", "get_model", "hypernetwork_module", "init_hypernetwork",
+    "available", "check_weights", "cnn", "get_model", "hypernetwork_module", "init_hypernetwork",
     "layers", "make_hypernetwork", "mobilenet", "resnet", "weights_lib",
 ]
