@@ -39,9 +39,10 @@ demo: data
 test: data
 	$(PY) -m pytest -q
 
-# Benchmarks (not part of `make test`): installs the CPU PyTorch build for the reference loop.
+# Benchmarks (not part of `make test`): installs the CPU PyTorch build for the reference
+# loop, and the torchvision that matches it (MobileNetV3 weights test).
 bench: setup
-	$(PY) -m pip install -q 'torch==2.13.0'
+	$(PY) -m pip install -q 'torch==2.13.0' 'torchvision==0.28.0'
 	$(PY) benchmarks/round_time.py
 
 clean:

@@ -83,7 +83,12 @@ def base_config() -> ConfigDict:
       data_dir="",             # TFDS data dir ("" = $FEDJAX_DG_DATA_DIR or ~/.cache)
       manual_dir="",           # folder with manually downloaded data
   ))
-  c.model = ConfigDict(dict(name="inception_cnn", conv_impl="auto"))
+  c.model = ConfigDict(dict(
+      name="inception_cnn",
+      conv_impl="auto",
+      weights="",              # pretrained state dict (.pth / .safetensors), mobilenet_v3_large
+      skip_head=False,         # with weights: the last Linear starts fresh (other classes)
+  ))
   c.train = ConfigDict(train_defaults())
   # The clients' optimizer; an algorithm section's `client` overrides fields.
   c.client = ConfigDict(dict(optimizer="adam", lr=1e-3, weight_decay=1e-4,

@@ -75,6 +75,7 @@ def validate(cfg: ConfigDict) -> None:
   if cfg.model.name not in models.available():
     raise ConfigError(f"unknown model model.name={cfg.model.name!r}; allowed: "
                      f"{models.available()}")
+  models.check_weights(cfg.model.name, cfg.model.weights)
   if cfg.data.normalization not in ("dataset", "train"):
     raise ConfigError(f"data.normalization={cfg.data.normalization!r}: allowed "
                      "'dataset' or 'train'")
@@ -180,7 +181,9 @@ def make_model(cfg: ConfigDict, fed, mean, std):
   from fedjax_dg import models
   return models.get_model(cfg.model.name, input_shape=fed.train.x.shape[2:],
                           num_classes=fed.num_classes, mean=mean, std=std,
-                          conv_impl=cfg.model.conv_impl)
+                          conv_impl=cfg.model.conv_impl,
+                          weights=cfg.model.weights,
+                          skip_head=cfg.model.skip_head)
 
 
 def check_resume(cfg: ConfigDict, run_dir: str, data: dict) -> None:

@@ -40,7 +40,8 @@ def _table9_param_count(cin, num_classes):
 
 def test_registry():
   assert set(models.available()) == {"inception_cnn", "small_cnn", "mlp",
-                                     "cifar_cnn", "resnet50"}
+                                     "cifar_cnn", "resnet50",
+                                     "mobilenet_v3_large"}
   with pytest.raises(ValueError, match="inception_cnn"):
     models.get_model("resnet", input_shape=(32, 32, 3), num_classes=3)
   with pytest.raises(ValueError):

@@ -7,13 +7,15 @@
     feats = model.features(params, x)              # [B, 256] penultimate layer
 
 All modules are loop-safe (see `layers`): usable inside `lax.scan` / `lax.map` /
-`vmap` over clients. See docs/models.md.
+`vmap` over clients. `mobilenet_v3_large` loads pretrained torchvision / timm
+weights (`get_model(..., weights="mnv3.pth")`; `weights.py`). See docs/models.md.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from typing import Any
 
 import flax
@@ -22,11 +24,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dg.errors import ConfigError
+from fedjax_dg.errors import ConfigError, DataError
 from fedjax_dg.models import cnn
 from fedjax_dg.models import layers
+from fedjax_dg.models import mobilenet
 from fedjax_dg.models import resnet
+from fedjax_dg.models import weights as weights_lib
 from fedjax_dg.models.cnn import MLP, CifarCNN, InceptionCNN, NaiveInception, SmallCNN
+from fedjax_dg.models.mobilenet import MobileNetV3Large
 from fedjax_dg.models.resnet import ResNet
 
 Params = Any
@@ -34,17 +39,27 @@ Params = Any
 
 @dataclasses.dataclass(frozen=True)
 class Model:
-  """A client model: module + input shape + classes + per-channel normalization."""
+  """A client model: module + input shape + classes + per-channel normalization
+  (+ a pretrained weights file for `init`)."""
   name: str
   module: nn.Module
   input_shape: tuple[int, int, int]
   num_classes: int
   mean: tuple[float, ...]
   std: tuple[float, ...]
+  weights: str = ""
+  skip_head: bool = False
 
   def init(self, key: jax.Array) -> Params:
-    """Samples the 'params' collection (a plain nested dict); jitted."""
-    return _jitted_init(self)(key)
+    """Samples the 'params' collection (a plain nested dict); jitted. With
+    `weights`, the file's tensors replace the samples (all but `fc2`'s when
+    `skip_head`)."""
+    params = _jitted_init(dataclasses.replace(self, weights="",
+                                              skip_head=False))(key)
+    if not self.weights:
+      return params
+    loaded = weights_lib.load(self.weights, params, skip_head=self.skip_head)
+    return jax.tree.map(jnp.asarray, loaded)
 
   def normalize(self, x: jax.Array) -> jax.Array:
     """uint8 -> float32 / 255 (floats are taken as [0, 1]); then (x - mean) / std."""
@@ -118,13 +133,20 @@ def _resnet50(num_classes, conv_impl, **kw):
   return ResNet(num_classes=num_classes, conv_impl=conv_impl, **kw)
 
 
+def _mobilenet_v3_large(num_classes, conv_impl, **kw):
+  return MobileNetV3Large(num_classes=num_classes, conv_impl=conv_impl, **kw)
+
+
 _REGISTRY = {
     "inception_cnn": _inception_cnn,
     "small_cnn": _small_cnn,
     "mlp": _mlp,
     "cifar_cnn": _cifar_cnn,    # HyperGenFL's CIFAR-10 simple CNN
     "resnet50": _resnet50,      # HyperGenFL's ResNet-50 (GroupNorm)
+    "mobilenet_v3_large": _mobilenet_v3_large,   # FedCCRL's backbone
 }
+# Models whose pretrained PyTorch weights `get_model(weights=...)` converts.
+PRETRAINED = ("mobilenet_v3_large",)
 
 
 def available() -> tuple[str, ...]:
@@ -145,8 +167,21 @@ def _per_channel(v, ch: int, what: str) -> tuple[float, ...]:
   return v
 
 
+def check_weights(name: str, weights: str) -> None:
+  """A weights file ("" = none) is allowed for `name` and exists."""
+  if not weights:
+    return
+  if name not in PRETRAINED:
+    raise ConfigError(f"model.weights={weights!r}: only {PRETRAINED} load "
+                      f"pretrained weights, not {name!r}")
+  if not os.path.isfile(weights):
+    raise DataError(f"model.weights={weights!r}: no such file (see "
+                    "docs/models.md, MobileNetV3, for how to get one)")
+
+
 def get_model(name: str, *, input_shape, num_classes: int, mean=(0.5,),
-              std=(0.5,), conv_impl: str = "auto", **kwargs) -> Model:
+              std=(0.5,), conv_impl: str = "auto", weights: str = "",
+              skip_head: bool = False, **kwargs) -> Model:
   """Builds a registered model.
 
   Args:
@@ -159,10 +194,23 @@ def get_model(name: str, *, input_shape, num_classes: int, mean=(0.5,),
     **kwargs: module fields, e.g. `dropout`, `hidden_relu`, `hidden`,
       `weight_init` (alias `init`): "torch" (default) or "flax"; for
       `resnet50`: `stem` ("cifar" | "imagenet"), `norm_groups`, `width`,
-      `stages`, `zero_init_residual`.
+      `stages`, `zero_init_residual`; for `mobilenet_v3_large`: `norm`
+      ("group" | "affine"), `norm_groups`, `dropout`.
+    weights: a pretrained state dict (`.pth` or `.safetensors`, torchvision or
+      timm layout) that `Model.init` loads; models in `PRETRAINED` only.
+      `norm` defaults to "affine" then (BatchNorm folds into it exactly), to
+      "group" without weights.
+    skip_head: with `weights`: the last Linear starts fresh (another number of
+      classes than the file's).
   """
   if name not in _REGISTRY:
     raise ConfigError(f"unknown model {name!r}; available: {available()}")
+  check_weights(name, weights)
+  if weights:
+    kwargs.setdefault("norm", "affine")
+    if kwargs["norm"] != "affine":
+      raise ConfigError(f"model.weights needs norm='affine' (BatchNorm folds "
+                        f"into it), got norm={kwargs['norm']!r}")
   h, w, ch = (int(v) for v in input_shape)
   if name != "mlp" and (h % 4 or w % 4):
     raise ConfigError(f"{name} needs H and W divisible by 4, got {input_shape}")
@@ -172,15 +220,16 @@ def get_model(name: str, *, input_shape, num_classes: int, mean=(0.5,),
                            **kwargs)
   return Model(name=name, module=module, input_shape=(h, w, ch),
                num_classes=int(num_classes), mean=_per_channel(mean, ch, "mean"),
-               std=_per_channel(std, ch, "std"))
+               std=_per_channel(std, ch, "std"), weights=weights,
+               skip_head=bool(skip_head))
 
 
 from fedjax_dg.models.hypernetwork import (  # noqa: E402
     HyperNetwork, hypernetwork_module, init_hypernetwork, make_hypernetwork)
 
 __all__ = [
-    "MLP", "CifarCNN", "HyperNetwork", "InceptionCNN", "Model", "NaiveInception",
-    "Params", "ResNet", "SmallCNN", "available", "cnn", "get_model",
-    "hypernetwork_module", "init_hypernetwork", "layers", "make_hypernetwork",
-    "resnet",
+    "MLP", "PRETRAINED", "CifarCNN", "HyperNetwork", "InceptionCNN",
+    "MobileNetV3Large", "Model", "NaiveInception", "Params", "ResNet", "SmallCNN",
+    "available", "check_weights", "cnn", "get_model", "hypernetwork_module", "init_hypernetwork",
+    "layers", "make_hypernetwork", "mobilenet", "resnet", "weights_lib",
 ]

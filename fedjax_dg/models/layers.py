@@ -23,7 +23,12 @@ for `nn.Conv2d`/`nn.Linear` (kaiming_uniform(a=sqrt(5)), i.e.
 U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for kernel AND bias), the faithful choice for
 models from PyTorch papers and the default of the models in `cnn`;
 ``"kaiming_out"`` is torchvision's ResNet conv init (normal, std sqrt(2 / fan_out),
-zero bias), used by `resnet`.
+zero bias), used by `resnet` and `mobilenet`; ``"normal"`` is torchvision's
+MobileNetV3 Linear init (N(0, 0.01), zero bias).
+
+`DepthwiseConv` (one kxk filter per channel, torch's `groups=C`) is a sum of
+shifted slices times per-channel weights on every implementation but ``"xla"``:
+elementwise work whose backward pass stays fast inside loop bodies.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ Array = jax.Array
 Padding = str | int | tuple[int, int] | Sequence[tuple[int, int]]
 
 CONV_IMPLS = ("im2col", "custom_vjp", "xla", "auto")
-INITS = ("flax", "torch", "kaiming_out")
+INITS = ("flax", "torch", "kaiming_out", "normal")
 # "auto" on the CPU backend picks per layer (benchmarks/conv_in_loop.py, InceptionCNN
 # training step inside lax.map x lax.scan): im2col for 1x1 kernels and for inputs
 # with at most this many channels (where XLA:CPU's own conv is slow, e.g. the 3-channel
@@ -204,6 +209,37 @@ def conv2d(x: Array, kernel: Array, *, strides: int | Sequence[int] = 1,
   return _CONV_FNS[resolve_conv_impl(impl, kernel.shape)](x, kernel, strides, pads)
 
 
+def depthwise_conv2d(x: Array, kernel: Array, *,
+                     strides: int | Sequence[int] = 1, padding: Padding = "SAME",
+                     impl: str = "auto") -> Array:
+  """Depthwise convolution of NHWC `x` with a [kh, kw, 1, C] kernel (no bias).
+
+  "xla" (also "auto" off CPU): `lax.conv_general_dilated` with
+  `feature_group_count=C`; otherwise the sum over taps of the strided shifted
+  slice times the tap's per-channel weights.
+  """
+  strides = _pair(strides)
+  kh, kw, _, ch = kernel.shape
+  pads = conv_padding(padding, (kh, kw), strides, x.shape[1:3])
+  if resolve_conv_impl(impl, kernel.shape) == "xla":
+    return lax.conv_general_dilated(x, kernel, strides, pads,
+                                    dimension_numbers=_DN,
+                                    feature_group_count=ch)
+  b, h, w, _ = x.shape
+  ho = _out_size(h, kh, strides[0], pads[0])
+  wo = _out_size(w, kw, strides[1], pads[1])
+  xp = jnp.pad(x, ((0, 0), pads[0], pads[1], (0, 0)))
+  out = None
+  for i in range(kh):
+    for j in range(kw):
+      tap = lax.slice(xp, (0, i, j, 0),
+                      (b, i + (ho - 1) * strides[0] + 1,
+                       j + (wo - 1) * strides[1] + 1, ch),
+                      (1,) + strides + (1,)) * kernel[i, j, 0]
+      out = tap if out is None else out + tap
+  return out
+
+
 # ---------------------------------------------------------------------------
 # Initializers.
 
@@ -218,12 +254,14 @@ def kernel_init(init: str) -> nn.initializers.Initializer:
   if init == "kaiming_out":
     # torchvision ResNet convs: kaiming_normal_(mode="fan_out", relu), untruncated.
     return nn.initializers.variance_scaling(2.0, "fan_out", "normal")
+  if init == "normal":
+    return nn.initializers.normal(0.01)
   raise ConfigError(f"init must be one of {INITS}, got {init!r}")
 
 
 def bias_init(init: str, fan_in: int) -> nn.initializers.Initializer:
-  """Bias initializer ("flax", "kaiming_out": zeros; "torch": U(+-1/sqrt(fan_in)))."""
-  if init in ("flax", "kaiming_out"):
+  """Bias initializer ("torch": U(+-1/sqrt(fan_in)); the others: zeros)."""
+  if init in ("flax", "kaiming_out", "normal"):
     return nn.initializers.zeros_init()
   if init == "torch":
     bound = 1.0 / math.sqrt(fan_in)
@@ -273,6 +311,24 @@ class Conv(nn.Module):
                         (self.features,), jnp.float32)
       y = y + bias.astype(y.dtype)
     return y
+
+
+class DepthwiseConv(nn.Module):
+  """Depthwise convolution; param `kernel` [kh, kw, 1, C] (nn.Conv with
+  `feature_group_count=C`), no bias."""
+  kernel_size: int | Sequence[int]
+  strides: int | Sequence[int] = 1
+  padding: Padding = "SAME"
+  impl: str = "auto"
+  weight_init: str = "flax"
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    kh, kw = _pair(self.kernel_size)
+    kernel = self.param("kernel", kernel_init(self.weight_init),
+                        (kh, kw, 1, x.shape[-1]), jnp.float32)
+    return depthwise_conv2d(x, kernel.astype(x.dtype), strides=self.strides,
+                            padding=self.padding, impl=self.impl)
 
 
 class Dense(nn.Module):
@@ -341,7 +397,8 @@ def adaptive_avg_pool(x: Array, out_size: int | Sequence[int]) -> Array:
 
 __all__ = [
     "CONV_IMPLS", "CPU_IM2COL_MAX_CHANNELS", "INITS", "Conv", "Dense",
-    "adaptive_avg_pool", "adaptive_bins", "bias_init", "conv2d", "conv_custom_vjp",
-    "conv_im2col", "conv_padding", "conv_xla", "init_rng_mode", "kernel_init",
+    "DepthwiseConv", "adaptive_avg_pool", "adaptive_bins", "bias_init", "conv2d",
+    "conv_custom_vjp", "conv_im2col", "conv_padding", "conv_xla",
+    "depthwise_conv2d", "init_rng_mode", "kernel_init",
     "max_pool", "resolve_conv_impl",
 ]
