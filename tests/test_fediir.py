@@ -1,0 +1,142 @@
+"""FedIIR: the classifier gradient a client measures, the penalised local loss
+and its second-order gradient, and the server's EMA of the mean gradient, each
+against an independent computation; the algorithm end to end."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from fedjax_dg import algorithms, engine, models
+from fedjax_dg.algorithms import fediir
+from fedjax_dg.algorithms.base import ClientResult
+from fedjax_dg.client.update import Batch, ClientContext
+from fedjax_dg.config import base_config
+from fedjax_dg.errors import ConfigError
+
+
+@pytest.fixture(scope="module")
+def setup(fed3):
+  model = models.get_model("mlp", input_shape=fed3.image_shape,
+                           num_classes=fed3.num_classes, mean=fed3.mean,
+                           std=fed3.std, hidden=16)
+  return fed3, model
+
+
+def _mean_ce(model, params, x, y):
+  logits = model.apply(params, x)
+  return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, y))
+
+
+def test_client_gradient_is_the_classifier_gradient_of_its_real_examples(setup):
+  fed, model = setup
+  params = model.init(jax.random.key(0))
+  x, y = jnp.asarray(fed.train.x[1]), jnp.asarray(fed.train.y[1])
+  n = x.shape[0] - 6  # padding rows after n, chunks of 7 do not divide n
+  assert n % 7
+  got = jax.jit(lambda p: fediir.client_gradient(model, p, x, y, n, 7))(params)
+  want = jax.grad(_mean_ce, argnums=1)(model, params, x[:n], y[:n])["fc2"]
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6)
+
+
+def _batch(fed, b=12):
+  return Batch(jnp.asarray(fed.train.x[0, :b]), jnp.asarray(fed.train.y[0, :b]),
+               jnp.asarray(np.r_[np.ones(b - 3), np.zeros(3)], jnp.float32))
+
+
+def test_local_loss_and_its_second_order_gradient(setup):
+  fed, model = setup
+  penalty = 0.7
+  alg = fediir.build(model, optax.sgd(0.1), penalty=penalty)
+  params = model.init(jax.random.key(1))
+  batch = _batch(fed)
+  gbar = jax.tree.map(lambda v: 0.01 * jnp.ones_like(v), params["fc2"])
+  ctx = ClientContext(id=0, round=0, start=params, shared=gbar)
+  real = int(batch.mask.sum())
+
+  def independent(p):  # CE of the real rows; its fc2 gradient by autodiff
+    ce = lambda q: _mean_ce(model, q, batch.x[:real], batch.y[:real])
+    g = jax.grad(ce)(p)["fc2"]
+    sq = sum(jnp.sum((a - b) ** 2) for a, b in
+             zip(jax.tree.leaves(g), jax.tree.leaves(gbar)))
+    return ce(p) + penalty * sq
+
+  key = jax.random.key(0)
+  np.testing.assert_allclose(alg.loss(params, batch, key, ctx),
+                             independent(params), rtol=1e-5)
+  # The penalty's gradient reaches the hidden layers (through the features
+  # inside g_i): check one hidden weight by central differences.
+  grad = jax.grad(alg.loss)(params, batch, key, ctx)
+  hidden = [k for k in params if k != "fc2"][0]
+  leaf = params[hidden]["kernel"]
+  idx, h = (0, 0), 1e-2
+  bump = lambda s: {**params, hidden: {**params[hidden],
+                                       "kernel": leaf.at[idx].add(s * h)}}
+  with jax.default_matmul_precision("highest"):
+    fd = (independent(bump(1)) - independent(bump(-1))) / (2 * h)
+  no_penalty = jax.grad(fediir.build(model, optax.sgd(0.1), penalty=0.0).loss)(
+      params, batch, key, ctx)
+  assert abs(float(grad[hidden]["kernel"][idx])
+             - float(no_penalty[hidden]["kernel"][idx])) > 1e-4
+  np.testing.assert_allclose(grad[hidden]["kernel"][idx], fd, rtol=2e-2,
+                             atol=1e-4)
+
+
+def test_server_keeps_an_ema_of_the_example_weighted_mean_gradient(setup):
+  fed, model = setup
+  alg = fediir.build(model, optax.sgd(0.1), ema=0.9)
+  server, _ = alg.init(jax.random.key(0))
+  rng = np.random.default_rng(0)
+  m = 3
+  aux = jax.tree.map(lambda v: jnp.asarray(rng.normal(size=(m,) + v.shape),
+                                           jnp.float32), server.params["fc2"])
+  n = np.array([5, 20, 10])
+  stacked = jax.tree.map(lambda v: jnp.stack([v] * m), server.params)
+  result = ClientResult(ids=jnp.arange(m), round=jnp.asarray(0), start=stacked,
+                        params=stacked, num_examples=jnp.asarray(n),
+                        loss=jnp.zeros(m), aux=aux)
+  old = server.grad_mean
+  for _ in range(2):
+    prev = jax.tree.map(np.asarray, old)
+    server, metrics = alg.server_update(server, result, jax.random.key(0))
+    for k in prev:
+      want = 0.9 * prev[k] + 0.1 * sum(n[i] * np.asarray(aux[k][i])
+                                       for i in range(m)) / n.sum()
+      np.testing.assert_allclose(server.grad_mean[k], want, rtol=1e-5,
+                                 atol=1e-7)
+    old = server.grad_mean
+  assert float(metrics["iir_grad_mean_norm"]) > 0
+
+
+def test_fediir_runs_and_penalty_zero_is_fedavg(setup):
+  fed, model = setup
+  cfg = base_config()
+  run_cfg = engine.EngineConfig(rounds=2, eval_every=2, epochs=1, batch_size=16,
+                                progress=False)
+  cfg.fediir.penalty = 0.0
+  zero = engine.run(algorithms.build("fediir", model, fed.num_clients, cfg),
+                    fed, model, run_cfg)
+  sgd = dict(optimizer="sgd", lr=1e-3, momentum=0.9, weight_decay=0.0)
+  cfg.fedavg.client.update(sgd)
+  avg = engine.run(algorithms.build("fedavg", model, fed.num_clients, cfg),
+                   fed, model, run_cfg)
+  for a, b in zip(jax.tree.leaves(zero.server.params),
+                  jax.tree.leaves(avg.server.params)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  assert float(np.asarray(zero.round_metrics["iir_grad_mean_norm"])[-1]) > 0
+  cfg.fediir.penalty = 1.0
+  pen = engine.run(algorithms.build("fediir", model, fed.num_clients, cfg),
+                   fed, model, run_cfg)
+  assert not np.allclose(jax.tree.leaves(pen.server.params)[0],
+                         jax.tree.leaves(zero.server.params)[0])
+
+
+@pytest.mark.parametrize("hp,needle", [(dict(penalty=-1.0), "fediir.penalty"),
+                                       (dict(ema=1.0), "fediir.ema"),
+                                       (dict(grad_chunk=0), "fediir.grad_chunk")])
+def test_bad_settings_name_the_field(setup, hp, needle):
+  _, model = setup
+  with pytest.raises(ConfigError, match=needle):
+    fediir.build(model, optax.sgd(0.1), **hp)
