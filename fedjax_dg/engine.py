@@ -74,6 +74,8 @@ class EngineConfig:
   seed: int = 0
   eval_batch_size: int = 500
   ood_eval_max: int = 2000      # target examples scored between chunks (0: all)
+  features_max: int = 0         # target examples whose features the final
+                                # model keeps (RunResult.features; t-SNE plot)
   progress: bool = True
 
   def validate(self, num_clients: int | None) -> None:
@@ -93,6 +95,7 @@ class EngineConfig:
         ("map_batch_size", self.map_batch_size >= 1, "an integer >= 1"),
         ("eval_batch_size", self.eval_batch_size >= 1, "an integer >= 1"),
         ("ood_eval_max", self.ood_eval_max >= 0, "0 (all) or a positive count"),
+        ("features_max", self.features_max >= 0, "0 (none) or a positive count"),
     ]
     if self.seed < 0:
       raise ConfigError(f"invalid setting seed={self.seed!r}: allowed values are "
@@ -115,6 +118,10 @@ class RunResult:
   round_metrics: dict[str, list] # per-round training metrics
   final: dict                    # last evaluation on the full target split
   seconds: float
+  # `features_max` target examples: {"features": [n, F], "labels": [n]} of
+  # the evaluated model (`Model.features`); None when not asked for, without
+  # a target split, or for a personalized algorithm (one model per client).
+  features: dict | None = None
 
 
 def checkpoint_bytes(alg: Algorithm) -> int:
@@ -514,8 +521,35 @@ def run(alg: Algorithm, data, model, cfg: EngineConfig, *,
       ckpt.close()
   final = dict(round=r0, **eval_step(carry, frozen, val, ood_full, details=True))
   server, clients = carry
+  feats = target_features(alg, model, progs.layout.to_one_device(carry),
+                          progs.layout.to_one_device(frozen), data, cfg)
   return RunResult(alg.name, server, clients, history, round_metrics, final,
-                   time.perf_counter() - t0)
+                   time.perf_counter() - t0, feats)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3))
+def _features(model, params, x, batch: int):
+  xb = x.reshape((-1, batch) + x.shape[1:])
+  return jax.lax.map(lambda b: model.features(params, b), xb).reshape(
+      x.shape[0], -1)
+
+
+def target_features(alg: Algorithm, model, carry, frozen, data,
+                    cfg: EngineConfig) -> dict | None:
+  """Features of up to `cfg.features_max` target examples (a seeded pick) under
+  the evaluated model: `RunResult.features`."""
+  tx, ty = np.asarray(data.target_x), np.asarray(data.target_y)
+  if cfg.features_max == 0 or tx.shape[0] == 0 or alg.personalized:
+    return None
+  n = min(cfg.features_max, tx.shape[0])
+  pick = np.sort(np.random.default_rng(cfg.seed).choice(tx.shape[0], n,
+                                                        replace=False))
+  batch = _eval_batch(cfg, n)
+  x, y, _ = evaluate.pad_to_multiple(tx[pick], ty[pick], batch)
+  server, clients = carry
+  params = with_frozen(frozen, jax.jit(alg.eval_params)(server, clients))
+  feats = np.asarray(_features(model, params, jnp.asarray(x), batch))[:n]
+  return dict(features=feats.astype(np.float32), labels=np.asarray(y[:n]))
 
 
 def _program_key(cfg: EngineConfig) -> EngineConfig:

@@ -295,6 +295,8 @@ def run(cfg: ConfigDict, run_dir: str | None = None, *, resume: bool = False,
       res = engine.run(alg, fed, model, ecfg, checkpoint_dir=ckpt)
       if not cfg.train.keep_checkpoints:
         shutil.rmtree(ckpt, ignore_errors=True)
+      if res.features is not None:
+        save_features(run_dir, name, target, res.features)
       results["runs"].append(dict(
           algorithm=name, target=str(target), seconds=res.seconds,
           server_examples=fed.server_size,
@@ -305,6 +307,17 @@ def run(cfg: ConfigDict, run_dir: str | None = None, *, resume: bool = False,
   results["seconds"] = time.perf_counter() - t0
   _write(run_dir, results)
   return results
+
+
+def features_path(run_dir: str, name: str, target) -> str:
+  return os.path.join(run_dir, "features", f"{name}--{target}.npz")
+
+
+def save_features(run_dir: str, name: str, target, features: dict) -> None:
+  """A run's target-domain features (`train.features_max`), for `plots.tsne`."""
+  path = features_path(run_dir, name, target)
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  np.savez(path, **features)
 
 
 def strict_json(value):

@@ -7,6 +7,8 @@ hold nothing to draw (e.g. no hFedF run for the GradAlign figure).
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from fedjax_dg import tables
@@ -190,9 +192,43 @@ def confidence(results: dict, path: str) -> str | None:
   return path
 
 
+def tsne(results: dict, path: str, max_points: int = 1000) -> str | None:
+  """FedCCRL Fig. 5: t-SNE of the target domain's features, one panel per
+  algorithm (the first target with saved features; `train.features_max`),
+  coloured by class."""
+  run_dir = results.get("run_dir", "")
+  found = {}
+  for target in results.get("targets", ()):
+    for alg in results["algorithms"]:
+      f = os.path.join(run_dir, "features", f"{alg}--{target}.npz")
+      if os.path.exists(f):
+        found[alg] = f
+    if found:
+      break
+  if not found:
+    return None
+  from sklearn.manifold import TSNE
+  plt = _plt()
+  fig, axes = plt.subplots(1, len(found), figsize=(3.6 * len(found), 3.4),
+                           constrained_layout=True, squeeze=False)
+  for ax, (alg, f) in zip(axes[0], found.items()):
+    with np.load(f) as z:
+      feats, labels = z["features"][:max_points], z["labels"][:max_points]
+    xy = TSNE(n_components=2, perplexity=float(min(30, len(feats) - 1)),
+              init="pca", random_state=0).fit_transform(feats.astype(np.float64))
+    ax.scatter(xy[:, 0], xy[:, 1], c=labels, cmap="tab10", s=6)
+    ax.set_title(f"{alg} (held out: {target})", fontsize=9)
+    ax.set_xticks([])
+    ax.set_yticks([])
+  fig.suptitle("t-SNE of target-domain features, coloured by class")
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
+
+
 ALL = {"curves.png": learning_curves, "gradalign.png": gradalign_weights,
        "weight_divergence.png": weight_divergence, "embeddings.png": embeddings,
-       "confidence.png": confidence}
+       "confidence.png": confidence, "tsne.png": tsne}
 
 
 def sweep_curves(records: list[dict], path: str) -> str:

@@ -203,10 +203,7 @@ def test_group_norm_is_flax_group_norm_and_depthwise_conv_is_lax():
                                                          atol=1e-4), *grads)
 
 
-def test_loop_safe_vmap_and_lax_map_equal_separate_applies():
-  """Two clients' parameters stacked: vmap and lax.map give what separate
-  applies give; lax.scan of gradient steps inside lax.map runs (the engine's
-  shape); the GroupNorm variant runs."""
+def _two_clients():
   model = _model(7, weights="", norm="affine")
   sets = [weights.to_flax(_random_state("torchvision", seed), _template(7),
                           skip_head=True) for seed in (0, 1)]
@@ -215,6 +212,37 @@ def test_loop_safe_vmap_and_lax_map_equal_separate_applies():
   stacked = jax.tree.map(lambda *a: jnp.stack(a), *sets)
   x = jnp.asarray(np.random.default_rng(2).integers(0, 256, (2, 32, 32, 3)),
                   jnp.uint8)
+  return model, sets, stacked, x
+
+
+def test_loop_safe_vmap_and_lax_map_equal_separate_applies():
+  """Two clients' parameters stacked: vmap and lax.map give what separate
+  applies give; features + head is the forward pass."""
+  model, sets, stacked, x = _two_clients()
+
+  @jax.jit
+  def run(sets, stacked):
+    return dict(
+        separate=jnp.stack([model.apply(p, x) for p in sets]),
+        vmap=jax.vmap(model.apply, (0, None))(stacked, x),
+        map=lax.map(lambda p: model.apply(p, x), stacked),
+        features=model.features(sets[0], x))
+
+  out = run(sets, stacked)
+  np.testing.assert_allclose(out["vmap"], out["separate"], rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(out["map"], out["separate"], rtol=1e-5, atol=1e-6)
+  assert out["features"].shape == (2, mobilenet.LAST_CHANNEL)
+  np.testing.assert_allclose(model.head(sets[0], out["features"]),
+                             out["separate"][0], rtol=1e-5, atol=1e-6)
+  assert not np.allclose(out["separate"][0], out["separate"][1])
+
+
+@pytest.mark.slow
+def test_gradient_steps_in_scan_inside_lax_map_dropout_and_group_norm():
+  """The engine's shape: lax.scan of gradient steps inside lax.map over
+  clients runs and lowers the loss; dropout acts in training; the GroupNorm
+  variant runs."""
+  model, sets, stacked, x = _two_clients()
   group = _model(7)
 
   @jax.jit
@@ -223,24 +251,15 @@ def test_loop_safe_vmap_and_lax_map_equal_separate_applies():
     step = lambda p, _: (jax.tree.map(lambda a, g: a - 0.1 * g, p,
                                       jax.grad(loss)(p)), loss(p))
     return dict(
-        separate=jnp.stack([model.apply(p, x) for p in sets]),
-        vmap=jax.vmap(model.apply, (0, None))(stacked, x),
-        map=lax.map(lambda p: model.apply(p, x), stacked),
+        separate=model.apply(sets[0], x),
         losses=lax.map(lambda p: lax.scan(step, p, None, length=2)[1], stacked),
-        features=model.features(sets[0], x),
         train=model.apply(sets[0], x, train=True, rng=jax.random.key(0)),
         group=group.apply(sets[1], x))
 
   out = run(sets, stacked)
-  np.testing.assert_allclose(out["vmap"], out["separate"], rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(out["map"], out["separate"], rtol=1e-5, atol=1e-6)
   assert np.all(np.isfinite(out["losses"])) and out["losses"][0, 1] < out[
       "losses"][0, 0]
-  assert out["features"].shape == (2, mobilenet.LAST_CHANNEL)
-  np.testing.assert_allclose(model.head(sets[0], out["features"]),
-                             out["separate"][0], rtol=1e-5, atol=1e-6)
-  assert not np.allclose(out["train"], out["separate"][0])  # dropout 0.2
-  assert not np.allclose(out["separate"][0], out["separate"][1])
+  assert not np.allclose(out["train"], out["separate"])  # dropout 0.2
   assert out["group"].shape == (2, 7) and np.all(np.isfinite(out["group"]))
 
 
