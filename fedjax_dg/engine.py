@@ -314,7 +314,8 @@ def make_round(alg: Algorithm, cfg: EngineConfig, num_clients: int,
     new_rows = alg.client_end(rows, trained)
     clients = tree.put(clients, ids, new_rows) if m < num_clients else new_rows
     result = ClientResult(ids=ids, round=r, start=start, params=trained,
-                          num_examples=data.n, loss=losses, aux=aux)
+                          num_examples=data.n, loss=losses, aux=aux,
+                          rounds=cfg.rounds if alg.needs_rounds else None)
     server, metrics = alg.server_update(server, result, server_key)
     n = data.n.astype(jnp.float32)
     metrics = dict(metrics, loss=jnp.sum(losses * n) / jnp.sum(n), cohort=ids)
@@ -464,7 +465,7 @@ def run(alg: Algorithm, data, model, cfg: EngineConfig, *,
   num_clients = int(np.asarray(train.n).shape[0])
   cfg.validate(num_clients)
   root_key = jax.random.key(cfg.seed)
-  progs = _programs(alg, model, _program_key(cfg), num_clients)
+  progs = _programs(alg, model, _program_key(cfg, alg), num_clients)
   run_chunk, eval_step = progs.chunk, progs.eval
   # No id-validation examples at all (data.val_fraction = 0): no id evaluation;
   # the history then has no id_acc (reports show "-"), never a made-up 0.
@@ -552,9 +553,11 @@ def target_features(alg: Algorithm, model, carry, frozen, data,
   return dict(features=feats.astype(np.float32), labels=np.asarray(y[:n]))
 
 
-def _program_key(cfg: EngineConfig) -> EngineConfig:
-  """The fields of `cfg` that shape the compiled programs (not rounds, seed, ...)."""
-  return EngineConfig(rounds=1, epochs=cfg.epochs, local_steps=cfg.local_steps,
+def _program_key(cfg: EngineConfig, alg: Algorithm) -> EngineConfig:
+  """The fields of `cfg` that shape the compiled programs (not the seed, ...;
+  the rounds only where `alg.needs_rounds`)."""
+  return EngineConfig(rounds=cfg.rounds if alg.needs_rounds else 1,
+                      epochs=cfg.epochs, local_steps=cfg.local_steps,
                       batch_size=cfg.batch_size,
                       cohort_size=cfg.cohort_size, client_mapping=cfg.client_mapping,
                       map_batch_size=cfg.map_batch_size,
@@ -575,7 +578,7 @@ def programs(alg: Algorithm, model, cfg: EngineConfig,
              num_clients: int) -> Programs:
   """The jitted programs `run` uses for `alg` (for benchmarks and tools that drive
   the chunks themselves); place training data with `layout.put_clients`."""
-  return _programs(alg, model, _program_key(cfg), num_clients)
+  return _programs(alg, model, _program_key(cfg, alg), num_clients)
 
 
 @functools.lru_cache(maxsize=32)

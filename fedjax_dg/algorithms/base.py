@@ -39,7 +39,8 @@ from typing import Any, Callable, NamedTuple
 import jax
 import optax
 
-from fedjax_dg.client.update import ClientContext, ClientData, LossFn
+from fedjax_dg.client.update import (ClientContext, ClientData, LossFn,
+                                     RunProgress)
 
 PyTree = Any
 
@@ -53,6 +54,8 @@ class ClientResult(NamedTuple):
   num_examples: jax.Array  # [m] training examples per client
   loss: jax.Array          # [m] mean local training loss
   aux: PyTree = None       # [m, ...] `Algorithm.client_aux` outputs (None if none)
+  rounds: int | None = None  # the run's rounds where `Algorithm.uses_rounds`
+                             # (a static int), else None
 
 
 class ServerState(NamedTuple):
@@ -107,6 +110,10 @@ class Algorithm:
       steps for every client (pFedHN's inner steps).
   extras(server_state, client_state) -> dict of arrays reported with the final
       evaluation for analysis (e.g. hFedF's learned client embeddings).
+  uses_rounds: its server update reads the run's length (`ClientResult.rounds`,
+      e.g. FedDG-GA's step size decaying over the run). The programs are then
+      compiled per run length; otherwise one compile serves every length (a
+      `RunProgress` client optimizer implies it).
   """
   name: str
   init: Callable[[jax.Array], tuple[PyTree, PyTree]]
@@ -124,6 +131,12 @@ class Algorithm:
   pooled: bool = False
   local_steps: int = 0
   extras: Callable[[PyTree, PyTree], dict] = _no_extras
+  uses_rounds: bool = False
+
+  @property
+  def needs_rounds(self) -> bool:
+    """Whether the compiled programs depend on the run's number of rounds."""
+    return self.uses_rounds or isinstance(self.optimizer, RunProgress)
 
 
 def with_frozen(frozen: PyTree, params: PyTree) -> PyTree:
