@@ -80,6 +80,7 @@ def base_config() -> ConfigDict:
       # (FedLAW ref. code: 0.02). 0: none (every other algorithm).
       server_fraction=0.0,
       normalization="dataset",  # input stats: "dataset" (all images) | "train"
+                               # | "imagenet" (pretrained weights; RGB)
       data_dir="",             # TFDS data dir ("" = $FEDJAX_DG_DATA_DIR or ~/.cache)
       manual_dir="",           # folder with manually downloaded data
   ))

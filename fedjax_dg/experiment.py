@@ -76,9 +76,9 @@ def validate(cfg: ConfigDict) -> None:
     raise ConfigError(f"unknown model model.name={cfg.model.name!r}; allowed: "
                      f"{models.available()}")
   models.check_weights(cfg.model.name, cfg.model.weights)
-  if cfg.data.normalization not in ("dataset", "train"):
+  if cfg.data.normalization not in NORMALIZATIONS:
     raise ConfigError(f"data.normalization={cfg.data.normalization!r}: allowed "
-                     "'dataset' or 'train'")
+                     f"{NORMALIZATIONS}")
   frac = cfg.data.server_fraction
   if not 0 <= frac < 1:
     raise ConfigError(f"data.server_fraction={frac!r}: allowed [0, 1) (the share "
@@ -163,6 +163,12 @@ def federate(cfg: ConfigDict, dataset, target):
         f"{d.max_per_domain}, held-out target {target!r}]") from e
 
 
+NORMALIZATIONS = ("dataset", "train", "imagenet")
+# torchvision's ImageNet input statistics, in [0, 1] units.
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
 def normalization(cfg: ConfigDict, dataset, fed) -> tuple[tuple, tuple]:
   """Per-channel (mean, std) for the model's input normalization.
 
@@ -170,9 +176,18 @@ def normalization(cfg: ConfigDict, dataset, fed) -> tuple[tuple, tuple]:
   domain and seed (like DomainBed's fixed per-dataset constants; no labels used),
   so every run of an experiment reuses one compiled program. "train": statistics
   of this federation's training images only (recompiles per target domain).
+  "imagenet": ImageNet's constants (torchvision's), which ImageNet-pretrained
+  weights (`model.weights`) expect; RGB datasets only.
   """
   if cfg.data.normalization == "train":
     return fed.mean, fed.std
+  if cfg.data.normalization == "imagenet":
+    ch = fed.train.x.shape[-1]
+    if ch != 3:
+      raise ConfigError(
+          f"data.normalization='imagenet' needs RGB images, but data.name="
+          f"{cfg.data.name!r} has {ch} channel(s): use 'dataset' or 'train'")
+    return IMAGENET_MEAN, IMAGENET_STD
   from fedjax_dg.data.federated import channel_stats
   return channel_stats(dataset.images[None], np.array([len(dataset.images)]))
 

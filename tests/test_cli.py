@@ -113,7 +113,7 @@ def test_run_writes_results_table_and_plots_and_never_overwrites(tiny_config, ca
     ("train.nonexistent=1", "unknown config key 'train.nonexistent'"),
     ("train.rounds=abc", "train.rounds"),
     ("data.partition=banana", "partition"),
-    ("data.normalization=imagenet", "data.normalization"),
+    ("data.normalization=imagenets", "data.normalization"),
 ])
 def test_invalid_settings_stop_with_a_clear_error(tiny_config, override, needle):
   path, _ = tiny_config

@@ -180,3 +180,21 @@ def test_checkpoint_size_is_the_carry_and_a_full_disk_is_refused(fed3, monkeypat
                       lambda path: usage(1, 1, 1000))
   with pytest.raises(ConfigError, match="checkpoints need .* MiB but only 0 MiB"):
     experiment.check_disk("fedavg", alg, "/", lines.append)
+
+
+def test_imagenet_normalization_gives_torchvision_constants_for_rgb_only():
+  ds = synthetic_domains(num_domains=3, per_domain=30)
+  grey = federated.build(ds, partition.PartitionSpec(num_partitions=2, seed=0),
+                         target_domain=0)
+  rgb = federated.build(
+      dataclasses.replace(ds, images=np.concatenate([ds.images] * 3, axis=-1)),
+      partition.PartitionSpec(num_partitions=2, seed=0), target_domain=0)
+  cfg = config.base_config()
+  cfg.data.normalization = "imagenet"
+  mean, std = experiment.normalization(cfg, ds, rgb)
+  np.testing.assert_allclose(mean, (0.485, 0.456, 0.406))
+  np.testing.assert_allclose(std, (0.229, 0.224, 0.225))
+  with pytest.raises(ConfigError, match="needs RGB images.*1 channel"):
+    experiment.normalization(cfg, ds, grey)
+  cfg.data.normalization = "dataset"  # the dataset's own statistics differ
+  assert experiment.normalization(cfg, ds, grey)[0] != mean[:1]
