@@ -144,3 +144,28 @@ def js_divergence(logits: list[jax.Array], mask: jax.Array) -> jax.Array:
   kls = [jnp.sum(p * (jax.nn.log_softmax(l, axis=-1) - log_mix), axis=-1)
          for p, l in zip(probs, logits)]
   return masked_mean(sum(kls) / len(kls), mask)
+
+
+def ntxent(z: jax.Array, labels: jax.Array, mask: jax.Array,
+           temperature: float) -> jax.Array:
+  """NT-Xent with labels, as `pytorch_metric_learning.losses.NTXentLoss`
+  computes it (ELCFS's boundary loss): s = cos(z_a, z_b) / temperature; every
+  ordered pair (a, p), a != p, of one label is a positive pair with loss
+  -log(e^s_ap / (e^s_ap + sum_{n: label differs} e^s_an)); the mean over the
+  positive pairs (a pair whose anchor has no negative counts with loss 0); 0
+  without positive or without negative pairs. Rows with `mask` 0 take no
+  part. z: [B, F]; labels, mask: [B]."""
+  valid = mask > 0
+  u = z / jnp.maximum(row_norms(z), 1e-12)[:, None]
+  sim = (u @ u.T) / temperature
+  both = valid[:, None] & valid[None, :]
+  same = labels[:, None] == labels[None, :]
+  pos = both & same & ~jnp.eye(z.shape[0], dtype=bool)
+  neg = both & ~same
+  # A finite stand-in for -inf keeps the gradient of anchors without
+  # negatives finite (their pairs' loss is then exactly 0).
+  log_neg = jax.nn.logsumexp(jnp.where(neg, sim, -1e30), axis=1, keepdims=True)
+  per_pair = jnp.logaddexp(sim, log_neg) - sim  # -log(e^s / (e^s + negatives))
+  total = jnp.sum(jnp.where(pos, per_pair, 0.0))
+  mean = total / jnp.maximum(jnp.sum(pos.astype(jnp.float32)), 1.0)
+  return jnp.where(jnp.any(neg), mean, 0.0)
