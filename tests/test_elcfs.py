@@ -1,13 +1,22 @@
 """ELCFS (FedDG): the amplitude-spectrum tools against numpy's FFT and the
 released code's interpolation, foreign-only draws from the bank, NT-Xent
-against a plain loop."""
+against a plain loop, the episodic loss and both of its gradients against
+autodiff of an explicitly written inner step, and the algorithm end to end."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
+from conftest import synthetic_federation
+from fedjax_dg import algorithms, engine, models
+from fedjax_dg.algorithms import elcfs
+from fedjax_dg.algorithms.base import ClientResult
 from fedjax_dg.client import frequency, objectives
+from fedjax_dg.client.update import Batch, ClientContext
+from fedjax_dg.config import base_config
+from fedjax_dg.errors import ConfigError, NeedsDataError
 
 RNG = np.random.default_rng(0)
 
@@ -146,6 +155,39 @@ def test_draws_are_foreign_valid_and_uniform_over_clients():
     np.testing.assert_allclose(counts, 1 / len(holders), atol=0.04)
 
 
+def test_a_client_transforms_its_batch_toward_other_clients_only():
+  """ratio 0: each transformed image is the image shifted by a constant per
+  channel, its mean moved from its own toward one foreign client's entry (a
+  DC entry of value mean * H W) by a share lam in [lam_low, lam_high]. Every
+  image is explained by a valid foreign entry (means 90, 150), both appear;
+  a draw of the own row (mean 240) or of an invalid slot (mean 10) would
+  move the mean by a share outside [0.2, 0.6] of either."""
+  h, w, b = 6, 5, 64
+  pixels = jnp.asarray(RNG.integers(100, 141, (b, h, w, 2)), jnp.float32)
+  means = np.array([[240.0, 240.0], [90.0, 10.0], [150.0, 10.0]])  # [N, S]
+  amp = jnp.asarray(np.repeat(means[:, :, None, None, None], 2, -1) * h * w,
+                    jnp.float32)                              # [3, 2, 1, 1, 2]
+  bank = elcfs.AmplitudeBank(amp, jnp.asarray([[1, 1], [1, 0], [1, 0]], bool))
+  out = np.asarray(jax.jit(lambda k: elcfs.transformed_batch(
+      pixels, k, bank, jnp.int32(0), ratio=0.0, lam_low=0.2, lam_high=0.6))(
+          jax.random.key(0)))
+  shift = out - np.asarray(pixels)
+  np.testing.assert_allclose(  # the mean moves, nothing else
+      shift, np.broadcast_to(shift.mean((1, 2), keepdims=True), shift.shape),
+      atol=2e-3)
+  own = np.asarray(pixels).mean((1, 2))
+  new = out.mean((1, 2))
+  share = {m: (new - own) / (m - own) for m in (90.0, 150.0)}
+  hit = {m: np.all((v > 0.2 - 1e-4) & (v < 0.6 + 1e-4), axis=1)
+         for m, v in share.items()}
+  assert np.all(hit[90.0] ^ hit[150.0])
+  assert hit[90.0].sum() > 10 and hit[150.0].sum() > 10
+  # One lam per image, shared by its channels.
+  lam = np.where(hit[90.0][:, None], share[90.0], share[150.0])
+  np.testing.assert_allclose(lam[:, 0], lam[:, 1], atol=1e-4)
+  assert lam.min() < 0.3 and lam.max() > 0.5  # spread over the range
+
+
 # --------------------------------------------------------------------------
 # NT-Xent against a plain loop (pytorch_metric_learning's NTXentLoss).
 
@@ -186,3 +228,185 @@ def test_ntxent_equals_the_loop_and_ignores_padding():
   np.testing.assert_allclose(
       ntxent(jnp.asarray(z[:4]), jnp.asarray(y2), jnp.ones(4), 0.5),
       _ntxent_numpy(z[:4], y2, 0.5), rtol=1e-5)
+
+
+# --------------------------------------------------------------------------
+# The episodic loss against an explicitly written inner step.
+
+
+@pytest.fixture(scope="module")
+def setup():
+  fed = synthetic_federation(num_clients=3, per_domain=40, size=12)
+  model = models.get_model("mlp", input_shape=fed.image_shape,
+                           num_classes=fed.num_classes, mean=fed.mean,
+                           std=fed.std, hidden=16)
+  return fed, model
+
+
+def _explicit(model, x, x_trs, y, beta, clip, gamma, tau):
+  """(f(theta, theta'), theta -> theta') written out on the real rows."""
+
+  def ce(p, xs):
+    logp = jax.nn.log_softmax(model.apply(p, xs, normalized=True))
+    return -jnp.mean(jnp.take_along_axis(logp, y[:, None], axis=1))
+
+  def f(theta, theta_prime):
+    z_in = model.features(theta, x, normalized=True)
+    z_out = model.features(theta_prime, x_trs, normalized=True)
+    con = objectives.ntxent(jnp.concatenate([z_in, z_out]),
+                            jnp.concatenate([y, y]), jnp.ones(2 * len(y)), tau)
+    return ce(theta, x) + ce(theta_prime, x_trs) + gamma * con
+
+  def inner_step(theta):
+    g = jax.grad(ce)(theta, x)
+    return jax.tree.map(lambda p, v: p - beta * jnp.clip(v, -clip, clip),
+                        theta, g), g
+
+  return f, inner_step
+
+
+def _flat(tree):
+  return np.concatenate([np.asarray(v).ravel() for v in jax.tree.leaves(tree)])
+
+
+def test_episodic_loss_and_both_gradients_equal_the_explicit_inner_step(setup):
+  fed, model = setup
+  params = model.init(jax.random.key(1))
+  b, real = 12, 9
+  x = model.normalize(jnp.asarray(fed.train.x[0, :b]))
+  x_trs = model.normalize(jnp.asarray(fed.train.x[1, :b]))  # any other batch
+  y = jnp.asarray(fed.train.y[0, :b])
+  mask = jnp.asarray([1.0] * real + [0.0] * (b - real))
+  beta, gamma, tau = 0.5, 0.3, 0.2
+  f, inner_step = _explicit(model, x[:real], x_trs[:real], y[:real], beta,
+                            1e9, gamma, tau)
+  g = np.abs(_flat(jax.jit(inner_step)(params)[1]))
+  clip = float(np.quantile(g[g > 0], 0.7))  # some entries clipped, not all
+  f, inner_step = _explicit(model, x[:real], x_trs[:real], y[:real], beta,
+                            clip, gamma, tau)
+  assert 0.1 < np.mean(g > clip) < 0.5
+
+  def ours(p, second_order):
+    return elcfs.episodic_loss(
+        model, p, x, x_trs, y, mask, jax.random.key(0), jax.random.key(1),
+        meta_step_size=beta, clip_value=clip, second_order=second_order,
+        contrastive_weight=gamma, temperature=tau)
+
+  @jax.jit
+  def explicit(theta):
+    theta_prime = inner_step(theta)[0]
+    value = f(theta, theta_prime)
+    # First order: theta' = theta - beta * (a constant), so the gradient is
+    # df/dtheta + df/dtheta' at (theta, theta').
+    d_theta, d_prime = jax.grad(f, argnums=(0, 1))(theta, theta_prime)
+    # Second order: autodiff through the written-out inner step.
+    full = jax.grad(lambda t: f(t, inner_step(t)[0]))(theta)
+    return value, jax.tree.map(jnp.add, d_theta, d_prime), full
+
+  value, want_first, want_second = explicit(params)
+  ours_and_grad = jax.jit(jax.value_and_grad(ours), static_argnums=1)
+  got = {}
+  for second in (False, True):
+    loss, grad = ours_and_grad(params, second)
+    np.testing.assert_allclose(loss, value, rtol=1e-5)
+    got[second] = _flat(grad)
+  np.testing.assert_allclose(got[False], _flat(want_first), rtol=1e-4,
+                             atol=1e-6)
+  np.testing.assert_allclose(got[True], _flat(want_second), rtol=1e-4,
+                             atol=1e-6)
+  diff = np.abs(got[True] - got[False]).max()
+  assert diff > 1e-3 * np.abs(got[False]).max()
+
+
+def _build(fed, model, **hp):
+  cfg = base_config()
+  for k, v in hp.items():
+    cfg.elcfs[k] = v
+  return algorithms.build("elcfs", model, fed.num_clients, cfg, data=fed)
+
+
+def test_local_loss_is_the_episodic_loss_of_the_batch_and_its_transform(setup):
+  """The objective = episodic_loss(x, x_trs), x_trs = transformed_batch of
+  the client's batch with the bank it reads (the three keys split from the
+  step's: transform, inner pass, outer pass); the transform matters."""
+  fed, model = setup
+  params = model.init(jax.random.key(0))
+  batch = Batch(jnp.asarray(fed.train.x[0, :8]), jnp.asarray(fed.train.y[0, :8]),
+                jnp.asarray([1.0] * 6 + [0.0] * 2))
+  alg = _build(fed, model, lam_low=0.3, lam_high=0.9, ratio=0.25)
+  server, _ = alg.init(jax.random.key(0))
+  ctx = ClientContext(id=jnp.int32(1), round=jnp.int32(0), start=params,
+                      shared=server.bank)
+  key = jax.random.key(3)
+  k_view, k_inner, k_outer = jax.random.split(key, 3)
+  hp = dict(meta_step_size=1e-3, clip_value=100.0, second_order=False,
+            contrastive_weight=0.1, temperature=0.05)
+
+  @jax.jit
+  def independent(p):
+    pixels = batch.x.astype(jnp.float32)
+    x_trs = elcfs.transformed_batch(pixels, k_view, server.bank, jnp.int32(1),
+                                    ratio=0.25, lam_low=0.3, lam_high=0.9)
+    x = model.normalize(batch.x)
+    ep = lambda xt: elcfs.episodic_loss(model, p, x, xt, batch.y, batch.mask,
+                                        k_inner, k_outer, **hp)
+    return ep(model.normalize(x_trs / 255.0)), ep(x)
+
+  want, untransformed = independent(params)
+  got = jax.jit(alg.loss)(params, batch, key, ctx)
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+  assert abs(float(got) - float(untransformed)) > 1e-4
+
+
+def test_bank_holds_windows_of_each_clients_own_images(setup):
+  fed, model = setup
+  alg = _build(fed, model, bank_fraction=0.25, ratio=0.25)
+  server, _ = alg.init(jax.random.key(0))
+  bank = jax.tree.map(np.asarray, server.bank)
+  x = np.asarray(fed.train.x, np.float32)
+  assert bank.amp.shape[2:] == (7, 7, 1)  # 12 x 12 images, b = 3
+  for c in range(fed.num_clients):
+    n = int(fed.train.n[c])
+    assert bank.valid[c].sum() == int(np.ceil(0.25 * n))
+    dc = x[c, :n].sum((1, 2))  # [n, C]: the window's centre
+    for j in np.flatnonzero(bank.valid[c]):
+      assert np.min(np.abs(dc - bank.amp[c, j, 3, 3]).max(1)) < 1e-2
+
+
+def test_elcfs_learns_and_refreshes_the_bank(setup):
+  fed, model = setup
+  run_cfg = engine.EngineConfig(rounds=3, eval_every=3, epochs=1, batch_size=16,
+                                progress=False)
+  alg = _build(fed, model, ratio=0.25)
+  res = engine.run(alg, fed, model, run_cfg)
+  assert res.final["id_acc"] > 1.0 / fed.num_classes + 0.2, res.final
+  first, _ = alg.init(jax.random.key(0))
+  sizes = np.asarray(res.round_metrics["elcfs_bank_size"])
+  np.testing.assert_array_equal(sizes, int(first.bank.valid.sum()))
+  assert not np.allclose(res.server.bank.amp, first.bank.amp)  # redrawn
+  # refresh_bank=False: nothing uploaded, the server keeps the first bank.
+  kept = _build(fed, model, ratio=0.25, refresh_bank=False)
+  assert kept.client_aux is None
+  m = fed.num_clients
+  stacked = jax.tree.map(lambda v: jnp.stack([v] * m), first.params)
+  result = ClientResult(ids=jnp.arange(m), round=jnp.asarray(0), start=stacked,
+                        params=stacked, num_examples=jnp.asarray(fed.train.n),
+                        loss=jnp.zeros(m))
+  server, _ = kept.server_update(first, result, jax.random.key(0))
+  np.testing.assert_array_equal(server.bank.amp, first.bank.amp)
+
+
+def test_bad_settings_and_missing_data_are_errors(setup):
+  fed, model = setup
+  for hp, needle in ((dict(ratio=0.6), "elcfs.ratio=0.6"),
+                     (dict(lam_low=0.8, lam_high=0.2), "elcfs.lam_low"),
+                     (dict(bank_fraction=0.0), "elcfs.bank_fraction"),
+                     (dict(clip_value=0.0), "elcfs.clip_value"),
+                     (dict(temperature=0.0), "elcfs.temperature"),
+                     (dict(meta_step_size=-1.0), "elcfs.meta_step_size")):
+    with pytest.raises(ConfigError, match=needle):
+      _build(fed, model, **hp)
+  with pytest.raises(NeedsDataError, match="amplitude bank"):
+    algorithms.build("elcfs", model, 3, base_config())
+  with pytest.raises(ConfigError, match="2 clients"):
+    elcfs.build(model, optax.sgd(0.1), num_clients=1, data=fed)
