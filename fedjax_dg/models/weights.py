@@ -27,6 +27,10 @@ Each eval-mode BatchNorm is folded into the model's per-channel affine norm:
 (float64, then float32); `num_batches_tracked` is accepted and ignored.
 `skip_head=True` keeps the template's last Linear (`fc2`, freshly initialized)
 and ignores the file's, for fine-tuning on another number of classes.
+
+`read_state_dict`, `conv_kernel` and `compare_shapes` / `mismatch_message`
+serve any network's torch state dict (`models/adain.py` reads the AdaIN
+reference release with them).
 """
 
 from __future__ import annotations
@@ -141,42 +145,70 @@ def detect_layout(state: Mapping[str, Any]) -> str:
       f"{sorted(state)[:5]})")
 
 
-def _check(state: Mapping[str, Any], template: Params, layout: str,
-           skip_head: bool, source: str) -> None:
-  expected = expected_shapes(template, layout)
-  head_kind, head_prefix, _ = entries(layout)[-1]
-  head = set(_torch_shapes(head_kind, head_prefix, template["fc2"]))
+def compare_shapes(state: Mapping[str, Any], expected: Mapping[str, tuple], *,
+                   optional=lambda name: False,
+                   extra_ok=lambda name: False
+                   ) -> tuple[list[str], list[str], list[str]]:
+  """(mismatched, missing, unexpected) names of a state dict against
+  {torch name: shape}: each mismatch as "name: (file shape) in the file,
+  (shape) in the model"; a missing name for which `optional(name)` holds and
+  an extra name for which `extra_ok(name)` holds are not reported."""
   mismatched, missing = [], []
   for name, shape in expected.items():
-    if skip_head and name in head:
-      continue
     if name not in state:
-      if not name.endswith(_TRACKED):
+      if not optional(name):
         missing.append(name)
-    elif tuple(np.shape(state[name])) != shape:
+    elif tuple(np.shape(state[name])) != tuple(shape):
       mismatched.append(f"{name}: {tuple(np.shape(state[name]))} in the file, "
-                        f"{shape} in the model")
-  unexpected = sorted(set(state) - set(expected))
-  if not (mismatched or missing or unexpected):
-    return
-  parts = [f"{source} does not fit mobilenet_v3_large ({layout} layout)"]
+                        f"{tuple(shape)} in the model")
+  unexpected = sorted(k for k in set(state) - set(expected) if not extra_ok(k))
+  return mismatched, missing, unexpected
+
+
+def mismatch_message(what: str, mismatched, missing, unexpected) -> str:
+  """One message listing `compare_shapes`'s findings after `what`."""
+  parts = [what]
   if mismatched:
     parts.append("shape mismatches: " + "; ".join(mismatched))
   if missing:
     parts.append(f"missing ({len(missing)}): {missing}")
   if unexpected:
     parts.append(f"unexpected ({len(unexpected)}): {unexpected}")
+  return "; ".join(parts)
+
+
+def _check(state: Mapping[str, Any], template: Params, layout: str,
+           skip_head: bool, source: str) -> None:
+  expected = expected_shapes(template, layout)
+  head_kind, head_prefix, _ = entries(layout)[-1]
+  head = set(_torch_shapes(head_kind, head_prefix, template["fc2"]))
+  if skip_head:
+    expected = {k: v for k, v in expected.items() if k not in head}
+  mismatched, missing, unexpected = compare_shapes(
+      state, expected, optional=lambda name: name.endswith(_TRACKED),
+      extra_ok=lambda name: skip_head and name in head)
+  if not (mismatched or missing or unexpected):
+    return
+  message = mismatch_message(
+      f"{source} does not fit mobilenet_v3_large ({layout} layout)",
+      mismatched, missing, unexpected)
   if any(m.split(":")[0] in head for m in mismatched):
-    parts.append("the file's classifier has another number of classes: "
-                 "skip_head=True (config: --set model.skip_head=True) starts "
-                 "the last Linear fresh")
-  raise DataError("; ".join(parts))
+    message += ("; the file's classifier has another number of classes: "
+                "skip_head=True (config: --set model.skip_head=True) starts "
+                "the last Linear fresh")
+  raise DataError(message)
+
+
+def conv_kernel(weight) -> np.ndarray:
+  """A torch Conv2d weight [out, in, kh, kw] as a flax kernel [kh, kw, in, out]
+  (float64)."""
+  return np.asarray(weight, np.float64).transpose(2, 3, 1, 0)
 
 
 def _to_flax(kind: str, prefix: str, state: Mapping, eps: float) -> dict:
   w = lambda n: np.asarray(state[f"{prefix}.{n}"], np.float64)
   if kind == "conv":
-    return {"kernel": w("weight").transpose(2, 3, 1, 0)}
+    return {"kernel": conv_kernel(state[f"{prefix}.weight"])}
   if kind == "bn":
     scale = w("weight") / np.sqrt(w("running_var") + eps)
     return {"scale": scale, "bias": w("bias") - w("running_mean") * scale}
