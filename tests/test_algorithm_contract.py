@@ -38,6 +38,7 @@ def setup():
   for name in ("feddf", "fedbe", "fedlaw"):
     cfg[name].steps = 2
   cfg.hfedf.autoencoder_epochs = 1
+  cfg.ccst.depth = 1  # CCST's AdaIN encoder up to relu1_1 (8x8 images)
   return fed, model, cfg
 
 

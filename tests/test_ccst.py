@@ -1,0 +1,395 @@
+"""CCST: AdaIN and its networks against numpy (the reference nn.Sequentials
+written out here), the weight files, the style statistics, the style draws,
+the local objective against an independent computation, and the algorithm
+end to end (a truncated encoder: depth 1 or 2, depth 4 once)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from conftest import synthetic_federation
+from fedjax_dg import algorithms, engine, models
+from fedjax_dg.algorithms import ccst
+from fedjax_dg.algorithms.fedccrl import StylePool
+from fedjax_dg.client.update import Batch, ClientContext
+from fedjax_dg.config import base_config
+from fedjax_dg.errors import ConfigError, DataError, NeedsDataError
+from fedjax_dg.models import adain
+
+RNG = np.random.default_rng(0)
+pytestmark = pytest.mark.filterwarnings("ignore:ccst. no AdaIN weights")
+
+# The AdaIN reference release's networks (naoto0804/pytorch-AdaIN `net.py`,
+# which CCST copies), module by module: its state dicts are named by these
+# indices. "conv cin cout k"; the VGG list stops at relu4_1 plus one deeper
+# conv (the release's file goes on to relu5_4).
+VGG = (["conv 3 3 1", "pad", "conv 3 64 3", "relu", "pad", "conv 64 64 3",
+        "relu", "pool", "pad", "conv 64 128 3", "relu", "pad", "conv 128 128 3",
+        "relu", "pool", "pad", "conv 128 256 3", "relu"]
+       + ["pad", "conv 256 256 3", "relu"] * 3
+       + ["pool", "pad", "conv 256 512 3", "relu", "pad", "conv 512 512 3"])
+DECODER = (["pad", "conv 512 256 3", "relu", "up"]
+           + ["pad", "conv 256 256 3", "relu"] * 3
+           + ["pad", "conv 256 128 3", "relu", "up", "pad", "conv 128 128 3",
+              "relu", "pad", "conv 128 64 3", "relu", "up", "pad",
+              "conv 64 64 3", "relu", "pad", "conv 64 3 3"])
+# depth -> (modules of the VGG list kept: up to relu{depth}_1, first decoder
+# module: the pad before the conv mirroring conv{depth}_1).
+CUT = {1: (4, 27), 2: (11, 20), 3: (18, 13), 4: (31, 0)}
+
+
+def _state(modules, first=0, scale=1.0, seed=0):
+  """A random state dict in the reference naming (He-scaled convs)."""
+  rng = np.random.default_rng(seed)
+  out = {}
+  for i, m in enumerate(modules):
+    if m.startswith("conv") and i >= first:
+      _, cin, cout, k = m.split()
+      cin, cout, k = int(cin), int(cout), int(k)
+      std = scale * np.sqrt(2.0 / (cin * k * k))
+      out[f"{i}.weight"] = (std * rng.normal(size=(cout, cin, k, k))
+                            ).astype(np.float32)
+      out[f"{i}.bias"] = (0.1 * rng.normal(size=cout)).astype(np.float32)
+  return out
+
+
+def _numpy_sequential(modules, state, x, first=0, last=None):
+  """Runs modules[first:last] on x [B, C, H, W] in float64 as torch would."""
+  x = np.asarray(x, np.float64)
+  for i in range(first, len(modules) if last is None else last):
+    m = modules[i]
+    if m == "pad":
+      x = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)), mode="reflect")
+    elif m == "relu":
+      x = np.maximum(x, 0.0)
+    elif m == "up":
+      x = x.repeat(2, axis=2).repeat(2, axis=3)
+    elif m == "pool":  # MaxPool2d(2, 2, ceil_mode=True)
+      h, w = x.shape[2:]
+      x = np.pad(x, ((0, 0), (0, 0), (0, h % 2), (0, w % 2)),
+                 constant_values=-np.inf)
+      x = np.maximum.reduce([x[:, :, a::2, b::2] for a in (0, 1)
+                             for b in (0, 1)])
+    else:
+      wgt = state[f"{i}.weight"].astype(np.float64)
+      k = wgt.shape[-1]
+      h, w = x.shape[2] - k + 1, x.shape[3] - k + 1
+      cols = np.stack([x[:, :, a:a + h, b:b + w] for a in range(k)
+                       for b in range(k)], axis=2)        # [B, C, k*k, h, w]
+      x = (np.einsum("bcphw,ocp->bohw", cols, wgt.reshape(*wgt.shape[:2], -1))
+           + state[f"{i}.bias"][None, :, None, None])
+  return x
+
+
+def _numpy_adain(f, mean, std, eps):
+  mu = f.mean(axis=(2, 3), keepdims=True)
+  sig = np.sqrt(f.var(axis=(2, 3), keepdims=True) + eps)
+  return (f - mu) / sig * std[:, :, None, None] + mean[:, :, None, None]
+
+
+def _save(tmp_path, name, state):
+  path = str(tmp_path / f"{name}.safetensors")
+  save_file(state, path)
+  return path
+
+
+# --------------------------------------------------------------------------
+# AdaIN and the networks.
+
+
+def test_adain_gives_each_channel_the_style_mean_and_std():
+  f = RNG.normal(2.0, 3.0, size=(2, 5, 6, 4))
+  f[1, ..., 2] = 0.0  # a dead (ReLU) channel: normalized to 0, becomes the mean
+  mean, std = RNG.normal(size=(2, 4)), RNG.uniform(0.2, 2.0, size=(2, 4))
+  out = np.asarray(adain.adain(jnp.asarray(f, jnp.float32), jnp.asarray(
+      mean, jnp.float32), jnp.asarray(std, jnp.float32), eps=1e-5))
+  np.testing.assert_allclose(out.mean(axis=(1, 2)), mean, atol=1e-5)
+  s = out.std(axis=(1, 2))  # population std
+  np.testing.assert_allclose(np.delete(s.ravel(), 6), np.delete(std.ravel(), 6),
+                             rtol=1e-4)
+  assert s[1, 2] < 1e-6
+  want = np.moveaxis(_numpy_adain(np.moveaxis(f, 3, 1), mean, std, 1e-5), 1, 3)
+  np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+  m, sd = adain.instance_stats(jnp.asarray(f, jnp.float32), eps=1e-5)
+  np.testing.assert_allclose(m, f.mean((1, 2)), rtol=1e-5)
+  np.testing.assert_allclose(sd, np.sqrt(f.var((1, 2)) + 1e-5), rtol=1e-5)
+
+
+@pytest.mark.parametrize("depth", [4, 2])
+def test_loaded_networks_equal_the_reference_sequentials(tmp_path, depth):
+  """Random weights in the release's naming, as .safetensors (torch-free):
+  encode, AdaIN with alpha and decode equal a float64 numpy run of the
+  reference modules; odd sides exercise ceil-mode pools and the crop."""
+  n_vgg, first = CUT[depth]
+  vgg = _state(VGG, seed=1)
+  assert "32.weight" in vgg  # a deeper layer, ignored
+  dec = _state(DECODER, first=first, seed=2)
+  net = adain.load(_save(tmp_path, "vgg", vgg), _save(tmp_path, "dec", dec),
+                   depth)
+  x = RNG.uniform(0, 1, size=(2, 17, 18, 3)).astype(np.float32)
+  xn = np.moveaxis(x, 3, 1)
+  f_np = _numpy_sequential(VGG, vgg, xn, last=n_vgg)
+  f = np.asarray(adain.encode(net, jnp.asarray(x), depth=depth))
+  np.testing.assert_allclose(np.moveaxis(f, 3, 1), f_np, rtol=2e-4,
+                             atol=2e-4 * np.abs(f_np).max())
+  c = f_np.shape[1]
+  mean = RNG.normal(size=(2, c)).astype(np.float32)
+  std = RNG.uniform(0.5, 2.0, size=(2, c)).astype(np.float32)
+  alpha = 0.7
+  t = alpha * _numpy_adain(f_np, mean, std, 1e-5) + (1 - alpha) * f_np
+  want = _numpy_sequential(DECODER, dec, t, first=first)[:, :, :17, :18]
+  got = np.asarray(adain.transfer(net, jnp.asarray(x), jnp.asarray(mean),
+                                  jnp.asarray(std), depth=depth, alpha=alpha))
+  assert got.shape == (2, 17, 18, 3)
+  np.testing.assert_allclose(np.moveaxis(got, 3, 1), want, rtol=2e-4,
+                             atol=2e-4 * np.abs(want).max())
+  # The mapping itself: one kernel transposed OIHW -> HWIO, one bias.
+  np.testing.assert_array_equal(net["encoder"]["conv1_1"]["kernel"],
+                                vgg["2.weight"].transpose(2, 3, 1, 0))
+  np.testing.assert_array_equal(net["decoder"]["dec1_1"]["bias"],
+                                dec["28.bias"])
+
+
+def test_mismatching_weight_files_are_errors_naming_the_tensor(tmp_path):
+  vgg, dec = _state(VGG), _state(DECODER, first=27)
+  bad = dict(vgg, **{"5.weight": np.zeros((64, 32, 3, 3), np.float32)})
+  with pytest.raises(DataError, match=r"5\.weight: \(64, 32, 3, 3\) in the "
+                     r"file, \(64, 64, 3, 3\) in the model"):
+    adain.load(_save(tmp_path, "bad", bad), _save(tmp_path, "d1", dec), 2)
+  missing = {k: v for k, v in vgg.items() if k != "2.bias"}
+  with pytest.raises(DataError, match=r"missing \(1\): \['2.bias'\]"):
+    adain.to_flax(missing, 1, "vgg")
+  with pytest.raises(DataError, match=r"unexpected \(1\): \['extra'\]"):
+    adain.to_flax(dict(vgg, extra=np.zeros(1)), 1, "vgg")
+  # The reference decoder.pth (depth 4's) at depth 1: a hint, not a silent
+  # use of its last layer.
+  with pytest.raises(DataError, match="deeper decoder"):
+    adain.to_flax(_state(DECODER), 1, "decoder")
+  assert set(adain.to_flax(dec, 1, "decoder")) == {"dec1_1"}
+  try:
+    import torch  # noqa: F401
+  except ImportError:
+    pth = tmp_path / "vgg_normalised.pth"
+    pth.write_bytes(b"not read")
+    with pytest.raises(DataError, match="needs PyTorch"):
+      adain.load(str(pth), str(pth), 1)
+
+
+# --------------------------------------------------------------------------
+# Style statistics and draws.
+
+
+@pytest.fixture(scope="module")
+def net1():
+  return adain.init(jax.random.key(0), depth=1)
+
+
+def test_overall_and_single_styles_equal_numpy(net1):
+  x = RNG.integers(0, 256, size=(7, 6, 5, 1)).astype(np.uint8)  # grey
+  n = 5  # two padding rows, chunks of 3 (padded too)
+  feats = np.asarray(adain.encode(net1, jnp.repeat(jnp.asarray(x[:n]) / 255.0,
+                                                   3, -1), depth=1), np.float64)
+  style = jax.jit(lambda x, n: ccst.overall_style(net1, x, n, depth=1, chunk=3,
+                                                  eps=1e-5))(x, n)
+  np.testing.assert_allclose(style.mu[0], feats.mean((0, 1, 2)), rtol=1e-4,
+                             atol=1e-6)
+  np.testing.assert_allclose(style.sig[0], np.sqrt(feats.var((0, 1, 2)) + 1e-5),
+                             rtol=1e-4)
+  assert bool(style.valid[0])
+  single = jax.jit(lambda x, n, k: ccst.single_styles(
+      net1, x, n, k, r=0.5, slots=4, depth=1, chunk=3, eps=1e-5))(
+          x, n, jax.random.key(3))
+  assert np.asarray(single.valid).tolist() == [True, True, True, False]
+  own = [np.argmin(np.abs(feats.mean((1, 2)) - single.mu[j]).max(1))
+         for j in range(3)]
+  assert len(set(own)) == 3  # three distinct valid images
+  for j, i in enumerate(own):
+    np.testing.assert_allclose(single.mu[j], feats[i].mean((0, 1)), rtol=1e-4,
+                               atol=1e-6)
+    np.testing.assert_allclose(single.sig[j], np.sqrt(feats[i].var((0, 1))
+                                                      + 1e-5), rtol=1e-4)
+
+
+def test_draws_take_valid_styles_distinct_clients_and_the_own_only_as_allowed():
+  n_clients, slots = 4, 3
+  mu = jnp.arange(n_clients * slots, dtype=jnp.float32).reshape(
+      n_clients, slots, 1)
+  valid = jnp.asarray([[1, 1, 0], [1, 0, 0], [0, 0, 0], [1, 1, 1]], bool)
+  bank = StylePool(mu, mu + 100.0, valid)
+  allowed = {c * slots + j for c in range(n_clients) for j in range(slots)
+             if valid[c, j]}
+  draw = jax.jit(ccst.draw_styles, static_argnums=(3, 4),
+                 static_argnames=("include_own", "distinct"))
+  for own in (0, 3):
+    # The authors' code: 3 distinct clients of the 3 holding data (itself
+    # included).
+    m, s, is_own = draw(jax.random.key(own), bank, jnp.asarray(own), 400, 3,
+                        include_own=True, distinct=True)
+    rows = np.asarray(m[..., 0]).astype(int)
+    np.testing.assert_array_equal(np.asarray(s[..., 0]), rows + 100)
+    clients = rows // slots
+    assert all(len(set(c)) == 3 for c in clients)  # distinct per image
+    assert set(rows.ravel()) == allowed            # every valid style, no other
+    np.testing.assert_array_equal(np.asarray(is_own), clients == own)
+    # FedCCRL's code: independent draws of the others' styles only.
+    m, _, is_own = draw(jax.random.key(7 + own), bank, jnp.asarray(own), 400,
+                        3, include_own=False, distinct=False)
+    rows = np.asarray(m[..., 0]).astype(int)
+    assert set(rows.ravel()) == {a for a in allowed if a // slots != own}
+    assert not np.asarray(is_own).any()
+
+
+# --------------------------------------------------------------------------
+# The algorithm.
+
+
+@pytest.fixture(scope="module")
+def fed():
+  return synthetic_federation(num_clients=3, per_domain=30, size=8)
+
+
+@pytest.fixture(scope="module")
+def model(fed):
+  return models.get_model("mlp", input_shape=fed.image_shape,
+                          num_classes=fed.num_classes, mean=fed.mean,
+                          std=fed.std, hidden=16)
+
+
+def _build(fed, model, lr=None, **hp):
+  cfg = base_config()
+  cfg.ccst.depth = 1
+  cfg.ccst.client.lr = lr
+  for k, v in hp.items():
+    cfg.ccst[k] = v
+  return algorithms.build("ccst", model, fed.num_clients, cfg, data=fed)
+
+
+@pytest.fixture(scope="module")
+def identity_files(tmp_path_factory):
+  """Depth-1 AdaIN files whose decode(encode(x)) = x for x in [0, 1]:
+  conv0 the identity, conv1_1's channels 0-2 the input's centre taps (the
+  other 61 zero), the decoder's conv reading channels 0-2 back."""
+  tmp = tmp_path_factory.mktemp("identity")
+  w0 = np.eye(3, dtype=np.float32)[:, :, None, None]
+  w1 = np.zeros((64, 3, 3, 3), np.float32)
+  w1[np.arange(3), np.arange(3), 1, 1] = 1.0
+  wd = np.zeros((3, 64, 3, 3), np.float32)
+  wd[np.arange(3), np.arange(3), 1, 1] = 1.0
+  vgg = {"0.weight": w0, "0.bias": np.zeros(3, np.float32), "2.weight": w1,
+         "2.bias": np.zeros(64, np.float32)}
+  dec = {"28.weight": wd, "28.bias": np.zeros(3, np.float32)}
+  return _save(tmp, "vgg", vgg), _save(tmp, "dec", dec)
+
+
+def _ctx(alg, params, cid=0):
+  server, _ = alg.init(jax.random.key(0))
+  return ClientContext(id=jnp.int32(cid), round=jnp.int32(0), start=params,
+                       shared=alg.client_shared(server),
+                       frozen=alg.frozen(jax.random.key(0))), server
+
+
+def _ce(model, params, x01, y, mask):
+  logits = model.apply(params, jnp.asarray(x01, jnp.float32), normalized=False)
+  ce = -jax.nn.log_softmax(logits)[np.arange(len(y)), y]
+  return float(np.sum(np.asarray(ce) * mask) / mask.sum())
+
+
+def test_reference_loss_is_the_mean_over_all_clients_styles_own_kept(
+    fed, model, identity_files):
+  """K = 3 of 3 clients: every image in every client's overall style, its
+  own client's being the original image; the loss is the mean of the three
+  cross-entropies whatever the draw. Computed here with numpy AdaIN on the
+  pixels (the identity network's features are the image)."""
+  vgg, dec = identity_files
+  alg = _build(fed, model, vgg=vgg, decoder=dec, k=3)
+  params = model.init(jax.random.key(1))
+  ctx, server = _ctx(alg, params, cid=1)
+  x = np.asarray(fed.train.x[1, :8])
+  y = np.asarray(fed.train.y[1, :8])
+  mask = np.asarray([1.0] * 6 + [0.0] * 2, np.float32)
+  batch = Batch(jnp.asarray(x), jnp.asarray(y), jnp.asarray(mask))
+  x01 = x.astype(np.float64) / 255.0                  # [8, 8, 8, 1]
+  f = np.moveaxis(x01, 3, 1)
+  ces = []
+  for c in range(3):
+    if c == 1:
+      styled = x01
+    else:
+      mean, std = (np.asarray(a)[c, 0, :1] for a in server.overall[:2])
+      one = lambda a: np.broadcast_to(a, (8, 1))
+      styled = np.moveaxis(np.clip(_numpy_adain(f, one(mean), one(std), 1e-5),
+                                   0, 1), 1, 3)
+      assert not np.allclose(styled, x01, atol=1e-2)  # another style
+    ces.append(_ce(model, params, styled, y, mask))
+  for seed in range(3):
+    got = float(jax.jit(alg.loss)(params, batch, jax.random.key(seed), ctx))
+    np.testing.assert_allclose(got, np.mean(ces), rtol=1e-4)
+
+
+def test_identity_transfer_leaves_cross_entropy_scaled_by_the_view_count(
+    fed, model, identity_files):
+  """alpha = 0 with the identity network: every view is the image. The
+  reference objective is then the cross-entropy; FedCCRL's code adds k' ~
+  U{0..K} copies to it."""
+  vgg, dec = identity_files
+  params = model.init(jax.random.key(1))
+  batch = Batch(jnp.asarray(fed.train.x[0, :8]), jnp.asarray(fed.train.y[0, :8]),
+                jnp.asarray([1.0] * 5 + [0.0] * 3))
+  ce = _ce(model, params, np.asarray(batch.x) / 255.0, np.asarray(batch.y),
+           np.asarray(batch.mask))
+  ref = _build(fed, model, vgg=vgg, decoder=dec, alpha=0.0, k=2,
+               bank="single")
+  ctx, _ = _ctx(ref, params)
+  np.testing.assert_allclose(
+      jax.jit(ref.loss)(params, batch, jax.random.key(0), ctx), ce, rtol=1e-4)
+  code = _build(fed, model, vgg=vgg, decoder=dec, alpha=0.0, k=3,
+                objective="fedccrl_code")
+  ctx, _ = _ctx(code, params)
+  loss = jax.jit(code.loss)
+  ratios = {round(float(loss(params, batch, jax.random.key(s), ctx)) / ce, 4)
+            for s in range(24)}
+  assert ratios <= {1.0, 2.0, 3.0, 4.0} and len(ratios) >= 3, ratios
+
+
+def test_ccst_learns_keeps_the_network_frozen_and_refreshes_single_styles(
+    fed, model):
+  alg = _build(fed, model, lr=0.05, bank="both", k=2, r=0.25)
+  assert alg.client_aux is not None and alg.frozen is not None
+  first, _ = alg.init(jax.random.key(0))
+  res = engine.run(alg, fed, model, engine.EngineConfig(
+      rounds=3, eval_every=3, epochs=1, batch_size=16, progress=False))
+  assert res.final["id_acc"] > 1.0 / fed.num_classes + 0.2, res.final
+  # The AdaIN network is nowhere in the trained state.
+  assert set(res.server.params) == set(model.init(jax.random.key(0)))
+  np.testing.assert_array_equal(res.server.overall.mu, first.overall.mu)
+  assert not np.allclose(res.server.single.mu, first.single.mu)  # redrawn
+  np.testing.assert_array_equal(res.server.single.valid, first.single.valid)
+  np.testing.assert_array_equal(res.round_metrics["ccst_bank_size"],
+                                int(first.single.valid.sum()) + 3)
+  assert _build(fed, model).client_aux is None        # overall: nothing to send
+  assert _build(fed, model, bank="single", refresh=False).client_aux is None
+
+
+def test_bad_settings_and_missing_data_are_errors(fed, model, tmp_path):
+  for hp, needle in ((dict(depth=5), "ccst.depth=5"),
+                     (dict(bank="all"), "ccst.bank"),
+                     (dict(k=0), "ccst.k=0"),
+                     (dict(k=4), "at most the 3 clients"),
+                     (dict(alpha=1.5), "ccst.alpha"),
+                     (dict(r=0.0), "ccst.r=0.0"),
+                     (dict(objective="x"), "ccst.objective"),
+                     (dict(eps=0.0), "ccst.eps"),
+                     (dict(vgg="a.pth"), "both weight files or neither"),
+                     (dict(depth=4), "too small")):
+    with pytest.raises(ConfigError, match=needle):
+      _build(fed, model, **hp)
+  with pytest.raises(DataError, match="no such file"):
+    _build(fed, model, vgg=str(tmp_path / "v.pth"),
+           decoder=str(tmp_path / "d.pth"))
+  cfg = base_config()
+  cfg.ccst.depth = 1
+  with pytest.raises(NeedsDataError, match="first style bank"):
+    algorithms.build("ccst", model, 3, cfg)
+  assert ccst.uses_data({})
