@@ -30,8 +30,8 @@ the frozen encoder only: computed once at build (the paper's stage 1), never
 re-sent. Single-image styles are drawn at build for round 0 and, with
 `refresh`, redrawn by every cohort client each round (`client_aux`, the
 FedCCRL code's reading), pooled by the server, read through
-`client_shared`. `bank="both"`: each batch uses the single or the overall
-bank with probability 1/2 (FedCCRL's code). Choices and the references'
+`client_shared`. `bank="both"`: each view of a batch uses the single or the
+overall bank with probability 1/2 (FedCCRL's code). Choices and the references'
 readings: docs/faithfulness.md, "CCST".
 
 Weights: `vgg` / `decoder` name the reference release's files
@@ -257,9 +257,9 @@ def build(model, optimizer, *, depth: int = 4,  # encoder ends at relu{depth}_1
     if bank == "both":
       m1, s1, o1 = draw_styles(k_draw, single, ctx.id, b, k, **kw)
       m2, s2, o2 = draw_styles(k_draw, overall, ctx.id, b, k, **kw)
-      coin = jax.random.bernoulli(k_bank)
-      m, s, own = (jnp.where(coin, a, c) for a, c in ((m1, m2), (s1, s2),
-                                                       (o1, o2)))
+      coin = jax.random.bernoulli(k_bank, shape=(k,))  # per view
+      m, s = (jnp.where(coin[:, None], a, c) for a, c in ((m1, m2), (s1, s2)))
+      own = jnp.where(coin, o1, o2)
     else:
       m, s, own = draw_styles(k_draw, single if use_single else overall,
                               ctx.id, b, k, **kw)
