@@ -10,7 +10,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from conftest import synthetic_federation
-from fedjax_dg import algorithms, engine, models
+from fedjax_dg import algorithms, engine, experiment, models
 from fedjax_dg.algorithms import ccst
 from fedjax_dg.algorithms.fedccrl import StylePool
 from fedjax_dg.client.update import Batch, ClientContext
@@ -413,7 +413,13 @@ def test_bad_settings_and_missing_data_are_errors(fed, model, tmp_path):
     _build(fed, model, vgg=str(tmp_path / "v.pth"),
            decoder=str(tmp_path / "d.pth"))
   cfg = base_config()
-  cfg.ccst.depth = 1
   with pytest.raises(NeedsDataError, match="first style bank"):
     algorithms.build("ccst", model, 3, cfg)
+  # A run's settings are checked on a 4x4 stand-in model before any data is
+  # read: depth 4 must pass there (the image size is the data's to check).
+  cfg.algorithms = ["ccst"]
+  experiment.check_algorithms(cfg)
+  cfg.ccst.k = 0
+  with pytest.raises(ConfigError, match="ccst.k=0"):
+    experiment.check_algorithms(cfg)
   assert ccst.uses_data({})

@@ -196,25 +196,26 @@ def build(model, optimizer, *, depth: int = 4,  # encoder ends at relu{depth}_1
                                    f"{decoder!r}: give both weight files or "
                                    "neither (random weights)"),
       (style_chunk >= 1, f"ccst.style_chunk={style_chunk!r}: must be >= 1"),
-      (ch in (1, 3), f"ccst needs RGB or grey images, got {ch} channels"),
       (num_clients != 1, "ccst needs >= 2 clients (a client transfers its "
                          "images to the others' styles)"),
   ]
   for ok, message in checks:
     if not ok:
       raise ConfigError(message)
+  for path, key in ((vgg, "vgg"), (decoder, "decoder")):
+    if path and not os.path.isfile(path):
+      raise DataError(f"ccst.{key}={path!r}: no such file (docs/models.md, "
+                      "\"AdaIN (CCST)\", says where the weights come from)")
+  if data is None:  # The checks below are the data's (the settings' are done).
+    raise NeedsDataError("ccst computes its first style bank from the run's "
+                         "data: algorithms.build(..., data=fed)")
+  if ch not in (1, 3):
+    raise ConfigError(f"ccst needs RGB or grey images, got {ch} channels")
   if min(h, w) < adain.min_image_size(depth):
     raise ConfigError(
         f"ccst.depth={depth}: images of {h}x{w} are too small for the "
         f"relu{depth}_1 encoder (reflection padding needs a 2x2 map: sides "
         f">= {adain.min_image_size(depth)}); use a smaller depth")
-  for path, key in ((vgg, "vgg"), (decoder, "decoder")):
-    if path and not os.path.isfile(path):
-      raise DataError(f"ccst.{key}={path!r}: no such file (docs/models.md, "
-                      "\"AdaIN (CCST)\", says where the weights come from)")
-  if data is None:
-    raise NeedsDataError("ccst computes its first style bank from the run's "
-                         "data: algorithms.build(..., data=fed)")
   n = np.asarray(data.train.n)
   holding = int(np.sum(n > 0))
   if holding < 2:
