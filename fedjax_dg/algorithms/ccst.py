@@ -16,23 +16,24 @@ a frozen AdaIN network; FedAvg on the server.
       "fedccrl_code": CE(x) + sum_{j < k'} CE(view_j), k' ~ U{0..K} per batch,
                       each view per image a random style of another client
                       (FedCCRL's released CCST client)
-    transfer  = decode(alpha AdaIN(f, style) + (1 - alpha) f), clipped to [0, 1],
-                then the classifier's input normalization
-    server    = example-weighted FedAvg (Eq. of McMahan et al.)
+    transfer  = decode(alpha AdaIN(f, style) + (1 - alpha) f), clipped to
+                [0, 1], then the classifier's input normalization
+    server    = example-weighted FedAvg (McMahan et al. 2017)
 
-The paper transfers each client's dataset offline (K styled copies of every
-image, training on the union); here the transfer runs inside the jitted
-local step on every batch, so the expected loss of a step is the augmented
-dataset's and every epoch sees new draws. The AdaIN network is shared-frozen
-(`Algorithm.frozen`: held once outside the scan carry, never trained or
-stacked; `ctx.frozen["adain"]`). The overall style depends on the data and
-the frozen encoder only: computed once at build (the paper's stage 1), never
-re-sent. Single-image styles are drawn at build for round 0 and, with
-`refresh`, redrawn by every cohort client each round (`client_aux`, the
-FedCCRL code's reading), pooled by the server, read through
-`client_shared`. `bank="both"`: each view of a batch uses the single or the
-overall bank with probability 1/2 (FedCCRL's code). Choices and the references'
-readings: docs/faithfulness.md, "CCST".
+The authors' code transfers each client's dataset offline (K styled copies
+of every image, training on the union); here the transfer runs inside the
+jitted local step on every batch, so the expected loss of a step is the
+augmented dataset's and every epoch sees new draws. The AdaIN network is
+shared-frozen (`Algorithm.frozen`: held once outside the scan carry, never
+trained or stacked; `ctx.frozen["adain"]`). The overall style depends on
+the data and the frozen encoder only: computed once at build (before
+training, as the authors' code), never re-sent. Single-image styles are
+drawn at build for round 0 and, with `refresh`, redrawn by every cohort
+client each round (`client_aux`, the FedCCRL code's reading), pooled by the
+server, read through `client_shared`. `bank="both"`: each view of a batch
+uses the single or the overall bank with probability 1/2 (FedCCRL's code).
+Round metric: `ccst_bank_size` (valid styles in the banks). Choices and the
+references' readings: docs/faithfulness.md, "CCST".
 
 Weights: `vgg` / `decoder` name the reference release's files
 (`vgg_normalised.pth`, `decoder.pth`, or `.safetensors`; docs/models.md,
@@ -168,12 +169,12 @@ def build(model, optimizer, *, depth: int = 4,  # encoder ends at relu{depth}_1
           bank: str = "overall",    # overall | single | both (FedCCRL's code)
           k: int = 3,               # augmentation level K (views per image)
           alpha: float = 1.0,       # AdaIN content-style interpolation
-          r: float = 0.5,           # share of each client's images as single styles
+          r: float = 0.5,           # share of images sent as single styles
           refresh: bool = True,     # redraw single styles every round
           objective: str = "reference",  # reference | fedccrl_code
           eps: float = 1e-5,        # inside the std's square root (AdaIN code)
-          vgg: str = "",            # vgg_normalised.pth / .safetensors ("" random)
-          decoder: str = "",        # decoder.pth / .safetensors ("" random)
+          vgg: str = "",            # vgg_normalised .pth / .safetensors
+          decoder: str = "",        # decoder .pth / .safetensors ("": random)
           style_chunk: int = 32,    # images per encoder pass for the styles
           num_clients: int = 0, data=None, seed: int = 0,
           name: str = "ccst") -> Algorithm:
@@ -232,7 +233,8 @@ def build(model, optimizer, *, depth: int = 4,  # encoder ends at relu{depth}_1
     net = jax.device_get(adain.init(
         jax.random.fold_in(jax.random.key(seed), 0xADA1), depth, min(h, w)))
   style = dict(depth=depth, chunk=style_chunk, eps=eps)
-  use_single, use_overall = bank in ("single", "both"), bank in ("overall", "both")
+  use_single = bank in ("single", "both")
+  use_overall = bank in ("overall", "both")
   slots = pool_slots(r, int(data.train.x.shape[1]))
   x_all, n_all = jnp.asarray(data.train.x), jnp.asarray(n)
   single0 = overall0 = None

@@ -1,9 +1,9 @@
 """AdaIN style transfer (Huang & Belongie, ICCV 2017), the network CCST uses.
 
-    net = init(key, depth=4)                       # or load(vgg, decoder, depth)
-    feats = encode(net, x01, depth=4)              # [B, H/8, W/8, 512] relu4_1
-    t = adain(feats, style_mean, style_std)        # [B, C] statistics each
-    out = decode(net, t, depth=4)                  # [B, H, W, 3], ~[0, 1]
+    net = init(key, depth=4)                 # or load(vgg, decoder, depth)
+    feats = encode(net, x01, depth=4)        # [B, H/8, W/8, 512] relu4_1
+    t = adain(feats, style_mean, style_std)  # [B, C] statistics each
+    out = decode(net, t, depth=4)            # [B, H, W, 3], ~[0, 1]
     out = transfer(net, x01, style_mean, style_std, depth=4, alpha=1.0)
 
 The encoder is the reference release's `vgg_normalised` (a Caffe VGG-19 with
@@ -94,7 +94,7 @@ def _check_depth(depth: int) -> None:
 
 
 def encoder_layers(depth: int) -> tuple[tuple[int, str, int, int], ...]:
-  """The encoder's convs at `depth`: (torch index, name, out channels, kernel)."""
+  """The encoder's convs at `depth`: (torch index, name, channels, kernel)."""
   _check_depth(depth)
   names = [e[1] for e in ENCODER]
   return ENCODER[:names.index(_LAST_ENCODER[depth]) + 1]
@@ -276,9 +276,9 @@ def to_flax(state: Mapping[str, Any], depth: int, part: str, *,
     message = weights_lib.mismatch_message(
         f"{source} does not fit {what} at depth={depth}", mismatched, missing,
         unexpected)
-    full = expected_shapes(4, "decoder")
-    if part == "decoder" and depth < 4 and unexpected and set(unexpected) <= set(
-        full):
+    full = set(expected_shapes(4, "decoder"))
+    if part == "decoder" and depth < 4 and unexpected and set(
+        unexpected) <= full:
       message += ("; it holds a deeper decoder's layers (the reference "
                   "decoder.pth decodes relu4_1: depth=4); another depth needs "
                   "a decoder trained for its relu{depth}_1 features")
