@@ -200,3 +200,29 @@ def test_example_grid_picks_one_class_per_column(prepared, tmp_path):
       assert not ((ds.domains == d) & (ds.labels == j % 10)).any()
   path = plots.domain_examples(ds, str(tmp_path / "grid.png"), per_domain=4)
   assert os.path.getsize(path) > 1000
+
+
+# ---------------------------------------------------------------------------
+# The real embedded dataset (only where the Debian package is installed).
+
+FMNIST_DIR = "/usr/share/datasets/fashion-mnist"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists(os.path.join(
+    FMNIST_DIR, "train-images-idx3-ubyte.gz")), reason="no dataset-fashion-mnist")
+def test_real_styled_fashion_mnist(tmp_path):
+  line = sources.prepare("styled_fashion_mnist", data_dir=str(tmp_path),
+                         manual_dir=FMNIST_DIR)
+  assert "70000 images 28x28x3" in line
+  ds = sources.load("styled_fashion_mnist", data_dir=str(tmp_path),
+                    manual_dir=FMNIST_DIR)
+  assert ds.domain_counts() == {d: 14000 for d in sfm.DOMAIN_NAMES}
+  raw, labels = rfm.load_raw(FMNIST_DIR)
+  order = np.random.default_rng(rfm.SHUFFLE_SEED).permutation(70000)
+  for d in range(5):  # The first image of each domain, as rendered from raw.
+    i = order[d]
+    want = sfm.render(raw[i], d, i)
+    got = ds.images[ds.domains == d]
+    assert any(np.array_equal(im, want) for im in got[ds.labels[ds.domains == d]
+                                                       == labels[i]])
