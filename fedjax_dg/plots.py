@@ -263,3 +263,51 @@ def sweep_curves(records: list[dict], path: str) -> str:
   fig.savefig(path, dpi=110)
   plt.close(fig)
   return path
+
+
+def example_indices(labels: np.ndarray, domains: np.ndarray, num_domains: int,
+                    num_classes: int, per_domain: int, seed: int = 0) -> np.ndarray:
+  """[num_domains, per_domain] indices for `domain_examples`: row d, column j
+  is a seeded-random example of domain d and class j % num_classes (-1 where
+  the domain has none), so a column shows one class in every domain."""
+  rng = np.random.default_rng(seed)
+  out = np.full((num_domains, per_domain), -1, np.int64)
+  for d in range(num_domains):
+    for j in range(per_domain):
+      pick = np.flatnonzero((domains == d) & (labels == j % num_classes))
+      if len(pick):
+        out[d, j] = rng.choice(pick)
+  return out
+
+
+def domain_examples(dataset, path: str, per_domain: int = 10,
+                    seed: int = 0, scale: float = 0.9) -> str:
+  """A grid of examples of a `DomainDataset`: one row per domain, one column
+  per class (the first `per_domain` classes; a class repeats when there are
+  fewer), `scale` inches per image."""
+  plt = _plt()
+  idx = example_indices(dataset.labels, dataset.domains, dataset.num_domains,
+                        dataset.num_classes, per_domain, seed)
+  rows, cols = idx.shape
+  fig, axes = plt.subplots(rows, cols, squeeze=False,
+                           figsize=(scale * cols + 0.8, scale * rows + 0.5))
+  for d, row in enumerate(axes):
+    for j, ax in enumerate(row):
+      ax.set_xticks([])
+      ax.set_yticks([])
+      if idx[d, j] >= 0:
+        image = dataset.images[idx[d, j]]
+        if image.shape[-1] == 1:
+          ax.imshow(image[..., 0], cmap="gray", vmin=0, vmax=255)
+        else:
+          ax.imshow(image)
+      if d == 0:
+        ax.set_title(dataset.class_names[j % dataset.num_classes], fontsize=7)
+      if j == 0:
+        ax.set_ylabel(dataset.domain_names[d], fontsize=8)
+  fig.suptitle(f"{dataset.name}: one example per domain (row) and class "
+               "(column)", fontsize=9)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path

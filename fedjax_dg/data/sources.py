@@ -6,6 +6,8 @@
 * `rotated_fashion_mnist`: the embedded offline default, the project's own TFDS
   builder over the Debian `dataset-fashion-mnist` IDX files (DomainBed RotatedMNIST
   recipe, 6 rotation domains).
+* `styled_fashion_mnist`: the same IDX files, dealt the same way to 5 colour /
+  texture style domains (RGB): the embedded offline style-shift benchmark.
 * `pacs`, `office_home`, `vlcs`: the project's own TFDS builders over DomainBed image
   folders `<manual_dir>/<domain>/<class>/<image>` (manual download).
 * `fashion_mnist` (own builder over the same IDX files, else the TFDS catalog),
@@ -367,6 +369,8 @@ def _splits(tfds_name: str) -> dict[str, tuple[str, str]]:
 _DATASETS: dict[str, _Own | _Catalog] = {
     "rotated_fashion_mnist": _Own("RotatedFashionMnist", "rotated_fashion_mnist",
                                   "1.0.0", 1, True),
+    "styled_fashion_mnist": _Own("StyledFashionMnist", "styled_fashion_mnist",
+                                 "1.0.0", 3, True),
     "pacs": _Own("Pacs", "pacs", "1.0.0", 3, False),
     "office_home": _Own("OfficeHome", "office_home", "1.0.0", 3, False),
     "vlcs": _Own("Vlcs", "vlcs", "1.0.0", 3, False),
@@ -378,6 +382,12 @@ _DATASETS: dict[str, _Own | _Catalog] = {
     "domainnet": _Catalog({d: f"domainnet/{d}" for d in DOMAINNET_DOMAINS}, 3,
                           False),
 }
+
+
+# Datasets built from the raw Fashion-MNIST IDX files (`manual_dir`: that folder,
+# default `$FEDJAX_DG_FASHION_MNIST_DIR` or the Debian package's).
+FASHION_MNIST_SOURCED = ("rotated_fashion_mnist", "styled_fashion_mnist",
+                         "fashion_mnist")
 
 
 # The held-out evaluation split of the datasets whose domains are official splits
@@ -474,7 +484,7 @@ def _cache_dir(name: str, entry: _Own | _Catalog, data_dir: str) -> str:
 
 def manual_dir_default(name: str, data_dir: str) -> str:
   """`FEDJAX_DG_<NAME>_DIR`, else `<data_dir>/downloads/manual/<name>`."""
-  if name in ("rotated_fashion_mnist", "fashion_mnist"):
+  if name in FASHION_MNIST_SOURCED:
     from fedjax_dg.data.builders import rotated_fashion_mnist as rfm  # pylint: disable=g-import-not-at-top
     return rfm.source_dir_default()
   env = os.environ.get(f"FEDJAX_DG_{name.upper()}_DIR")
@@ -550,7 +560,7 @@ def _own_builder(entry: _Own, data_dir: str, manual_dir: str | None,
   else:
     cls = getattr(builders, entry.builder)
   manual_dir = manual_dir or manual_dir_default(name, data_dir)
-  if entry.builder in ("RotatedFashionMnist", "FashionMnistSplits"):
+  if name in FASHION_MNIST_SOURCED:
     builder = cls(data_dir=data_dir, file_format="array_record",
                   source_dir=manual_dir)
     if prepare and not builder.is_prepared():
@@ -675,7 +685,7 @@ def load(
       `~/.cache/fedjax_dg/tfds`.
     manual_dir: raw input: the image folder of pacs / office_home / vlcs, the
       tiny-imagenet-200 folder of tiny_imagenet, or the Fashion-MNIST IDX folder
-      of rotated_fashion_mnist / fashion_mnist.
+      of rotated_fashion_mnist / styled_fashion_mnist / fashion_mnist.
     max_per_domain: keep at most this many seeded-random examples per domain.
     seed: seed of that subset.
   """

@@ -10,6 +10,7 @@ from fedjax_dg.data.builders.domainbed_folder import Pacs
 from fedjax_dg.data.builders.domainbed_folder import Vlcs
 from fedjax_dg.data.builders.fashion_mnist import FashionMnistSplits
 from fedjax_dg.data.builders.rotated_fashion_mnist import RotatedFashionMnist
+from fedjax_dg.data.builders.styled_fashion_mnist import StyledFashionMnist
 from fedjax_dg.data.builders.tiny_imagenet import TinyImagenet
 
 __all__ = [
@@ -18,6 +19,7 @@ __all__ = [
     "OfficeHome",
     "Pacs",
     "RotatedFashionMnist",
+    "StyledFashionMnist",
     "TinyImagenet",
     "Vlcs",
 ]
