@@ -1,10 +1,29 @@
-"""FedADG: the local epoch in `ClientContext` (filled by `local_update`)."""
+"""FedADG: the local epoch in `ClientContext` (filled by `local_update`) and
+the networks."""
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
+import pytest
 
+from fedjax_dg import models
 from fedjax_dg.client.update import ClientContext, local_update
+from fedjax_dg.models.fedadg import FedADGNets
+
+SIZES = dict(gen_hidden=12, rp_size=10, disc_hidden=9)
+
+
+@pytest.fixture(scope="module")
+def setup(fed3):
+  model = models.get_model("mlp", input_shape=fed3.image_shape,
+                           num_classes=fed3.num_classes, mean=fed3.mean,
+                           std=fed3.std, hidden=16)
+  return fed3, model
+
+
+# --------------------------------------------------------------------------
+# ClientContext.epoch, filled by local_update.
 
 
 def test_local_update_gives_the_loss_the_epoch_of_each_step():
@@ -27,3 +46,54 @@ def test_local_update_gives_the_loss_the_epoch_of_each_step():
                       jnp.int32(5), jax.random.key(0), None, batch_size=2,
                       epochs=2)
   assert float(w["w"]) == -6
+
+
+# --------------------------------------------------------------------------
+# The networks.
+
+
+def test_networks_shapes_initialization_and_outputs(setup):
+  fed, model = setup
+  nets = FedADGNets(model, **SIZES)
+  f, c = 16, fed.num_classes
+  assert nets.feature_width == f and nets.noise_dim == f  # 0 -> F
+  params = nets.init(jax.random.key(0))
+  shapes = jax.tree.map(lambda a: a.shape, {k: params[k] for k in ("gen",
+                                                                   "disc")})
+  assert shapes == {
+      "gen": {"fc1": {"kernel": (f + c, 12), "bias": (12,)},
+              "fc2": {"kernel": (12, f), "bias": (f,)}},
+      "disc": {"proj": {"kernel": (f + c, 10)},
+               "fc1": {"kernel": (10, 9), "bias": (9,)},
+               "fc2": {"kernel": (9, 1), "bias": (1,)}}}
+  np.testing.assert_allclose(np.linalg.norm(params["disc"]["proj"]["kernel"]),
+                             1.0, rtol=1e-5)
+  # xavier_uniform(gain 0.5) on the generator's kernels.
+  k = np.asarray(params["gen"]["fc1"]["kernel"])
+  bound = 0.5 * np.sqrt(6.0 / sum(k.shape))
+  assert np.abs(k).max() <= bound and np.abs(k).max() > 0.8 * bound
+
+  y = jnp.arange(6) % c
+  other = (y + 1) % c  # both networks must read the label
+  linear_nets = FedADGNets(model, gen_relu=False, **SIZES)
+
+  @jax.jit
+  def outputs(p):
+    u = nets.noise(jax.random.key(1), 6)
+    r = nets.generate(p["gen"], u, y)
+    return dict(u=u, r=r, linear=linear_nets.generate(p["gen"], u, y),
+                r_other=nets.generate(p["gen"], u, other),
+                d=nets.discriminate(p["disc"], r, y),
+                d_other=nets.discriminate(p["disc"], r, other))
+
+  o = jax.tree.map(np.asarray, outputs(params))
+  assert o["u"].shape == (6, f) and o["u"].min() >= 0 and o["u"].max() < 1
+  assert o["r"].shape == (6, f) and o["r"].min() >= 0
+  np.testing.assert_allclose(o["r"], np.maximum(o["linear"], 0.0), rtol=1e-6)
+  assert o["linear"].min() < 0
+  assert o["d"].shape == (6,) and np.all((o["d"] > 0) & (o["d"] < 1))
+  assert not np.allclose(o["r_other"], o["r"])
+  assert not np.allclose(o["d_other"], o["d"])
+  small = FedADGNets(model, noise_dim=5, **SIZES)
+  assert jax.eval_shape(small.init, jax.random.key(0))["gen"]["fc1"][
+      "kernel"].shape == (5 + c, 12)
