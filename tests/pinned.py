@@ -46,7 +46,7 @@ def config():
   # 6 rounds of ~6 local steps need larger steps than the papers'.
   c.client.lr = 1e-2
   for name in ("fedprox", "fedgma", "fedsr", "pfedhn", "fedccrl", "fediir",
-               "elcfs"):
+               "elcfs", "fedadg"):
     c[name].client.lr = 1e-2
   c.hfedf.ema_warmup = 2          # the EMA acts from round 3
   c.hfedf.server_lr = 1e-2
