@@ -46,7 +46,7 @@ def config():
   # 6 rounds of ~6 local steps need larger steps than the papers'.
   c.client.lr = 1e-2
   for name in ("fedprox", "fedgma", "fedsr", "pfedhn", "fedccrl", "fediir",
-               "elcfs", "ccst"):
+               "elcfs", "ccst", "fedadg"):
     c[name].client.lr = 1e-2
   c.ccst.depth = 1                # AdaIN up to relu1_1 on 8x8 images
   c.ccst.client.optimizer = "adam"  # its code's plain SGD barely moves here

@@ -37,6 +37,8 @@ class ClientContext(NamedTuple):
   extra: PyTree = None   # its row of `Algorithm.client_ctx`
   shared: PyTree = None  # `Algorithm.client_shared(server)`: one copy for the cohort
   frozen: PyTree = None  # the shared-frozen parameters
+  epoch: Any = 0         # the local epoch of the current step (0-based; filled
+                         # by `local_update`, 0 elsewhere, e.g. in `client_aux`)
 
 
 class ClientData(NamedTuple):
@@ -123,6 +125,9 @@ def local_update(loss_fn: LossFn, optimizer: optax.GradientTransformation,
   fresh permutations. The optimizer state starts fresh every call (every round),
   as in the papers' reference code. `x`: uint8 [n_max, ...], `y`: [n_max], `n`:
   scalar count. `rounds`: the run's rounds, for a `RunProgress` optimizer.
+  A `ClientContext` reaches the loss with `epoch` set to the step's pass over
+  the client's data: `s // ceil(n / B)`, at most the last pass (with `steps >
+  0` too, where a pass is `ceil(n / B)` steps).
   """
   n_max = x.shape[0]
   scheduled = isinstance(optimizer, RunProgress)
@@ -151,10 +156,15 @@ def local_update(loss_fn: LossFn, optimizer: optax.GradientTransformation,
     batch = Batch(jnp.take(x, idx, axis=0), jnp.take(y, idx, axis=0),
                   valid.astype(jnp.float32))
     rng = jax.random.fold_in(step_key, s)
-    loss, grads = grad_fn(p, batch, rng, ctx)
+    step_ctx = ctx
+    if isinstance(ctx, ClientContext):
+      per_pass = jnp.maximum((n + batch_size - 1) // batch_size, 1)
+      step_ctx = ctx._replace(epoch=jnp.minimum(s // per_pass,
+                                                perms.shape[0] - 1))
+    loss, grads = grad_fn(p, batch, rng, step_ctx)
     kw = {}
     if extra_args:
-      kw["grad_fn"] = lambda q, _: jax.grad(loss_fn)(q, batch, rng, ctx)
+      kw["grad_fn"] = lambda q, _: jax.grad(loss_fn)(q, batch, rng, step_ctx)
     if scheduled:
       # With fixed steps a round counts as one epoch.
       e = 1 if fixed_steps else epochs
