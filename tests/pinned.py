@@ -48,6 +48,7 @@ def config():
   for name in ("fedprox", "fedgma", "fedsr", "pfedhn", "fedccrl", "fediir",
                "elcfs"):
     c[name].client.lr = 1e-2
+  c.scaffold.client.lr = 0.1      # its plain SGD: near chance at 1e-2 here
   c.hfedf.ema_warmup = 2          # the EMA acts from round 3
   c.hfedf.server_lr = 1e-2
   c.pfedhn.server_lr = 0.1
@@ -113,6 +114,7 @@ VARIANTS = {
     "hypergenfl@mse": ("hypergenfl", {"hypergenfl.server_loss": "mse"}),
     "moon@global": ("moon", {"moon.prev_init": "global"}),
     "fedbe@dirichlet": ("fedbe", {"fedbe.sampler": "dirichlet"}),
+    "scaffold@option1": ("scaffold", {"scaffold.variant": "I"}),
 }
 
 
