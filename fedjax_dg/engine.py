@@ -50,7 +50,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from fedjax_dg import evaluate, tree
 from fedjax_dg.algorithms.base import (Algorithm, ClientContext, ClientData,
                                       ClientResult, with_frozen)
-from fedjax_dg.client.update import local_update
+from fedjax_dg.client.update import local_steps, local_update
 from fedjax_dg.errors import ConfigError, DataError, NonFiniteError
 
 PyTree = Any
@@ -289,7 +289,8 @@ def make_round(alg: Algorithm, cfg: EngineConfig, num_clients: int,
                                  rounds=cfg.rounds)
     aux = None
     if alg.client_aux is not None:
-      aux = alg.client_aux(ctx, trained, ClientData(x, y, n),
+      taken = local_steps(n, cfg.batch_size, cfg.epochs, steps)
+      aux = alg.client_aux(ctx, trained, ClientData(x, y, n, taken),
                            jax.random.fold_in(key, AUX_STREAM))
     return trained, loss, aux
 
@@ -311,7 +312,8 @@ def make_round(alg: Algorithm, cfg: EngineConfig, num_clients: int,
     keys = jax.vmap(jax.random.fold_in, (None, 0))(client_key, ids)
     trained, losses, aux = mapper(train_one)(shared, start, data.x, data.y,
                                              data.n, keys, ids, rows, extra)
-    new_rows = alg.client_end(rows, trained)
+    new_rows = (alg.client_end(rows, trained, aux) if alg.client_end_takes_aux
+                else alg.client_end(rows, trained))
     clients = tree.put(clients, ids, new_rows) if m < num_clients else new_rows
     result = ClientResult(ids=ids, round=r, start=start, params=trained,
                           num_examples=data.n, loss=losses, aux=aux,

@@ -50,6 +50,7 @@ def config():
     c[name].client.lr = 1e-2
   c.ccst.depth = 1                # AdaIN up to relu1_1 on 8x8 images
   c.ccst.client.optimizer = "adam"  # its code's plain SGD barely moves here
+  c.scaffold.client.lr = 0.1      # its plain SGD: near chance at 1e-2 here
   c.hfedf.ema_warmup = 2          # the EMA acts from round 3
   c.hfedf.server_lr = 1e-2
   c.pfedhn.server_lr = 0.1
@@ -115,6 +116,7 @@ VARIANTS = {
     "hypergenfl@mse": ("hypergenfl", {"hypergenfl.server_loss": "mse"}),
     "moon@global": ("moon", {"moon.prev_init": "global"}),
     "fedbe@dirichlet": ("fedbe", {"fedbe.sampler": "dirichlet"}),
+    "scaffold@option1": ("scaffold", {"scaffold.variant": "I"}),
 }
 
 

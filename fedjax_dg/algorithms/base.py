@@ -12,7 +12,7 @@ A round, as the engine runs it (`engine.make_round`; m = the cohort size):
       trained_i, loss_i = local training of `loss(params, batch, rng, ctx)`
                           with `optimizer`, from start[i]
       aux_i             = client_aux(ctx, trained_i, ClientData_i, key_i)
-    client_state[ids] = client_end(rows, trained)
+    client_state[ids] = client_end(rows, trained)    (+ aux: client_end_takes_aux)
     server, metrics   = server_update(server, ClientResult(...), key)
 
 Three kinds of parameters, held where they belong:
@@ -103,7 +103,11 @@ class Algorithm:
   client_aux(ctx, trained, ClientData, key) -> pytree: a client-side statistic
       sent to the server with the trained parameters (`ClientResult.aux`);
       None: no statistic. Fixed shapes (it is stacked over the cohort).
-  client_end(client_state_rows, trained) -> new client_state rows.
+      `ClientData.steps` is the number of local steps the client took.
+  client_end(client_state_rows, trained) -> new client_state rows; with
+      `client_end_takes_aux`, client_end(client_state_rows, trained, aux) also
+      gets the cohort's `client_aux` outputs [m, ...] (a statistic the client
+      keeps: SCAFFOLD's control variate update).
   frozen(key) -> shared-frozen parameters (module docstring), or None.
   pooled: train one "client" on the union of the clients' data (Central).
   local_steps: > 0 overrides the engine's epochs with a fixed number of local
@@ -132,6 +136,7 @@ class Algorithm:
   local_steps: int = 0
   extras: Callable[[PyTree, PyTree], dict] = _no_extras
   uses_rounds: bool = False
+  client_end_takes_aux: bool = False
 
   @property
   def needs_rounds(self) -> bool:

@@ -42,10 +42,12 @@ class ClientContext(NamedTuple):
 
 
 class ClientData(NamedTuple):
-  """One client's padded training arrays."""
+  """One client's padded training arrays (and, from the engine, the local steps
+  it took this round: `local_steps`)."""
   x: jax.Array  # uint8 [n_max, H, W, ch]
   y: jax.Array  # int32 [n_max]
   n: jax.Array  # scalar: real examples (rows 0..n-1; the rest is padding)
+  steps: jax.Array | None = None  # scalar: its local steps this round
 
 
 class RunProgress(optax.GradientTransformationExtraArgs):
@@ -63,6 +65,16 @@ LossFn = Callable[[PyTree, Batch, jax.Array, ClientContext], jax.Array]
 def num_steps(n_max: int, batch_size: int, epochs: int) -> int:
   """The static number of scanned local steps for padded size `n_max`."""
   return epochs * math.ceil(n_max / batch_size)
+
+
+def local_steps(n: jax.Array, batch_size: int, epochs: int,
+                steps: int = 0) -> jax.Array:
+  """The local steps a client with `n` real examples takes (int32 scalar):
+  `steps` when fixed (> 0), else `epochs * ceil(n / batch_size)`; 0 when it has
+  no examples (`local_update` then leaves its parameters unchanged)."""
+  n = jnp.asarray(n)
+  taken = steps if steps > 0 else epochs * ((n + batch_size - 1) // batch_size)
+  return jnp.where(n > 0, taken, 0).astype(jnp.int32)
 
 
 def epoch_permutations(key: jax.Array, n: jax.Array, n_max: int,
@@ -136,13 +148,12 @@ def local_update(loss_fn: LossFn, optimizer: optax.GradientTransformation,
                      "local_update(..., rounds=R)")
   fixed_steps = steps > 0
   perm_key, step_key = jax.random.split(key)
+  steps_taken = jnp.maximum(local_steps(n, batch_size, epochs, steps), 1)
   if steps > 0:  # at most one epoch per step: `steps` permutations suffice
     perms = epoch_permutations(perm_key, n, n_max, steps)
-    steps_taken = jnp.where(n > 0, steps, 1)
   else:
     steps = num_steps(n_max, batch_size, epochs)
     perms = epoch_permutations(perm_key, n, n_max, epochs)
-    steps_taken = epochs * jnp.maximum((n + batch_size - 1) // batch_size, 1)
   grad_fn = jax.value_and_grad(loss_fn)
   # An optimizer taking extra arguments gets `grad_fn(params, i)`, the gradient of
   # the step's own loss (same batch, key and ctx) at other parameters: SAM's

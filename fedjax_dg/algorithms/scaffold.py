@@ -1,0 +1,185 @@
+"""SCAFFOLD (Karimireddy et al., ICML 2020): FedAvg with control variates that
+correct the clients' drift.
+
+Algorithm 1 (server model x, server control c, client controls c_i, local
+lr eta_l, global lr eta_g, K local steps, cohort S of N clients):
+
+    client i in S:  y_i <- x
+                    K times: y_i <- y_i - eta_l (g_i(y_i) - c_i + c)
+                    c_i+ <- g_i(x)                                 (option I)
+                         or c_i - c + (x - y_i) / (K eta_l)         (option II)
+                    send (y_i - x, c_i+ - c_i);  c_i <- c_i+
+    server:         x <- x + eta_g * mean_S (y_i - x)
+                    c <- c + |S| / N * mean_S (c_i+ - c_i)
+
+Here: x and c are the server state (`ScaffoldState`); each c_i is a row of the
+per-client state ([N, ...], zeros at init as c), gathered for the cohort and
+given to its objective as `ctx.state` (c as `ctx.shared`). The correction
+enters the local objective as <c - c_i, w - stop_gradient(w)>: its value is 0
+(the reported loss is the plain one) and its gradient is exactly c - c_i, so
+the client optimizer sees g_i(y) + c - c_i and plain SGD (`CLIENT`) takes
+Algorithm 1's step. `client_aux` measures c_i+ - c_i after the local steps (K
+= the client's own step count, `ClientData.steps`; option I is a full pass
+over its n examples at x, `grad_chunk` at a time), `client_end` adds it to the
+client's row, the server adds |S|/N times its cohort mean to c. c stays the
+mean of all N c_i (tested).
+
+eta_l in option II is the client optimizer's step size, measured once from
+its first step (`step_size`): the learning rate for SGD. With momentum or
+Adam the local step is no longer eta_l times the corrected gradient and
+option II's (x - y_i) / (K eta_l) only approximates the mean gradient (as in
+NIID-Bench's and FL-bench's code, which divide by the nominal lr too);
+option I does not depend on the optimizer.
+
+Sign: the server *adds* the mean of y_i - x (the clients' steps), scaled by
+eta_g = `server_lr`; eta_g = 1 is FedAvg's unweighted mean of the y_i.
+
+The means over the cohort are unweighted as in the paper (and FL-bench's
+code); `weighting="examples"` weights the model update by the clients' example
+counts as NIID-Bench's code (and this library's FedAvg) do. The c update stays
+|S|/N times the unweighted mean (both codes), so c remains the mean of the c_i.
+docs/faithfulness.md, "SCAFFOLD".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjax_dg import tree
+from fedjax_dg.algorithms.base import Algorithm, ClientResult
+from fedjax_dg.algorithms.fedavg import fedavg
+from fedjax_dg.client.update import Batch, RunProgress
+from fedjax_dg.errors import ConfigError
+
+DISPLAY_NAME = "SCAFFOLD"
+# Algorithm 1's clients: plain SGD. lr 1e-2: NIID-Bench's default (the paper
+# tunes it per experiment).
+CLIENT = dict(optimizer="sgd", lr=1e-2, momentum=0.0, weight_decay=0.0)
+OPTIONS = ("I", "II")
+WEIGHTINGS = ("uniform", "examples")
+
+
+class ScaffoldState(NamedTuple):
+  params: dict   # x, the server model
+  control: dict  # c, the server control variate (shaped like params)
+
+
+def corrected(loss):
+  """The local objective `loss` plus <c - c_i, w - stop_gradient(w)>: the same
+  value, the gradient plus c - c_i (c = `ctx.shared`, c_i = `ctx.state`)."""
+
+  def objective(params, batch: Batch, rng, ctx):
+    shift = jax.lax.stop_gradient(optax.tree.sub(ctx.shared, ctx.state))
+    zero = optax.tree.sub(params, jax.lax.stop_gradient(params))
+    return loss(params, batch, rng, ctx) + optax.tree.vdot(shift, zero)
+
+  return objective
+
+
+def full_gradient(loss, params, x, y, n, key, ctx, chunk: int):
+  """g_i(params): the gradient of the mean of `loss` over a client's `n` real
+  examples (x: [n_max, ...]), `chunk` examples at a time. `loss` is a masked
+  mean over its batch, so each chunk's gradient is weighted by its count."""
+  n_max = x.shape[0]
+  pad = -n_max % chunk
+  x = jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1))
+  y = jnp.pad(y, (0, pad))
+  mask = (jnp.arange(n_max + pad) < n).astype(jnp.float32)
+  split = lambda a: a.reshape((-1, chunk) + a.shape[1:])
+  grad = jax.grad(loss)
+
+  def step(total, piece):
+    i, xc, yc, mc = piece
+    g = grad(params, Batch(xc, yc, mc), jax.random.fold_in(key, i), ctx)
+    return optax.tree.add(total, optax.tree.scale(jnp.sum(mc), g)), None
+
+  pieces = (jnp.arange((n_max + pad) // chunk), split(x), split(y),
+            split(mask))
+  total, _ = jax.lax.scan(step, optax.tree.zeros_like(params), pieces)
+  return optax.tree.scale(1.0 / jnp.maximum(n, 1), total)
+
+
+def step_size(optimizer: optax.GradientTransformation) -> float:
+  """eta_l as the optimizer's first step on a unit gradient at parameters 0:
+  the learning rate for SGD (neither momentum nor PyTorch-style weight decay
+  acts on that step), lr / (1 + 1e-8) for Adam."""
+  with jax.ensure_compile_time_eval():
+    zero = jnp.zeros(())
+    extra = {"progress": 0.0} if isinstance(optimizer, RunProgress) else {}
+    update, _ = optimizer.update(jnp.ones(()), optimizer.init(zero), zero,
+                                 **extra)
+    return float(-update)
+
+
+def scaffold(model, optimizer, loss, *, num_clients: int, variant: str = "II",
+             server_lr: float = 1.0, weighting: str = "uniform",
+             grad_chunk: int = 64, name: str = "scaffold") -> Algorithm:
+  """SCAFFOLD of `model` with local objective `loss` (module docstring)."""
+  if variant not in OPTIONS:
+    raise ConfigError(f"scaffold.variant={variant!r}: allowed {OPTIONS}"
+                      " (Algorithm 1's options: I = c_i+ is the gradient at x, "
+                      "II = from the local steps)")
+  if not server_lr > 0:
+    raise ConfigError(f"scaffold.server_lr={server_lr!r}: must be > 0 (eta_g; "
+                      "1 = the mean of the clients' models)")
+  if weighting not in WEIGHTINGS:
+    raise ConfigError(f"scaffold.weighting={weighting!r}: allowed {WEIGHTINGS}")
+  if grad_chunk < 1:
+    raise ConfigError(f"scaffold.grad_chunk={grad_chunk!r}: must be >= 1")
+  eta_l = step_size(optimizer) if variant == "II" else 1.0
+  if not eta_l > 0:
+    raise ConfigError(f"scaffold.variant='II' needs a client optimizer whose "
+                      f"first step descends (measured step size {eta_l})")
+  base = fedavg(model, optimizer, corrected(loss), name=name)
+
+  def init(key):
+    params = model.init(key)
+    zeros = optax.tree.zeros_like(params)
+    return ScaffoldState(params, zeros), tree.broadcast(zeros, num_clients)
+
+  def client_aux(ctx, trained, data_i, key):
+    """c_i+ - c_i (0 for a client without examples: it took no step)."""
+    x, c, c_i = ctx.start, ctx.shared, ctx.state
+    if variant == "I":
+      c_plus = full_gradient(loss, x, data_i.x, data_i.y, data_i.n, key, ctx,
+                             grad_chunk)
+    else:
+      k = jnp.maximum(data_i.steps, 1).astype(jnp.float32)
+      drift = optax.tree.scale(1.0 / (k * eta_l), optax.tree.sub(x, trained))
+      c_plus = optax.tree.add(optax.tree.sub(c_i, c), drift)
+    delta = optax.tree.sub(c_plus, c_i)
+    return optax.tree.where(data_i.steps > 0, delta,
+                            optax.tree.zeros_like(delta))
+
+  def client_end(rows, trained, delta):
+    del trained
+    return optax.tree.add(rows, delta)
+
+  def server_update(server, result: ClientResult, key):
+    del key
+    m = result.ids.shape[0]
+    weights = (result.num_examples.astype(jnp.float32)
+               if weighting == "examples" else jnp.ones((m,), jnp.float32))
+    weights = weights / jnp.maximum(jnp.sum(weights), 1e-12)
+    step = tree.weighted_sum(optax.tree.sub(result.params, result.start),
+                             weights)
+    params = optax.tree.add(server.params, optax.tree.scale(server_lr, step))
+    # c + |S|/N * mean_S(delta) = c + sum_S(delta) / N.
+    control = optax.tree.add(
+        server.control, tree.weighted_sum(result.aux,
+                                          jnp.full((m,), 1.0 / num_clients)))
+    return ScaffoldState(params, control), dict(
+        scaffold_control_norm=optax.tree.norm(control))
+
+  return dataclasses.replace(
+      base, init=init, server_update=server_update,
+      client_shared=lambda server: server.control,
+      client_aux=client_aux, client_end=client_end, client_end_takes_aux=True)
+
+
+build = scaffold
