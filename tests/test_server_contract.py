@@ -25,7 +25,7 @@ from fedjax_dg.data import federated, partition
 from fedjax_dg.algorithms import fedbe, feddf, fedlaw
 from fedjax_dg.models.hypergenfl import AttentionScores, init_attention_scores
 from fedjax_dg.models.hypernetwork import hypernetwork_module, init_hypernetwork
-from fedjax_dg.server import distill, gma
+from fedjax_dg.server import distill, ga, gma
 from fedjax_dg.server import hypergenfl as hg
 from fedjax_dg.server.hypernetwork import HyperParams
 
@@ -50,7 +50,10 @@ def setup():
 
 def _extras(params):
   return dict(weights=jnp.array([3.0, 1.0, 2.0]), ids=jnp.array([4, 0, 2]),
-              key=jax.random.key(3), start=params, unused=jnp.ones(()))
+              key=jax.random.key(3), start=params, unused=jnp.ones(()),
+              # GA's per-client metrics and the run's progress r / R.
+              after=jnp.array([0.9, 0.5, 0.7]), before=jnp.array([0.2, 0.3, 0.1]),
+              progress=jnp.float32(0.25))
 
 
 def _hypernetwork(model):
@@ -80,6 +83,7 @@ def transforms(fed, model, params, trained):
   out = {
       "weighted_mean": (server.weighted_mean(), trained, params, params),
       "gma": (gma.gradient_masked_averaging(0.5, 1.0), trained, params, params),
+      "ga": (ga.ga_aggregation(N), trained, params, params),
       "ema": (server.ema(0.9, 1), params, None, params),
       "hypernetwork_step": (server.hypernetwork_step(h, optax.adam(1e-2)),
                             deltas, hp, hp),
@@ -106,7 +110,7 @@ def transforms(fed, model, params, trained):
   return out
 
 
-NAMES = ["weighted_mean", "gma", "ema", "hypernetwork_step",
+NAMES = ["weighted_mean", "gma", "ga", "ema", "hypernetwork_step",
          "hypernetwork_step_tensor", "hypergenfl_step", "feddf", "fedbe",
          "fedlaw", "chain(weighted_mean, ema)"]
 
