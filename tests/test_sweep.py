@@ -366,3 +366,23 @@ def test_experiment_docstring_commands_are_valid_and_match_sweep(path):
     p = sweep.plan(path, sets, sweep.parse_grid(grid), sweep.parse_seeds(seeds))
     # The documented grid and seeds are the file's defaults.
     assert [c.name for c in p.cells] == [c.name for c in default.cells]
+
+
+FEDCCRL = sorted(glob.glob(os.path.join(EXPERIMENTS, "fedccrl_*.py")))
+
+
+@pytest.mark.parametrize("path", FEDCCRL, ids=os.path.basename)
+def test_fedccrl_experiments_plan_and_validate_before_any_data(path):
+  """Every cell of FedCCRL's table / figure files is a valid run config (its
+  algorithms exist, its grid keys are real settings) and the documented
+  commands plan the file's own grid."""
+  from fedjax_dg import algorithms
+  p = sweep.plan(path)
+  assert p.cells and len({c.name for c in p.cells}) == len(p.cells)
+  assert sweep.check(p, data=False) == [1] * len(p.cells)  # every cell validates
+  assert set(p.base.algorithms) <= set(algorithms.available())
+  assert p.base.train.rounds == 10 and p.base.train.epochs == 3
+  assert p.base.model.name == "mobilenet_v3_large"
+  doc = open(path).read().split('"""')[1]
+  for args in _commands(doc):
+    assert args[:2] == ["--config", f"experiments/{os.path.basename(path)}"]

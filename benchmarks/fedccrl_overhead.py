@@ -1,0 +1,134 @@
+"""What a FedCCRL round costs over a FedAvg round on the same clients (not a test).
+
+FedCCRL's local step trains on three views of each batch (the original, and
+two CCDT + AugMix views, Eq. 15) and adds SupCon and JS terms; its clients
+also compute style statistics for the pool (`client_aux`). The paper calls the
+module's overhead negligible. This measures, side by side in one process, one
+round of each variant on the same federation (same model, clients, batch and
+epochs), timed round-robin so machine noise hits every variant alike:
+
+  fedavg           plain cross-entropy, one view
+  fedccrl          the full method (CCDT, per-image AugMix, L_RA, L_JS)
+  fedccrl-noaug    ccdt=False, difp=False: the three views are the original
+                   batch (the cost of three passes and the losses alone)
+  fedccrl-noaugmix difp=False: CCDT only (no AugMix)
+  fedccrl-nojs-ra  lambda1=lambda2=0: augmentations, plain CE on 3 views
+
+and prints the median round time of each and its ratio to FedAvg's. The
+difference fedccrl - fedccrl-noaug is what the augmentations cost;
+fedccrl-noaug / fedavg is what the three views cost.
+
+    .venv/bin/python benchmarks/fedccrl_overhead.py                 # small CNN, 32 px
+    .venv/bin/python benchmarks/fedccrl_overhead.py --model mobilenet_v3_large \
+        --size 64 --per-client 64 --reps 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+VARIANTS = {
+    "fedavg": ("fedavg", {}),
+    "fedccrl": ("fedccrl", {}),
+    "fedccrl-noaug": ("fedccrl", dict(ccdt=False, difp=False)),
+    "fedccrl-noaugmix": ("fedccrl", dict(difp=False)),
+    "fedccrl-nojs-ra": ("fedccrl", dict(lambda1=0.0, lambda2=0.0)),
+}
+
+
+def federation(clients: int, per_client: int, size: int, classes: int = 7):
+  """Random RGB images, one domain per client plus a held-out one."""
+  from fedjax_dg.data import federated, partition
+  from fedjax_dg.data.sources import DomainDataset
+  rng = np.random.default_rng(0)
+  n = (clients + 1) * per_client
+  ds = DomainDataset(
+      name="bench", images=rng.integers(0, 256, (n, size, size, 3), np.uint8),
+      labels=rng.integers(0, classes, n).astype(np.int32),
+      domains=np.repeat(np.arange(clients + 1), per_client).astype(np.int32),
+      domain_names=tuple(f"d{i}" for i in range(clients + 1)),
+      class_names=tuple(f"c{i}" for i in range(classes)))
+  spec = partition.PartitionSpec(name="domain_split", num_partitions=clients,
+                                 d=1, seed=0)
+  return federated.build(ds, spec, target_domain=0, val_fraction=0.0)
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--model", default="small_cnn")
+  p.add_argument("--size", type=int, default=32)
+  p.add_argument("--clients", type=int, default=4)
+  p.add_argument("--per-client", type=int, default=256)
+  p.add_argument("--batch", type=int, default=32)
+  p.add_argument("--reps", type=int, default=5)
+  p.add_argument("--variants", nargs="+", default=list(VARIANTS),
+                 choices=list(VARIANTS))
+  args = p.parse_args(argv)
+
+  from fedjax_dg import algorithms, engine, models
+  from fedjax_dg.optim import make_optimizer
+  fed = federation(args.clients, args.per_client, args.size)
+  model = models.get_model(args.model, input_shape=fed.image_shape,
+                           num_classes=fed.num_classes, mean=fed.mean,
+                           std=fed.std)
+  rounds = 1000  # the cosine's horizon; only a few rounds run
+  cfg = engine.EngineConfig(rounds=rounds, eval_every=1, epochs=1,
+                            batch_size=args.batch, client_mapping="map",
+                            progress=False)
+  root = jax.random.key(0)
+  runners = {}
+  for name in args.variants:
+    alg_name, hp = VARIANTS[name]
+    alg = algorithms.create(alg_name, model, optimizer=make_optimizer("adam", 1e-3),
+                            hparams=hp, num_clients=fed.num_clients, data=fed)
+    progs = engine.programs(alg, model, cfg, fed.num_clients)
+    train = progs.layout.put_clients(fed.train)
+    carry = progs.init(jax.random.fold_in(root, 2**31 - 1))
+    state = {"carry": carry, "r": 0}
+
+    def one_round(progs=progs, train=train, state=state):
+      carry, metrics = progs.chunk(state["carry"], jnp.int32(state["r"]), train,
+                                   root, None, 1)
+      jax.block_until_ready((carry, metrics))
+      state["carry"], state["r"] = carry, state["r"] + 1
+
+    t0 = time.perf_counter()
+    one_round()  # compile + first round
+    print(f"{name}: compiled and ran one round in {time.perf_counter() - t0:.1f} s",
+          flush=True)
+    runners[name] = one_round
+
+  times = {name: [] for name in runners}
+  order = list(runners)
+  for rep in range(args.reps):
+    for name in order[rep % len(order):] + order[:rep % len(order)]:
+      t0 = time.perf_counter()
+      runners[name]()
+      times[name].append(time.perf_counter() - t0)
+
+  base = statistics.median(times["fedavg"]) if "fedavg" in times else None
+  steps = args.per_client // args.batch + bool(args.per_client % args.batch)
+  print(f"\n{args.model} {args.size}x{args.size}x3, {args.clients} clients x "
+        f"{args.per_client} examples, batch {args.batch}, 1 epoch ({steps} "
+        f"steps per client), medians of {args.reps} rounds, "
+        f"{platform.processor() or platform.machine()}, jax {jax.__version__}")
+  print(f"{'variant':18s} {'median s':>9s} {'x fedavg':>9s}")
+  out = {}
+  for name, ts in times.items():
+    med = statistics.median(ts)
+    ratio = med / base if base else float("nan")
+    out[name] = dict(median_s=med, ratio=ratio, times=ts)
+    print(f"{name:18s} {med:9.3f} {ratio:9.2f}")
+  print("@@json " + json.dumps(dict(args=vars(args), results=out)))
+
+
+if __name__ == "__main__":
+  main()
