@@ -466,6 +466,7 @@ def run(alg: Algorithm, data, model, cfg: EngineConfig, *,
     cfg = dataclasses.replace(cfg, cohort_size=0)
   num_clients = int(np.asarray(train.n).shape[0])
   cfg.validate(num_clients)
+  model = alg.model or model
   root_key = jax.random.key(cfg.seed)
   progs = _programs(alg, model, _program_key(cfg, alg), num_clients)
   run_chunk, eval_step = progs.chunk, progs.eval
@@ -580,7 +581,8 @@ def programs(alg: Algorithm, model, cfg: EngineConfig,
              num_clients: int) -> Programs:
   """The jitted programs `run` uses for `alg` (for benchmarks and tools that drive
   the chunks themselves); place training data with `layout.put_clients`."""
-  return _programs(alg, model, _program_key(cfg, alg), num_clients)
+  return _programs(alg, alg.model or model, _program_key(cfg, alg),
+                   num_clients)
 
 
 @functools.lru_cache(maxsize=32)
@@ -607,7 +609,9 @@ def _programs(alg: Algorithm, model, cfg: EngineConfig,
   # even where init aliases (EMA copy = params): the chunk donates its carry.
   init = jax.jit(alg.init)
   # Held once, outside the carry; replicated over the mesh like the carry.
-  frozen = jax.jit(alg.frozen) if alg.frozen is not None else lambda key: None
+  # Not jitted here: a pretrained file read inside a trace would become a
+  # constant of the program (`Model.init` jits its own sampling).
+  frozen = alg.frozen if alg.frozen is not None else lambda key: None
   evaluate_ = _make_eval(alg, model, cfg.eval_batch_size)
   return Programs(
       layout=layout, init=lambda key: layout.put_carry(init(key)),

@@ -108,7 +108,10 @@ class Algorithm:
       `client_end_takes_aux`, client_end(client_state_rows, trained, aux) also
       gets the cohort's `client_aux` outputs [m, ...] (a statistic the client
       keeps: SCAFFOLD's control variate update).
-  frozen(key) -> shared-frozen parameters (module docstring), or None.
+  frozen(key) -> shared-frozen parameters (module docstring), or None; called
+      once per run, eagerly (it may read a pretrained file; jit inside).
+  model: the model its parameters are evaluated with where it is not the
+      run's (None: the run's), e.g. the run's ViT with FedSDAF's adapters.
   pooled: train one "client" on the union of the clients' data (Central).
   local_steps: > 0 overrides the engine's epochs with a fixed number of local
       steps for every client (pFedHN's inner steps).
@@ -137,6 +140,7 @@ class Algorithm:
   extras: Callable[[PyTree, PyTree], dict] = _no_extras
   uses_rounds: bool = False
   client_end_takes_aux: bool = False
+  model: Any = None
 
   @property
   def needs_rounds(self) -> bool:

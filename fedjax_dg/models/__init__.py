@@ -29,6 +29,7 @@ from fedjax_dg.models import cnn
 from fedjax_dg.models import layers
 from fedjax_dg.models import mobilenet
 from fedjax_dg.models import resnet
+from fedjax_dg.models import vit as vit_lib
 from fedjax_dg.models import weights as weights_lib
 from fedjax_dg.models.cnn import MLP, CifarCNN, InceptionCNN, NaiveInception, SmallCNN
 from fedjax_dg.models.mobilenet import MobileNetV3Large
@@ -95,8 +96,10 @@ class Model:
     return self._run(params, x, train, rng, normalized, "features")
 
   def head(self, params: Params, feats: jax.Array) -> jax.Array:
-    """Logits from `features` output (the last Linear layer, `fc2`)."""
-    return layers.Dense(self.num_classes).apply({"params": params["fc2"]}, feats)
+    """Logits from `features` output (the last Linear layer: `fc2`, a ViT's
+    `head`)."""
+    name = getattr(self.module, "HEAD", "fc2")
+    return layers.Dense(self.num_classes).apply({"params": params[name]}, feats)
 
 
 @functools.lru_cache(maxsize=64)
@@ -137,6 +140,13 @@ def _mobilenet_v3_large(num_classes, conv_impl, **kw):
   return MobileNetV3Large(num_classes=num_classes, conv_impl=conv_impl, **kw)
 
 
+def _vit(size):
+  def make(num_classes, conv_impl, input_hw, **kw):
+    del conv_impl  # patches are a matmul
+    return vit_lib.vit(num_classes, input_hw, size=size, **kw)
+  return make
+
+
 _REGISTRY = {
     "inception_cnn": _inception_cnn,
     "small_cnn": _small_cnn,
@@ -144,7 +154,10 @@ _REGISTRY = {
     "cifar_cnn": _cifar_cnn,    # HyperGenFL's CIFAR-10 simple CNN
     "resnet50": _resnet50,      # HyperGenFL's ResNet-50 (GroupNorm)
     "mobilenet_v3_large": _mobilenet_v3_large,   # FedCCRL's backbone
+    "vit_b16": _vit("b16"),     # FedSDAF's backbone (ViT-B/16)
+    "vit_tiny": _vit("ti16"),   # ViT-Ti/16: the same code, for tests / CPU
 }
+_VIT = ("vit_b16", "vit_tiny")
 # Models whose pretrained PyTorch weights `get_model(weights=...)` converts.
 PRETRAINED = ("mobilenet_v3_large",)
 
@@ -212,7 +225,13 @@ def get_model(name: str, *, input_shape, num_classes: int, mean=(0.5,),
       raise ConfigError(f"model.weights needs norm='affine' (BatchNorm folds "
                         f"into it), got norm={kwargs['norm']!r}")
   h, w, ch = (int(v) for v in input_shape)
-  if name != "mlp" and (h % 4 or w % 4):
+  if name in _VIT:
+    patch = int(kwargs.get("patch", 16))
+    if patch < 1 or h % patch or w % patch:
+      raise ConfigError(f"{name}: model.patch={patch} must divide the input "
+                        f"size {h}x{w}")
+    kwargs["input_hw"] = (h, w)
+  elif name != "mlp" and (h % 4 or w % 4):
     raise ConfigError(f"{name} needs H and W divisible by 4, got {input_shape}")
   if "init" in kwargs:  # Alias: `init=` is the modules' `weight_init`.
     kwargs["weight_init"] = kwargs.pop("init")
@@ -231,5 +250,6 @@ __all__ = [
     "MLP", "PRETRAINED", "CifarCNN", "HyperNetwork", "InceptionCNN",
     "MobileNetV3Large", "Model", "NaiveInception", "Params", "ResNet", "SmallCNN",
     "available", "check_weights", "cnn", "get_model", "hypernetwork_module", "init_hypernetwork",
-    "layers", "make_hypernetwork", "mobilenet", "resnet", "weights_lib",
+    "layers", "make_hypernetwork", "mobilenet", "resnet", "vit_lib",
+    "weights_lib",
 ]

@@ -1,0 +1,141 @@
+"""ViT (models/vit.py): the backbone against independent computations, the
+adapter paths (Eq. 3-4 of FedSDAF) against a plain re-computation."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedjax_dg import models
+from fedjax_dg.errors import ConfigError
+from fedjax_dg.models import vit
+
+SMALL = dict(patch=4, dim=32, depth=2, heads=4, mlp_dim=48, fusion_heads=4)
+
+
+def _model(adapters="kia", **kw):
+  return models.get_model("vit_tiny", input_shape=(8, 12, 3), num_classes=5,
+                          **{**SMALL, "adapters": adapters, **kw})
+
+
+def _x(n=3, seed=0):
+  return np.random.default_rng(seed).integers(0, 256, (n, 8, 12, 3), np.uint8)
+
+
+def _ln(x, p, eps=1e-6):
+  m = x.mean(-1, keepdims=True)
+  v = ((x - m) ** 2).mean(-1, keepdims=True)
+  return (x - m) / np.sqrt(v + eps) * p["scale"] + p["bias"]
+
+
+def _gelu(x):
+  return np.asarray(jax.nn.gelu(jnp.asarray(x), approximate=False))
+
+
+def _attn(x, p, queries=None):
+  q_in = x if queries is None else x[:, :queries]
+  q = np.einsum("btd,dhk->bthk", q_in, p["query"]["kernel"]) + p["query"]["bias"]
+  k = np.einsum("btd,dhk->bthk", x, p["key"]["kernel"]) + p["key"]["bias"]
+  v = np.einsum("btd,dhk->bthk", x, p["value"]["kernel"]) + p["value"]["bias"]
+  s = np.einsum("bqhk,bthk->bhqt", q, k) / np.sqrt(q.shape[-1])
+  w = np.exp(s - s.max(-1, keepdims=True))
+  w /= w.sum(-1, keepdims=True)
+  o = np.einsum("bhqt,bthk->bqhk", w, v)
+  return np.einsum("bqhk,hkd->bqd", o, p["out"]["kernel"]) + p["out"]["bias"]
+
+
+def _dense(x, p):
+  return x @ p["kernel"] + p["bias"]
+
+
+def _adapter(h, p):
+  return _dense(_gelu(_dense(h, p["down"])), p["up"])
+
+
+def _reference(params, x, path, adapters, fusion=True):
+  """The ViT written out in numpy (float64): patches by a strided conv."""
+  p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
+  bb = p["backbone"]
+  x = np.asarray(x, np.float64)
+  conv = jax.lax.conv_general_dilated(
+      jnp.asarray(x, jnp.float32), jnp.asarray(bb["embedding"]["kernel"],
+                                               jnp.float32),
+      (4, 4), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+  t = np.asarray(conv, np.float64).reshape(x.shape[0], -1, 32)
+  t = t + bb["embedding"]["bias"]
+  cls = np.broadcast_to(bb["cls"], (x.shape[0], 1, 32))
+  h = np.concatenate([cls, t], 1) + bb["pos_embedding"]
+  for i in range(2):
+    b = bb[f"block_{i}"]
+    h = h + _attn(_ln(h, b["ln1"]), b["attn"])
+    h = h + _dense(_gelu(_dense(_ln(h, b["ln2"]), b["fc1"])), b["fc2"])
+    blk = f"block_{i}"
+    if adapters == "di" or (adapters == "kia" and path == "di"):
+      h = h + _adapter(h, p["adi"][blk])
+    elif adapters == "kia":
+      a = _adapter(h, p["adw"][blk])
+      if fusion:
+        f = p["fuse"][blk]
+        a = _attn(_ln(np.concatenate([a, h], 1), f["norm"]), f["attn"],
+                  queries=a.shape[1])
+      h = h + 0.5 * a + 0.5 * _adapter(h, p["adi"][blk])
+  h = _ln(h, bb["encoder_norm"])[:, 0]
+  return _dense(h, p["head"])
+
+
+@pytest.mark.parametrize("adapters,path,fusion", [
+    ("none", "kia", True), ("di", "kia", True), ("kia", "kia", True),
+    ("kia", "di", True), ("kia", "kia", False)])
+def test_forward_matches_a_numpy_reimplementation(adapters, path, fusion):
+  m = _model(adapters, fusion=fusion)
+  params = m.init(jax.random.key(1))
+  # Every parameter moved off its initial value (zero class token and biases)
+  # so that every term shows.
+  leaves, treedef = jax.tree.flatten(params)
+  keys = jax.random.split(jax.random.key(2), len(leaves))
+  params = jax.tree.unflatten(treedef, [
+      a + 0.1 * jax.random.normal(k, a.shape) for a, k in zip(leaves, keys)])
+  x = _x()
+  got = m.module.apply({"params": params}, m.normalize(x), path=path)
+  want = _reference(params, np.asarray(m.normalize(x)), path, adapters, fusion)
+  np.testing.assert_allclose(np.asarray(got), want, rtol=2e-4, atol=2e-4)
+
+
+def test_parameter_entries_per_adapter_setting():
+  keys = lambda a, **kw: set(_model(a, **kw).init(jax.random.key(0)))
+  assert keys("none") == {"backbone", "head"}
+  assert keys("di") == {"backbone", "head", "adi"}
+  assert keys("kia") == {"backbone", "head", "adi", "adw", "fuse"}
+  assert keys("kia", fusion=False) == {"backbone", "head", "adi", "adw"}
+  p = _model("kia").init(jax.random.key(0))
+  assert p["adi"]["block_1"]["down"]["kernel"].shape == (32, 8)  # dim // 4
+  assert p["backbone"]["pos_embedding"].shape == (1, 1 + 2 * 3, 32)
+
+
+def test_b16_shapes_and_size():
+  m = models.get_model("vit_b16", input_shape=(224, 224, 3), num_classes=1000)
+  shapes = jax.eval_shape(m.init, jax.random.key(0))
+  n = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(shapes))
+  assert n == 86_567_656  # ViT-B/16, 1000 classes (timm / torchvision count)
+
+
+def test_head_and_features_compose():
+  m = _model("kia")
+  p = m.init(jax.random.key(0))
+  x = _x()
+  np.testing.assert_allclose(m.head(p, m.features(p, x)), m.apply(p, x),
+                             rtol=1e-5, atol=1e-5)
+
+
+def test_bad_settings_name_the_field():
+  with pytest.raises(ConfigError, match="model.patch=5"):
+    models.get_model("vit_tiny", input_shape=(8, 12, 3), num_classes=2,
+                     patch=5)
+  with pytest.raises(ConfigError, match="model.adapters"):
+    _model("both").init(jax.random.key(0))
+  with pytest.raises(ConfigError, match="fusion_heads=5"):
+    _model("kia", fusion_heads=5).init(jax.random.key(0))
+  with pytest.raises(ValueError, match="path"):
+    m = _model("kia")
+    m.module.apply({"params": m.init(jax.random.key(0))}, _x(), path="dw")
+  assert vit.SIZES["b16"] == (768, 12, 12, 3072)
