@@ -76,6 +76,12 @@ def validate(cfg: ConfigDict) -> None:
     raise ConfigError(f"unknown model model.name={cfg.model.name!r}; allowed: "
                      f"{models.available()}")
   models.check_weights(cfg.model.name, cfg.model.weights)
+  model_fields(cfg)
+  for a in algs:
+    runs_on = getattr(algorithms.spec(a).module, "MODELS", None)
+    if runs_on and cfg.model.name not in runs_on:
+      raise ConfigError(f"{a} runs on model.name one of {runs_on}, not "
+                        f"{cfg.model.name!r} (--set model.name={runs_on[-1]})")
   if cfg.data.normalization not in NORMALIZATIONS:
     raise ConfigError(f"data.normalization={cfg.data.normalization!r}: allowed "
                      f"{NORMALIZATIONS}")
@@ -104,11 +110,16 @@ def check_algorithms(cfg: ConfigDict) -> None:
   from fedjax_dg import models
   probe = models.get_model("mlp", input_shape=(4, 4, 1), num_classes=2,
                            hidden=2)
+  vit_probe = models.get_model("vit_tiny", input_shape=(4, 4, 1),
+                               num_classes=2, patch=2, dim=8, depth=1,
+                               heads=1, mlp_dim=8)
   n = cfg.data.num_clients or 4
   for name in cfg.algorithms:
     algorithms.client_optimizer(cfg, name)
+    runs_on = getattr(algorithms.spec(name).module, "MODELS", ())
     try:
-      algorithms.build(name, probe, n, cfg)
+      algorithms.build(name, vit_probe if "vit_tiny" in runs_on else probe, n,
+                       cfg)
     except NeedsDataError:
       pass
 
@@ -192,13 +203,28 @@ def normalization(cfg: ConfigDict, dataset, fed) -> tuple[tuple, tuple]:
   return channel_stats(dataset.images[None], np.array([len(dataset.images)]))
 
 
+def model_fields(cfg: ConfigDict) -> dict:
+  """The module fields the config sets (`model.vit.*`, ViTs only: a value
+  set for another model is an error, never ignored)."""
+  fields = {k: int(v) for k, v in dict(cfg.model.vit).items() if v}
+  bad = {k: v for k, v in fields.items() if v < 0}
+  if bad:
+    raise ConfigError(f"model.vit.{next(iter(bad))}={next(iter(bad.values()))}"
+                      ": must be >= 0 (0: the released size's own)")
+  if fields and not cfg.model.name.startswith("vit_"):
+    raise ConfigError(f"model.vit.{next(iter(fields))} is set but model.name="
+                      f"{cfg.model.name!r} is not a ViT: unset it or use "
+                      "vit_b16 / vit_tiny")
+  return fields
+
+
 def make_model(cfg: ConfigDict, fed, mean, std):
   from fedjax_dg import models
   return models.get_model(cfg.model.name, input_shape=fed.train.x.shape[2:],
                           num_classes=fed.num_classes, mean=mean, std=std,
                           conv_impl=cfg.model.conv_impl,
                           weights=cfg.model.weights,
-                          skip_head=cfg.model.skip_head)
+                          skip_head=cfg.model.skip_head, **model_fields(cfg))
 
 
 def check_resume(cfg: ConfigDict, run_dir: str, data: dict) -> None:

@@ -34,6 +34,22 @@ def synthetic_federation(num_clients=3, d=1, target=0, seed=0, **kw):
   return federated.build(ds, spec, target_domain=target, seed=seed)
 
 
+# A ViT small enough for 8x8 test images (2x2 patches of 4x4 pixels).
+TINY_VIT = dict(patch=4, dim=16, depth=2, heads=2, mlp_dim=32)
+
+
+def model_for(name, fed, vit=None, **mlp_fields):
+  """The test model of algorithm `name`: a tiny ViT (`vit`: its fields,
+  default `TINY_VIT`) for those that run on ViTs only (their module's
+  `MODELS`), else an MLP with `mlp_fields`."""
+  from fedjax_dg import algorithms, models
+  kw = dict(input_shape=fed.image_shape, num_classes=fed.num_classes,
+            mean=fed.mean, std=fed.std)
+  if getattr(algorithms.spec(name).module, "MODELS", None):
+    return models.get_model("vit_tiny", **kw, **(vit or TINY_VIT))
+  return models.get_model("mlp", **kw, **mlp_fields)
+
+
 @pytest.fixture(scope="session")
 def fed3():
   return synthetic_federation(num_clients=3)

@@ -19,8 +19,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from conftest import synthetic_domains
+from conftest import model_for, synthetic_domains
 from fedjax_dg import algorithms, config, engine, models
+from fedjax_dg.algorithms.base import with_frozen
 from fedjax_dg.data import federated, partition
 
 N, M = 4, 3
@@ -48,7 +49,8 @@ def _typed(state) -> bool:
 
 @pytest.mark.parametrize("name", algorithms.available())
 def test_algorithm_contract(setup, name):
-  fed, model, cfg = setup
+  fed, _, cfg = setup
+  model = model_for(name, fed, hidden=8)
   spec = algorithms.spec(name)
   assert spec.display_name and callable(spec.module.build)
   section = dict(config.base_config()[spec.section])
@@ -84,11 +86,16 @@ def test_algorithm_contract(setup, name):
   assert metrics["loss"].shape == () and metrics["cohort"].shape[0] in (M, 1)
 
   params = jax.eval_shape(alg.eval_params, *carry)
-  target = jax.eval_shape(model.init, jax.random.key(0))
+  # The evaluated model: the algorithm's own (FedSDAF's adapters) or the run's,
+  # its parameters = the shared-frozen entries + the evaluated ones (frozen
+  # networks of the objective only, CCST's AdaIN, are not the model's).
+  target = jax.eval_shape((alg.model or model).init, jax.random.key(0))
   if alg.personalized:
     chex.assert_tree_shape_prefix(params, (N,))
     params = jax.eval_shape(lambda p: jax.tree.map(lambda a: a[0], p), params)
-  chex.assert_trees_all_equal_shapes(params, target)
+  merged = with_frozen(frozen, params)
+  chex.assert_trees_all_equal_shapes({k: merged[k] for k in target if k in
+                                      merged}, target)
 
 
 def test_every_build_hyperparameter_has_a_default_and_no_context_clash():

@@ -239,6 +239,18 @@ class ViT(nn.Module):
       a = self.fuse(i, a, h)
     return h + 0.5 * a + 0.5 * self.adi(i, h)
 
+  def trainable(self, h: Array) -> Array:
+    """Touches the adapters and the head only: `init(..., h, method=
+    ViT.trainable)` samples them without the backbone (`h`: [B, T, dim])."""
+    for i in range(self.depth):
+      if self.adapters != "none":
+        self.adi(i, h)
+      if self.adapters == "kia":
+        a = self.adw(i, h)
+        if self.fusion:
+          self.fuse(i, a, h)
+    return self.head(h[:, 0])
+
   def features(self, x: Array, train: bool = False, path: str = "kia") -> Array:
     """The class token's representation [B, D] after the final norm."""
     del train  # No dropout: the released ViTs fine-tune without it.

@@ -1,0 +1,364 @@
+"""FedSDAF: the BKD objective's per-player gradients against separately written
+losses, the alternating (Gauss-Seidel) step against a hand-written two-step
+SGD, where each kind of parameter lives (frozen backbone held once, A_di and
+the head aggregated, A_dw per client), the ablation switches and the settings'
+errors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from conftest import TINY_VIT, synthetic_federation
+from fedjax_dg import algorithms, engine, experiment, models, tree
+from fedjax_dg.algorithms import fedsdaf
+from fedjax_dg.algorithms.base import ClientResult, with_frozen
+from fedjax_dg.client.update import Batch, ClientContext, local_update
+from fedjax_dg.config import base_config
+from fedjax_dg.errors import ConfigError
+
+N = 3
+
+
+@pytest.fixture(scope="module")
+def fed():
+  return synthetic_federation(num_clients=N)
+
+
+def _vit(fed):
+  return models.get_model("vit_tiny", input_shape=fed.image_shape,
+                          num_classes=fed.num_classes, mean=fed.mean,
+                          std=fed.std, **TINY_VIT)
+
+
+def _alg(fed, **hp):
+  return algorithms.create("fedsdaf", _vit(fed),
+                           optimizer=optax.sgd(0.1), hparams=hp,
+                           num_clients=N)
+
+
+def _setup(fed, **hp):
+  alg = _alg(fed, **hp)
+  key = jax.random.key(0)
+  server, clients = alg.init(key)
+  return alg, server, clients, alg.frozen(key)
+
+
+def _batch(fed, n=6):
+  x = np.asarray(fed.train.x[0, :n])
+  y = np.asarray(fed.train.y[0, :n])
+  mask = np.ones(n, np.float32)
+  mask[-1] = 0.0  # a padded row: takes no part
+  return Batch(jnp.asarray(x), jnp.asarray(y), jnp.asarray(mask))
+
+
+def _moved(params, seed=5):
+  leaves, treedef = jax.tree.flatten(params)
+  keys = jax.random.split(jax.random.key(seed), len(leaves))
+  return jax.tree.unflatten(treedef, [
+      a + 0.2 * jax.random.normal(k, a.shape) for a, k in zip(leaves, keys)])
+
+
+def _ctx(frozen, start):
+  return ClientContext(id=jnp.int32(0), round=jnp.int32(0), start=start,
+                       frozen=frozen)
+
+
+# ----------------------------------------------------------- the objective
+
+
+def _player_losses(alg, frozen, glob, local, batch, alpha, direction):
+  """The two players' losses written separately: each a function of its own
+  parameters only, the other player's values and predictions fixed."""
+  module, model = alg.model.module, alg.model
+  x = model.normalize(batch.x)
+  m = batch.mask
+  mean = lambda v: jnp.sum(v * m) / jnp.sum(m)
+  logp = jax.nn.log_softmax
+
+  def logits(g, l, path):
+    return module.apply({"params": {**frozen, **g, **l}}, x, path=path)
+
+  def kl(p, q):  # KL(softmax p || softmax q)
+    return jnp.sum(jnp.exp(logp(p)) * (logp(p) - logp(q)), -1)
+
+  def ce(z):
+    return -jnp.take_along_axis(logp(z), batch.y[:, None], 1)[:, 0]
+
+  z_dw_fixed = logits(glob, local, "kia")
+  z_di_fixed = logits(glob, local, "di")
+
+  def di_loss(g):
+    z = logits(g, local, "di")
+    d = kl(z_dw_fixed, z) if direction == "forward" else kl(z, z_dw_fixed)
+    return mean(ce(z) + alpha * d)
+
+  def dw_loss(l):
+    z = logits(glob, l, "kia")
+    d = kl(z_di_fixed, z) if direction == "forward" else kl(z, z_di_fixed)
+    return mean(ce(z) + alpha * d)
+
+  return di_loss, dw_loss
+
+
+@pytest.mark.parametrize("alpha,direction", [(1.0, "forward"),
+                                             (0.7, "reverse"), (0.0, "forward")])
+def test_bkd_gradient_blocks_are_each_players_own(fed, alpha, direction):
+  alg, server, clients, frozen = _setup(fed, alpha=alpha, kl=direction)
+  glob = _moved(server.params)
+  local = _moved(jax.tree.map(lambda a: a[0], clients), seed=6)
+  batch = _batch(fed)
+  grads = jax.grad(alg.loss)({**glob, **local}, batch, jax.random.key(0),
+                             _ctx(frozen, None))
+  di_loss, dw_loss = _player_losses(alg, frozen, glob, local, batch, alpha,
+                                    direction)
+  want = {**jax.grad(di_loss)(glob), **jax.grad(dw_loss)(local)}
+  assert set(grads) == {"adi", "head", "adw", "fuse"}
+  for k in grads:
+    for g, w in zip(jax.tree.leaves(grads[k]), jax.tree.leaves(want[k])):
+      np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-6, err_msg=k)
+  value = alg.loss({**glob, **local}, batch, jax.random.key(0),
+                   _ctx(frozen, None))
+  np.testing.assert_allclose(value, di_loss(glob) + dw_loss(local), rtol=1e-5)
+
+
+def test_kl_div_matches_numpy():
+  rng = np.random.default_rng(0)
+  p, q = rng.normal(size=(4, 5)), rng.normal(size=(4, 5))
+  sp = np.exp(p) / np.exp(p).sum(-1, keepdims=True)
+  sq = np.exp(q) / np.exp(q).sum(-1, keepdims=True)
+  want = (sp * np.log(sp / sq)).sum(-1)
+  np.testing.assert_allclose(fedsdaf.kl_div(jnp.asarray(p), jnp.asarray(q)),
+                             want, rtol=1e-5)
+
+
+# ------------------------------------------------------- alternating steps
+
+
+def test_alternate_is_two_sgd_steps_in_turn(fed):
+  """One local step = A_di / head step at p, then A_dw / fusion step at the
+  moved A_di (hand-written with the separately written losses)."""
+  lr = 0.05
+  alg = algorithms.create("fedsdaf", _vit(fed), optimizer=optax.sgd(lr),
+                          hparams={}, num_clients=N)
+  server, clients = alg.init(jax.random.key(0))
+  frozen = alg.frozen(jax.random.key(0))
+  glob = server.params
+  local = jax.tree.map(lambda a: a[0], clients)
+  n = 5
+  x, y = fed.train.x[0], fed.train.y[0]
+  # One step over the client's first n rows (batch = n, one epoch).
+  trained, _ = local_update(alg.loss, alg.optimizer, {**glob, **local}, x, y,
+                            jnp.int32(n), jax.random.key(1),
+                            _ctx(frozen, None), batch_size=n, epochs=1)
+  # The batch local_update drew: the n valid rows in some order; the losses
+  # are means over the batch, so the order does not matter.
+  batch = Batch(jnp.asarray(x[:n]), jnp.asarray(y[:n]), jnp.ones(n))
+  di_loss, _ = _player_losses(alg, frozen, glob, local, batch, 1.0, "forward")
+  glob1 = jax.tree.map(lambda p, g: p - lr * g, glob, jax.grad(di_loss)(glob))
+  _, dw_loss = _player_losses(alg, frozen, glob1, local, batch, 1.0, "forward")
+  local1 = jax.tree.map(lambda p, g: p - lr * g, local,
+                        jax.grad(dw_loss)(local))
+  want = {**glob1, **local1}
+  for k in want:
+    for g, w in zip(jax.tree.leaves(trained[k]), jax.tree.leaves(want[k])):
+      np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6, err_msg=k)
+  # Joint order: both players at the same point differ from the alternation.
+  joint = algorithms.create("fedsdaf", _vit(fed), optimizer=optax.sgd(lr),
+                            hparams=dict(bkd_order="joint"), num_clients=N)
+  trained_j, _ = local_update(joint.loss, joint.optimizer, {**glob, **local},
+                              x, y, jnp.int32(n), jax.random.key(1),
+                              _ctx(frozen, None), batch_size=n, epochs=1)
+  np.testing.assert_allclose(jax.tree.leaves(trained_j["adi"])[0],
+                             jax.tree.leaves(glob1["adi"])[0], rtol=1e-4,
+                             atol=1e-6)
+  assert not np.allclose(jax.tree.leaves(trained_j["adw"])[0],
+                         jax.tree.leaves(local1["adw"])[0], atol=1e-7)
+
+
+# ------------------------------------------------ where the parameters live
+
+
+def test_backbone_frozen_held_once_adapters_where_they_belong(fed):
+  alg, server, clients, frozen = _setup(fed)
+  assert set(frozen) == {"backbone"}
+  assert set(server.params) == {"adi", "head"}
+  assert set(clients) == {"adw", "fuse"}
+  assert {a.shape[0] for a in jax.tree.leaves(clients)} == {N}
+  # Every client its own domain-aware adapter (initialized independently).
+  w = np.asarray(clients["adw"]["block_0"]["down"]["kernel"])
+  assert not np.allclose(w[0], w[1])
+  # The backbone is the run model's own initialization from the same key.
+  full = alg.model.init(jax.random.key(0))
+  for a, b in zip(jax.tree.leaves(frozen["backbone"]),
+                  jax.tree.leaves(full["backbone"])):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_a_round_trains_adapters_keeps_others_and_aggregates_only_adi(fed):
+  alg, server, clients, frozen = _setup(fed, aggregation="fedavg")
+  cfg = engine.EngineConfig(rounds=1, epochs=1, batch_size=8, cohort_size=2,
+                            client_mapping="map")
+  round_fn = jax.jit(engine.make_round(alg, cfg, N))
+  train = jax.tree.map(jnp.asarray, fed.train)
+  (new_server, new_clients), metrics = round_fn(
+      (server, clients), jnp.int32(0), train, jax.random.key(1), frozen)
+  cohort = np.asarray(metrics["cohort"])
+  out = [i for i in range(N) if i not in cohort]
+  leaf = lambda t: np.asarray(t["adw"]["block_1"]["up"]["kernel"])
+  for i in cohort:
+    assert not np.allclose(leaf(new_clients)[i], leaf(clients)[i])
+  for i in out:
+    np.testing.assert_array_equal(leaf(new_clients)[i], leaf(clients)[i])
+  assert set(new_server.params) == {"adi", "head"}
+  assert not np.allclose(new_server.params["head"]["kernel"],
+                         server.params["head"]["kernel"])
+
+
+def test_fedavg_aggregation_is_the_example_weighted_mean_of_adi_and_head(fed):
+  alg, server, clients, _ = _setup(fed, aggregation="fedavg")
+  m = 3
+  stacked = _moved({**tree.broadcast(server.params, m),
+                    **jax.tree.map(lambda a: a[:m], clients)})
+  w = jnp.array([1.0, 3.0, 2.0])
+  res = ClientResult(ids=jnp.arange(m), round=jnp.int32(0), start=None,
+                     params=stacked, num_examples=w, loss=jnp.zeros(m))
+  new, _ = alg.server_update(server, res, jax.random.key(0))
+  assert set(new.params) == {"adi", "head"}
+  want = jax.tree.map(lambda a: np.tensordot(np.asarray(w) / 6.0,
+                                             np.asarray(a), 1),
+                      {k: stacked[k] for k in ("adi", "head")})
+  for a, b in zip(jax.tree.leaves(new.params), jax.tree.leaves(want)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_ga_aggregation_reads_the_clients_gaps(fed):
+  """GA (the default): the weights move against the clients' gaps."""
+  alg, server, clients, frozen = _setup(fed)
+  assert alg.uses_rounds and alg.client_aux is not None
+  m = 3
+  stacked = _moved({**tree.broadcast(server.params, m),
+                    **jax.tree.map(lambda a: a[:m], clients)})
+  aux = fedsdaf.GapMetrics(received=jnp.array([1.0, 2.0, 3.0]),
+                           trained=jnp.array([0.5, 0.5, 0.5]))
+  res = ClientResult(ids=jnp.arange(m), round=jnp.int32(0), start=None,
+                     params=stacked, num_examples=jnp.ones(m),
+                     loss=jnp.zeros(m), aux=aux, rounds=4)
+  s1, _ = alg.server_update(server, res, jax.random.key(0))
+  res2 = res._replace(round=jnp.int32(1), aux=aux._replace(
+      received=jnp.array([0.6, 0.5, 2.5])))
+  _, metrics = alg.server_update(s1, res2, jax.random.key(0))
+  gaps = np.asarray(metrics["ga_gaps"])
+  np.testing.assert_allclose(gaps, [0.1, 0.0, 2.0], atol=1e-6)
+  w = np.asarray(metrics["ga_weights"])
+  assert np.argmax(w) == 2  # the largest loss gap gains weight
+
+
+def test_gap_is_the_clients_model_loss_on_its_rows(fed):
+  alg, server, clients, frozen = _setup(fed, gap_examples=7)
+  start = {**server.params, **jax.tree.map(lambda a: a[1], clients)}
+  trained = _moved(start)
+  data = jax.tree.map(lambda a: a[1], fed.train)
+  from fedjax_dg.client.update import ClientData
+  aux = alg.client_aux(_ctx(frozen, start), trained,
+                       ClientData(data.x, data.y, data.n), jax.random.key(0))
+  k = min(7, int(data.n))
+  logits = alg.model.apply(with_frozen(frozen, trained), data.x[:k])
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits, data.y[:k])
+  np.testing.assert_allclose(aux.trained, float(ce.mean()), rtol=1e-5)
+
+
+# ---------------------------------------------------------------- ablations
+
+
+@pytest.mark.parametrize("hp,server_keys,client_keys,personalized", [
+    (dict(fusion=False), {"adi", "head"}, {"adw"}, True),
+    (dict(domain_aware=False), {"adi", "head"}, None, False),
+    (dict(domain_aware=False, domain_invariant=False), {"head"}, None, False),
+    (dict(train_head=False), {"adi"}, {"adw", "fuse"}, True),
+])
+def test_ablation_switches_shape_the_parameters(fed, hp, server_keys,
+                                                client_keys, personalized):
+  alg, server, clients, frozen = _setup(fed, **hp)
+  assert set(server.params) == server_keys
+  assert (None if clients is None else set(clients)) == client_keys
+  assert alg.personalized is personalized
+  assert ("head" in frozen) is (not hp.get("train_head", True))
+  x = fed.train.x[0, :4]
+  p = alg.eval_params(server, clients)
+  if personalized:
+    p = jax.tree.map(lambda a: a[0], p)
+  assert alg.model.apply(with_frozen(frozen, p), x).shape == (
+      4, fed.num_classes)
+
+
+def test_alpha_zero_drops_distillation_only(fed):
+  """alpha=0: each path its own cross-entropy (Table 4's "BKD off")."""
+  alg, server, clients, frozen = _setup(fed, alpha=0.0)
+  params = {**server.params, **jax.tree.map(lambda a: a[0], clients)}
+  batch = _batch(fed)
+  p = with_frozen(frozen, params)
+  x = alg.model.normalize(batch.x)
+  ce = lambda path: optax.softmax_cross_entropy_with_integer_labels(
+      alg.model.module.apply({"params": p}, x, path=path), batch.y)
+  m = batch.mask
+  want = (jnp.sum(ce("di") * m) + jnp.sum(ce("kia") * m)) / jnp.sum(m)
+  np.testing.assert_allclose(alg.loss(params, batch, None, _ctx(frozen, None)),
+                             want, rtol=1e-5)
+
+
+def test_fedavg_adapter_variant(fed):
+  alg = algorithms.create("fedavg_adapter", _vit(fed), optimizer=optax.sgd(0.1),
+                          hparams={}, num_clients=N)
+  assert alg.name == "fedavg_adapter" and not alg.personalized
+  assert alg.client_aux is None and not alg.uses_rounds
+  assert alg.model.module.adapters == "di"
+
+
+# ----------------------------------------------------------------- settings
+
+
+@pytest.mark.parametrize("hp,match", [
+    (dict(alpha=-1.0), "fedsdaf.alpha"),
+    (dict(aggregation="mean"), "fedsdaf.aggregation"),
+    (dict(bkd_order="gauss"), "fedsdaf.bkd_order"),
+    (dict(kl="sym"), "fedsdaf.kl"),
+    (dict(domain_invariant=False), "domain_aware=True needs"),
+    (dict(metric="f1"), "fedsdaf.metric"),
+    (dict(step_size=float("nan")), "fedsdaf.step_size"),
+    (dict(gap_examples=-1), "fedsdaf.gap_examples"),
+])
+def test_bad_settings_name_the_field(fed, hp, match):
+  with pytest.raises(ConfigError, match=match):
+    _alg(fed, **hp)
+
+
+def test_non_vit_models_are_refused_before_any_data(fed):
+  mlp = models.get_model("mlp", input_shape=fed.image_shape,
+                         num_classes=fed.num_classes, hidden=4)
+  with pytest.raises(ConfigError, match="runs on a ViT"):
+    algorithms.create("fedsdaf", mlp, optimizer=optax.sgd(0.1), hparams={},
+                      num_clients=N)
+  cfg = base_config()
+  cfg.algorithms = ("fedavg", "fedsdaf")
+  with pytest.raises(ConfigError, match="fedsdaf runs on model.name"):
+    experiment.validate(cfg)
+  cfg.model.name = "vit_tiny"
+  cfg.model.vit.patch = 4
+  experiment.validate(cfg)
+  cfg.model.name = "small_cnn"
+  with pytest.raises(ConfigError, match="model.vit.patch is set"):
+    experiment.validate(cfg)
+
+
+@pytest.mark.slow
+def test_fedsdaf_learns_end_to_end(fed):
+  alg = _alg(fed)
+  res = engine.run(alg, fed, _vit(fed), engine.EngineConfig(
+      rounds=4, epochs=2, batch_size=8, cohort_size=0, client_mapping="map",
+      progress=False, seed=0))
+  loss = res.round_metrics["loss"]
+  assert loss[-1] < loss[0]
+  assert res.final["id_acc"] > 0.6
+  assert len(res.final["ood_acc_per_client"]) == N
