@@ -386,3 +386,27 @@ def test_fedccrl_experiments_plan_and_validate_before_any_data(path):
   doc = open(path).read().split('"""')[1]
   for args in _commands(doc):
     assert args[:2] == ["--config", f"experiments/{os.path.basename(path)}"]
+
+
+FEDSDAF = sorted(glob.glob(os.path.join(EXPERIMENTS, "fedsdaf_table*.py")))
+
+
+@pytest.mark.parametrize("path", FEDSDAF, ids=os.path.basename)
+def test_fedsdaf_experiments_plan_and_validate_before_any_data(path):
+  """FedSDAF's table files: every cell a valid run config on the paper's
+  ViT-B/16 budget, the documented commands plan the file's own grid."""
+  from fedjax_dg import algorithms
+  p = sweep.plan(path)
+  assert p.cells and len({c.name for c in p.cells}) == len(p.cells)
+  assert sweep.check(p, data=False) == [1] * len(p.cells)
+  assert set(p.base.algorithms) <= set(algorithms.available())
+  assert "fedsdaf" in p.base.algorithms
+  assert (p.base.train.rounds, p.base.train.epochs) == (200, 30)
+  assert p.base.model.name == "vit_b16"
+  default = sweep.plan(path)
+  doc = open(path).read().split('"""')[1]
+  for args in _commands(doc):
+    assert args[:2] == ["--config", f"experiments/{os.path.basename(path)}"]
+    sets = [v for f, v in zip(args[2::2], args[3::2]) if f == "--set"]
+    assert [c.name for c in sweep.plan(path, sets).cells] == [
+        c.name for c in default.cells]

@@ -58,6 +58,14 @@ CLIENT = dict(optimizer="sgd", lr=1e-3, momentum=0.9, weight_decay=5e-4)
 VARIANTS = {
     "fedavg_adapter": ("FedAvg (Adapter)", dict(
         domain_aware=False, aggregation="fedavg", alpha=0.0)),
+    # Table 4's rows (the first is fedsdaf; its rows 4 and 5 coincide here:
+    # with one adapter there is one path and nothing to distill).
+    "fedsdaf_no_bkd": ("FedSDAF w/o BKD", dict(alpha=0.0)),
+    "fedsdaf_no_mhsa": ("FedSDAF w/o MHSA", dict(fusion=False)),
+    "fedsdaf_di": ("FedSDAF (A_di only)", dict(domain_aware=False,
+                                               fusion=False)),
+    "fedsdaf_head": ("FedSDAF (head only)", dict(domain_aware=False,
+                                                 domain_invariant=False)),
 }
 # The models it runs on (checked before any data is read).
 MODELS = ("vit_b16", "vit_tiny")
