@@ -87,7 +87,7 @@ def base_config() -> ConfigDict:
   c.model = ConfigDict(dict(
       name="inception_cnn",
       conv_impl="auto",
-      weights="",              # pretrained state dict (.pth / .safetensors), mobilenet_v3_large
+      weights="",              # pretrained file (.pth / .safetensors; ViTs also .npz)
       skip_head=False,         # with weights: the last Linear starts fresh (other classes)
   ))
   c.train = ConfigDict(train_defaults())

@@ -397,6 +397,8 @@ def test_timm_logits(tmp_path):
     timm = pytest.importorskip("timm")
     from timm.models.vision_transformer import VisionTransformer
   from safetensors.torch import save_file as save_torch
+  import torch
+  torch.manual_seed(0)
   net = _randomize(VisionTransformer(
       img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4,
       mlp_ratio=2, num_classes=5), 0)
@@ -418,6 +420,7 @@ def test_torchvision_logits(tmp_path):
   with _torchvision_without_its_ops():
     from torchvision.models import vision_transformer as tv
   VisionTransformer = tv.VisionTransformer
+  torch.manual_seed(1)
   net = _randomize(VisionTransformer(
       image_size=32, patch_size=8, num_layers=2, num_heads=4, hidden_dim=32,
       mlp_dim=64, num_classes=5), 1)

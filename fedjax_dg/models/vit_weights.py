@@ -170,11 +170,13 @@ def _copy_dicts(tree):
 
 
 def _depth(template: Params) -> int:
-  backbone = template.get("backbone", {}) if isinstance(template, Mapping) else {}
+  """The number of blocks of a `vit.ViT` parameter tree."""
+  if not isinstance(template, Mapping):
+    raise ValueError(f"a ViT parameter tree is a dict, got {type(template)}")
+  backbone = template.get("backbone", {})
   if "block_0" not in backbone or "head" not in template:
     raise ValueError("not a vit.ViT parameter tree (it needs `backbone` with "
-                     f"`block_0` and `head`), top-level keys: "
-                     f"{sorted(template) if isinstance(template, Mapping) else type(template)}")
+                     f"`block_0` and `head`); top-level keys: {sorted(template)}")
   return sum(1 for k in backbone if re.fullmatch(r"block_\d+", k))
 
 
