@@ -40,9 +40,9 @@ test: data
 	$(PY) -m pytest -q
 
 # Benchmarks (not part of `make test`): installs the CPU PyTorch build for the reference
-# loop, and the torchvision that matches it (MobileNetV3 weights test).
+# loop, and the torchvision and timm that the weights tests compare with (MobileNetV3, ViT).
 bench: setup
-	$(PY) -m pip install -q 'torch==2.13.0' 'torchvision==0.28.0'
+	$(PY) -m pip install -q 'torch==2.13.0' 'torchvision==0.28.0' 'timm==1.0.31'
 	$(PY) benchmarks/round_time.py
 
 clean:

@@ -87,7 +87,7 @@ def base_config() -> ConfigDict:
   c.model = ConfigDict(dict(
       name="inception_cnn",
       conv_impl="auto",
-      weights="",              # pretrained state dict (.pth / .safetensors), mobilenet_v3_large
+      weights="",              # pretrained file (.pth / .safetensors; ViTs also .npz)
       skip_head=False,         # with weights: the last Linear starts fresh (other classes)
       # ViT sizes (vit_b16 / vit_tiny only; 0: the released size's own).
       vit=ConfigDict(dict(patch=0, dim=0, depth=0, heads=0, mlp_dim=0)),

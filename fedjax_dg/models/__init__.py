@@ -8,7 +8,9 @@
 
 All modules are loop-safe (see `layers`): usable inside `lax.scan` / `lax.map` /
 `vmap` over clients. `mobilenet_v3_large` loads pretrained torchvision / timm
-weights (`get_model(..., weights="mnv3.pth")`; `weights.py`). See docs/models.md.
+weights (`get_model(..., weights="mnv3.pth")`; `weights.py`), `vit_b16` /
+`vit_tiny` AugReg / timm / torchvision ones (`vit_weights.py`). See
+docs/models.md.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from fedjax_dg.models import layers
 from fedjax_dg.models import mobilenet
 from fedjax_dg.models import resnet
 from fedjax_dg.models import vit as vit_lib
+from fedjax_dg.models import vit_weights
 from fedjax_dg.models import weights as weights_lib
 from fedjax_dg.models.cnn import MLP, CifarCNN, InceptionCNN, NaiveInception, SmallCNN
 from fedjax_dg.models.mobilenet import MobileNetV3Large
@@ -53,13 +56,18 @@ class Model:
 
   def init(self, key: jax.Array) -> Params:
     """Samples the 'params' collection (a plain nested dict); jitted. With
-    `weights`, the file's tensors replace the samples (all but `fc2`'s when
-    `skip_head`)."""
+    `weights`, the file's tensors replace the samples (all but the head's,
+    `fc2` / `head`, when `skip_head`; a ViT's adapters are always sampled)."""
     params = _jitted_init(dataclasses.replace(self, weights="",
                                               skip_head=False))(key)
     if not self.weights:
       return params
-    loaded = weights_lib.load(self.weights, params, skip_head=self.skip_head)
+    if self.name in _VIT:
+      (h, w), p = self.module.input_hw, self.module.patch
+      loaded = vit_weights.load(self.weights, params, grid=(h // p, w // p),
+                                skip_head=self.skip_head)
+    else:
+      loaded = weights_lib.load(self.weights, params, skip_head=self.skip_head)
     return jax.tree.map(jnp.asarray, loaded)
 
   def normalize(self, x: jax.Array) -> jax.Array:
@@ -159,7 +167,10 @@ _REGISTRY = {
 }
 _VIT = ("vit_b16", "vit_tiny")
 # Models whose pretrained PyTorch weights `get_model(weights=...)` converts.
-PRETRAINED = ("mobilenet_v3_large",)
+PRETRAINED = ("mobilenet_v3_large", "vit_b16", "vit_tiny")
+# Where docs/models.md says how to get each one's weights.
+_WEIGHTS_DOCS = {"mobilenet_v3_large": "MobileNetV3", "vit_b16": "ViT",
+                 "vit_tiny": "ViT"}
 
 
 def available() -> tuple[str, ...]:
@@ -189,7 +200,8 @@ def check_weights(name: str, weights: str) -> None:
                       f"pretrained weights, not {name!r}")
   if not os.path.isfile(weights):
     raise DataError(f"model.weights={weights!r}: no such file (see "
-                    "docs/models.md, MobileNetV3, for how to get one)")
+                    f"docs/models.md, {_WEIGHTS_DOCS[name]}, for how to get "
+                    "one)")
 
 
 def get_model(name: str, *, input_shape, num_classes: int, mean=(0.5,),
@@ -209,17 +221,19 @@ def get_model(name: str, *, input_shape, num_classes: int, mean=(0.5,),
       `resnet50`: `stem` ("cifar" | "imagenet"), `norm_groups`, `width`,
       `stages`, `zero_init_residual`; for `mobilenet_v3_large`: `norm`
       ("group" | "affine"), `norm_groups`, `dropout`.
-    weights: a pretrained state dict (`.pth` or `.safetensors`, torchvision or
-      timm layout) that `Model.init` loads; models in `PRETRAINED` only.
-      `norm` defaults to "affine" then (BatchNorm folds into it exactly), to
-      "group" without weights.
+    weights: a pretrained file that `Model.init` loads; models in `PRETRAINED`
+      only. `mobilenet_v3_large`: a state dict (`.pth` or `.safetensors`,
+      torchvision or timm layout); `norm` defaults to "affine" then
+      (BatchNorm folds into it exactly), to "group" without weights. ViTs:
+      an AugReg `.npz` or a timm / torchvision state dict (`vit_weights.py`;
+      position embeddings resized to the input's grid).
     skip_head: with `weights`: the last Linear starts fresh (another number of
       classes than the file's).
   """
   if name not in _REGISTRY:
     raise ConfigError(f"unknown model {name!r}; available: {available()}")
   check_weights(name, weights)
-  if weights:
+  if weights and name == "mobilenet_v3_large":
     kwargs.setdefault("norm", "affine")
     if kwargs["norm"] != "affine":
       raise ConfigError(f"model.weights needs norm='affine' (BatchNorm folds "
@@ -251,5 +265,5 @@ __all__ = [
     "MobileNetV3Large", "Model", "NaiveInception", "Params", "ResNet", "SmallCNN",
     "available", "check_weights", "cnn", "get_model", "hypernetwork_module", "init_hypernetwork",
     "layers", "make_hypernetwork", "mobilenet", "resnet", "vit_lib",
-    "weights_lib",
+    "vit_weights", "weights_lib",
 ]
