@@ -117,9 +117,9 @@ def check_algorithms(cfg: ConfigDict) -> None:
   for name in cfg.algorithms:
     algorithms.client_optimizer(cfg, name)
     runs_on = getattr(algorithms.spec(name).module, "MODELS", ())
+    on_vit = "vit_tiny" in runs_on or cfg.model.name.startswith("vit_")
     try:
-      algorithms.build(name, vit_probe if "vit_tiny" in runs_on else probe, n,
-                       cfg)
+      algorithms.build(name, vit_probe if on_vit else probe, n, cfg)
     except NeedsDataError:
       pass
 

@@ -41,7 +41,8 @@ def _table9_param_count(cin, num_classes):
 def test_registry():
   assert set(models.available()) == {"inception_cnn", "small_cnn", "mlp",
                                      "cifar_cnn", "resnet50",
-                                     "mobilenet_v3_large"}
+                                     "mobilenet_v3_large", "vit_b16",
+                                     "vit_tiny"}
   with pytest.raises(ValueError, match="inception_cnn"):
     models.get_model("resnet", input_shape=(32, 32, 3), num_classes=3)
   with pytest.raises(ValueError):

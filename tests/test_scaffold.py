@@ -257,3 +257,44 @@ def test_bad_settings_name_the_field(setup, hp, needle):
   with pytest.raises(ConfigError, match=needle):
     scaffold.build(model, optax.sgd(0.1), objectives.cross_entropy(model),
                    num_clients=3, **hp)
+
+
+# ------------------------------------------------- on FedSDAF's adapter setting
+
+
+def test_adapters_train_only_adi_and_head_on_the_frozen_backbone(fed3):
+  """scaffold.adapters=True: the state holds the adapter and the head only
+  (controls shaped alike), the backbone is held frozen, and round 0 (c = c_i
+  = 0) is FedAvg (Adapter)'s round with the same SGD and weights."""
+  from conftest import TINY_VIT
+  from fedjax_dg import algorithms
+  vit = models.get_model("vit_tiny", input_shape=fed3.image_shape,
+                         num_classes=fed3.num_classes, mean=fed3.mean,
+                         std=fed3.std, **TINY_VIT)
+  n = fed3.num_clients
+  sgd = optax.sgd(0.1)
+  alg = algorithms.create("scaffold", vit, optimizer=sgd, num_clients=n,
+                          hparams=dict(adapters=True, weighting="examples"))
+  ref = algorithms.create("fedavg_adapter", vit, optimizer=sgd, num_clients=n,
+                          hparams={})
+  key = jax.random.key(0)
+  state, controls = alg.init(key)
+  assert set(state.params) == set(state.control) == {"adi", "head"}
+  assert set(controls) == {"adi", "head"}
+  assert set(alg.frozen(key)) == {"backbone"} and alg.model is not None
+  cfg = engine.EngineConfig(rounds=1, epochs=1, batch_size=8, cohort_size=0,
+                            client_mapping="map")
+  train = jax.tree.map(jnp.asarray, fed3.train)
+  (got, _), _ = jax.jit(engine.make_round(alg, cfg, n))(
+      (state, controls), jnp.int32(0), train, jax.random.key(1),
+      alg.frozen(key))
+  (want, _), _ = jax.jit(engine.make_round(ref, cfg, n))(
+      ref.init(key), jnp.int32(0), train, jax.random.key(1), ref.frozen(key))
+  for a, b in zip(jax.tree.leaves(got.params), jax.tree.leaves(want.params)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  assert not np.allclose(got.params["head"]["kernel"],
+                         state.params["head"]["kernel"])
+  with pytest.raises(ConfigError, match="scaffold.adapters=True runs on a ViT"):
+    algorithms.create("scaffold", models.get_model(
+        "mlp", input_shape=fed3.image_shape, num_classes=fed3.num_classes),
+        optimizer=sgd, num_clients=n, hparams=dict(adapters=True))

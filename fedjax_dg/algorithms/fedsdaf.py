@@ -161,17 +161,62 @@ def _check(alpha, aggregation, bkd_order, kl_dir, domain_invariant,
                       "(0: all of a client's examples)")
 
 
-def adapted_model(model, *, domain_invariant: bool, domain_aware: bool,
-                  fusion: bool, adapter_dim: int, fusion_heads: int):
-  """The run's ViT with FedSDAF's adapters (a clear error for other models)."""
+def adapted_model(model, *, domain_invariant: bool = True,
+                  domain_aware: bool = False, fusion: bool = False,
+                  adapter_dim: int = 0, fusion_heads: int = 8,
+                  who: str = "fedsdaf"):
+  """The run's ViT with FedSDAF's adapters (a clear error naming `who` for
+  other models)."""
   if not isinstance(model.module, vit_lib.ViT):
-    raise ConfigError(f"fedsdaf runs on a ViT (model.name one of {MODELS}), "
+    raise ConfigError(f"{who} runs on a ViT (model.name one of {MODELS}), "
                       f"not model.name={model.name!r}")
   adapters = ("kia" if domain_aware else "di") if domain_invariant else "none"
   module = model.module.clone(adapters=adapters, fusion=fusion,
                               adapter_dim=adapter_dim,
                               fusion_heads=fusion_heads)
   return dataclasses.replace(model, module=module)
+
+
+def frozen_backbone(vmodel, held=FROZEN):
+  """`Algorithm.frozen` of a ViT whose `held` entries are not trained: the
+  backbone read once (eagerly: `model.weights` is read here), never the
+  file's head (other classes)."""
+
+  def frozen(key):
+    full = dataclasses.replace(vmodel, skip_head=True).init(key)
+    return {k: full[k] for k in held}
+
+  return frozen
+
+
+def sample_trainable(vmodel):
+  """key -> the adapters and the head alone (never the backbone)."""
+  dummy = jnp.zeros((1, 2, vmodel.module.dim), jnp.float32)
+
+  def sample(key):
+    return vmodel.module.init({"params": key}, dummy,
+                              method=vit_lib.ViT.trainable)["params"]
+
+  return sample
+
+
+def adapter_setting(model, loss_of, who: str):
+  """(the ViT with one domain-invariant adapter, its `frozen`, key -> its
+  trained entries {adi, head}, the local objective `loss_of(vmodel)` on the
+  frozen backbone + the trained entries): FedAvg (Adapter)'s setting, for
+  other algorithms (SCAFFOLD's `adapters=True`)."""
+  vmodel = adapted_model(model, who=who)
+  sample = sample_trainable(vmodel)
+  base = loss_of(vmodel)
+
+  def loss(params, batch, rng, ctx):
+    return base(with_frozen(ctx.frozen, params), batch, rng, ctx)
+
+  def init(key):
+    p = sample(key)
+    return {k: p[k] for k in GLOBAL}
+
+  return vmodel, frozen_backbone(vmodel), init, loss
 
 
 def build(model, optimizer, *, num_clients: int,
@@ -223,12 +268,11 @@ def build(model, optimizer, *, num_clients: int,
     rows = jax.vmap(sample)(keys)
     return server, {k: rows[k] for k in LOCAL if k in rows}
 
+  backbone = frozen_backbone(vmodel)
+
   def frozen(key):
-    # Eager: the file (model.weights) is read here, once. The head is never
-    # the file's (other classes); sampled from the same key as `init`'s.
-    full = dataclasses.replace(vmodel, skip_head=True).init(key)
-    out = {k: full[k] for k in FROZEN}
-    if "head" in held:
+    out = backbone(key)
+    if "head" in held:  # sampled from the same key as `init`'s
       out["head"] = sample(key)["head"]
     return out
 

@@ -52,7 +52,9 @@ import optax
 
 from fedjax_dg import tree
 from fedjax_dg.algorithms.base import Algorithm, ClientResult
+from fedjax_dg.algorithms import fedsdaf
 from fedjax_dg.algorithms.fedavg import fedavg
+from fedjax_dg.client import objectives
 from fedjax_dg.client.update import Batch, RunProgress
 from fedjax_dg.errors import ConfigError
 
@@ -118,8 +120,12 @@ def step_size(optimizer: optax.GradientTransformation) -> float:
 
 def scaffold(model, optimizer, loss, *, num_clients: int, variant: str = "II",
              server_lr: float = 1.0, weighting: str = "uniform",
-             grad_chunk: int = 64, name: str = "scaffold") -> Algorithm:
-  """SCAFFOLD of `model` with local objective `loss` (module docstring)."""
+             grad_chunk: int = 64, adapters: bool = False,
+             name: str = "scaffold") -> Algorithm:
+  """SCAFFOLD of `model` with local objective `loss` (module docstring).
+  `adapters`: on a ViT, only FedSDAF's domain-invariant adapter and the head
+  train (and carry control variates) on the frozen backbone, FedAvg
+  (Adapter)'s setting (the released FedSDAF code's "Scaffold optimizer")."""
   if variant not in OPTIONS:
     raise ConfigError(f"scaffold.variant={variant!r}: allowed {OPTIONS}"
                       " (Algorithm 1's options: I = c_i+ is the gradient at x, "
@@ -135,10 +141,15 @@ def scaffold(model, optimizer, loss, *, num_clients: int, variant: str = "II",
   if not eta_l > 0:
     raise ConfigError(f"scaffold.variant='II' needs a client optimizer whose "
                       f"first step descends (measured step size {eta_l})")
+  frozen = None
+  sample = model.init
+  if adapters:
+    model, frozen, sample, loss = fedsdaf.adapter_setting(
+        model, objectives.cross_entropy, who="scaffold.adapters=True")
   base = fedavg(model, optimizer, corrected(loss), name=name)
 
   def init(key):
-    params = model.init(key)
+    params = sample(key)
     zeros = optax.tree.zeros_like(params)
     return ScaffoldState(params, zeros), tree.broadcast(zeros, num_clients)
 
@@ -179,7 +190,8 @@ def scaffold(model, optimizer, loss, *, num_clients: int, variant: str = "II",
   return dataclasses.replace(
       base, init=init, server_update=server_update,
       client_shared=lambda server: server.control,
-      client_aux=client_aux, client_end=client_end, client_end_takes_aux=True)
+      client_aux=client_aux, client_end=client_end, client_end_takes_aux=True,
+      frozen=frozen, model=model if adapters else None)
 
 
 build = scaffold
