@@ -197,7 +197,19 @@ SHARDED = textwrap.dedent("""
     worst = 0.0
     algs = [fedavg(model, opt, loss), local_only(model, opt, loss, num_clients=n)]
     if {with_hfedf}:  # a server step over the sharded (and padded) cohort
+      from fedjax_dg import algorithms
       algs.append(hfedf(model, opt, loss, num_clients=n, ema_warmup=1))
+      # A frozen backbone, per-client adapters and a client statistic
+      # computed in a scan (FedSDAF on a ViT: GA's gaps, as FedDG-GA's).
+      vit = models.get_model("vit_tiny", input_shape=fed.image_shape,
+                             num_classes=fed.num_classes, mean=fed.mean,
+                             std=fed.std, patch=4, dim=16, depth=1, heads=2,
+                             mlp_dim=16)
+      # (SGD: the gradient of an attention key bias is 0 up to rounding, which
+      # Adam's normalization would blow up to lr-sized, layout-dependent steps.)
+      algs.append(algorithms.create("fedsdaf", vit,
+                                    optimizer=make_optimizer("sgd", 0.1),
+                                    hparams={{}}, num_clients=n))
     for alg in algs:
       one = engine.run(alg, fed, model, dataclasses.replace(cfg, client_mapping="map"))
       auto = dataclasses.replace(cfg, client_mapping="auto")
@@ -207,7 +219,8 @@ SHARDED = textwrap.dedent("""
       many = engine.run(alg, fed, model, auto)
       # One compile per run: the second chunk reused the first one's program.
       assert progs.chunk._cache_size() == 1, progs.chunk._cache_size()
-      d = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(
+      f32 = lambda a: jnp.asarray(a, jnp.float32)  # GA's flags are bools
+      d = max(float(jnp.max(jnp.abs(f32(a) - f32(b)))) for a, b in zip(
           jax.tree.leaves((one.server, one.clients)),
           jax.tree.leaves((many.server, many.clients))))
       worst = max(worst, d)

@@ -37,6 +37,7 @@ import optax
 from fedjax_dg.algorithms.base import (Algorithm, ClientResult, ServerState,
                                        with_frozen)
 from fedjax_dg.algorithms.fedavg import fedavg
+from fedjax_dg.client.update import match_varying
 from fedjax_dg.errors import ConfigError
 from fedjax_dg.server import ga
 
@@ -72,7 +73,8 @@ def slice_metrics(model, params, x, y, n, examples: int, chunk: int):
     return (totals[0] + jnp.sum(ce * mc), totals[1] + jnp.sum(hit * mc)), None
 
   zero = jnp.zeros((), jnp.float32)
-  (ce, hits), _ = jax.lax.scan(step, (zero, zero),
+  # Under shard_map the totals vary per client shard as the rows do.
+  (ce, hits), _ = jax.lax.scan(step, match_varying((zero, zero), x),
                                (split(x), split(y), split(mask)))
   denom = jnp.maximum(count, 1).astype(jnp.float32)
   return ce / denom, hits / denom
