@@ -205,10 +205,7 @@ SHARDED = textwrap.dedent("""
                              num_classes=fed.num_classes, mean=fed.mean,
                              std=fed.std, patch=4, dim=16, depth=1, heads=2,
                              mlp_dim=16)
-      # (SGD: the gradient of an attention key bias is 0 up to rounding, which
-      # Adam's normalization would blow up to lr-sized, layout-dependent steps.)
-      algs.append(algorithms.create("fedsdaf", vit,
-                                    optimizer=make_optimizer("sgd", 0.1),
+      algs.append(algorithms.create("fedsdaf", vit, optimizer=opt,
                                     hparams={{}}, num_clients=n))
     for alg in algs:
       one = engine.run(alg, fed, model, dataclasses.replace(cfg, client_mapping="map"))

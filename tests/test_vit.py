@@ -35,7 +35,8 @@ def _gelu(x):
 def _attn(x, p, queries=None):
   q_in = x if queries is None else x[:, :queries]
   q = np.einsum("btd,dhk->bthk", q_in, p["query"]["kernel"]) + p["query"]["bias"]
-  k = np.einsum("btd,dhk->bthk", x, p["key"]["kernel"]) + p["key"]["bias"]
+  k = np.einsum("btd,dhk->bthk", x, p["key"]["kernel"]) + p["key"].get(
+      "bias", 0.0)
   v = np.einsum("btd,dhk->bthk", x, p["value"]["kernel"]) + p["value"]["bias"]
   s = np.einsum("bqhk,bthk->bhqt", q, k) / np.sqrt(q.shape[-1])
   w = np.exp(s - s.max(-1, keepdims=True))
@@ -109,6 +110,7 @@ def test_parameter_entries_per_adapter_setting():
   assert keys("kia", fusion=False) == {"backbone", "head", "adi", "adw"}
   p = _model("kia").init(jax.random.key(0))
   assert p["adi"]["block_1"]["down"]["kernel"].shape == (32, 8)  # dim // 4
+  assert set(p["fuse"]["block_0"]["attn"]["key"]) == {"kernel"}  # no bias
   assert p["backbone"]["pos_embedding"].shape == (1, 1 + 2 * 3, 32)
 
 

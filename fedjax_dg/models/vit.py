@@ -84,6 +84,7 @@ class Attention(nn.Module):
   `queries`: the number of leading tokens that ask (all by default)."""
   heads: int
   out_dim: int = 0    # 0: the input width
+  key_bias: bool = True
 
   @nn.compact
   def __call__(self, x: Array, queries: int = 0) -> Array:
@@ -92,10 +93,11 @@ class Attention(nn.Module):
       raise ConfigError(f"attention width {d} is not divisible by "
                         f"{self.heads} heads")
     dh = d // self.heads
-    proj = lambda name: nn.DenseGeneral((self.heads, dh), name=name)
+    proj = lambda name, bias=True: nn.DenseGeneral((self.heads, dh),
+                                                   use_bias=bias, name=name)
     q_in = x if queries == 0 else x[:, :queries]
     q = proj("query")(q_in) / math.sqrt(dh)
-    k, v = proj("key")(x), proj("value")(x)
+    k, v = proj("key", self.key_bias)(x), proj("value")(x)
     w = jax.nn.softmax(jnp.einsum("bqhd,bkhd->bhqk", q, k), axis=-1)
     o = jnp.einsum("bhqk,bkhd->bqhd", w, v)
     return nn.DenseGeneral(self.out_dim or d, axis=(-2, -1), name="out")(o)
@@ -169,13 +171,16 @@ class Adapter(nn.Module):
 
 class Fusion(nn.Module):
   """Eq. 3: MHSA over LN[A_dw(h); h] (tokens concatenated), the adapter's
-  tokens' outputs."""
+  tokens' outputs. No key bias: it adds q.b to every key's score of a query,
+  which the softmax cancels, so its gradient is 0 up to rounding, and an
+  adaptive optimizer (Adam) would turn that rounding into lr-sized steps."""
   heads: int
 
   @nn.compact
   def __call__(self, a: Array, h: Array) -> Array:
     z = LayerNorm(name="norm")(jnp.concatenate([a, h], axis=1))
-    return Attention(self.heads, name="attn")(z, queries=a.shape[1])
+    return Attention(self.heads, key_bias=False, name="attn")(
+        z, queries=a.shape[1])
 
 
 class Stack(nn.Module):
