@@ -333,6 +333,7 @@ def test_fedavg_adapter_variant(fed):
     (dict(metric="f1"), "fedsdaf.metric"),
     (dict(step_size=float("nan")), "fedsdaf.step_size"),
     (dict(gap_examples=-1), "fedsdaf.gap_examples"),
+    (dict(adapter_init="ones"), "fedsdaf.adapter_init"),
 ])
 def test_bad_settings_name_the_field(fed, hp, match):
   with pytest.raises(ConfigError, match=match):

@@ -141,3 +141,22 @@ def test_bad_settings_name_the_field():
     m = _model("kia")
     m.module.apply({"params": m.init(jax.random.key(0))}, _x(), path="dw")
   assert vit.SIZES["b16"] == (768, 12, 12, 3072)
+
+
+def test_zero_adapter_init_starts_as_the_backbone():
+  """adapter_init='zero': the up-projections are 0, so the di path computes
+  the plain ViT's logits (the KIA path's fusion still adds its attention)."""
+  m = _model("kia", adapter_init="zero")
+  p = m.init(jax.random.key(0))
+  for stack in ("adi", "adw"):
+    for blk in p[stack].values():
+      assert not np.any(blk["up"]["kernel"]) and not np.any(blk["up"]["bias"])
+  plain = _model("none")
+  x = _x()
+  want = plain.apply({k: p[k] for k in ("backbone", "head")}, x)
+  np.testing.assert_allclose(
+      m.module.apply({"params": p}, m.normalize(x), path="di"), want,
+      rtol=1e-5, atol=1e-6)
+  assert not np.allclose(m.apply(p, x), want, atol=1e-4)
+  with pytest.raises(ConfigError, match="adapter_init"):
+    _model("di", adapter_init="ones").init(jax.random.key(0))

@@ -164,16 +164,20 @@ def _check(alpha, aggregation, bkd_order, kl_dir, domain_invariant,
 def adapted_model(model, *, domain_invariant: bool = True,
                   domain_aware: bool = False, fusion: bool = False,
                   adapter_dim: int = 0, fusion_heads: int = 8,
-                  who: str = "fedsdaf"):
+                  adapter_init: str = "torch", who: str = "fedsdaf"):
   """The run's ViT with FedSDAF's adapters (a clear error naming `who` for
   other models)."""
   if not isinstance(model.module, vit_lib.ViT):
     raise ConfigError(f"{who} runs on a ViT (model.name one of {MODELS}), "
                       f"not model.name={model.name!r}")
   adapters = ("kia" if domain_aware else "di") if domain_invariant else "none"
+  if adapter_init not in vit_lib.ADAPTER_INITS:
+    raise ConfigError(f"fedsdaf.adapter_init={adapter_init!r}: allowed "
+                      f"{vit_lib.ADAPTER_INITS}")
   module = model.module.clone(adapters=adapters, fusion=fusion,
                               adapter_dim=adapter_dim,
-                              fusion_heads=fusion_heads)
+                              fusion_heads=fusion_heads,
+                              adapter_init=adapter_init)
   return dataclasses.replace(model, module=module)
 
 
@@ -233,6 +237,7 @@ def build(model, optimizer, *, num_clients: int,
           gap_examples: int = 64,        # rows of each client measured
           adapter_dim: int = 0,          # 0: dim // 4 (768 -> 192)
           fusion_heads: int = 8,         # the code's declared MHSA
+          adapter_init: str = "torch",   # torch (the code's) | zero (up = 0)
           name: str = "fedsdaf",
           ) -> Algorithm:
   """FedSDAF on the run's ViT (`model.name` vit_b16 / vit_tiny)."""
@@ -240,7 +245,8 @@ def build(model, optimizer, *, num_clients: int,
          step_size, metric, gap_examples)
   vmodel = adapted_model(model, domain_invariant=domain_invariant,
                          domain_aware=domain_aware, fusion=fusion,
-                         adapter_dim=adapter_dim, fusion_heads=fusion_heads)
+                         adapter_dim=adapter_dim, fusion_heads=fusion_heads,
+                         adapter_init=adapter_init)
   module = vmodel.module
   two_paths = domain_aware
   # An untrained head (the released code's) is held with the backbone.

@@ -47,6 +47,7 @@ Array = jax.Array
 
 ADAPTERS = ("none", "di", "kia")
 PATHS = ("kia", "di")
+ADAPTER_INITS = ("torch", "zero")
 LN_EPS = 1e-6
 # (dim, depth, heads, mlp_dim) of the released sizes.
 SIZES = {"b16": (768, 12, 12, 3072), "ti16": (192, 12, 3, 768)}
@@ -158,14 +159,20 @@ class Backbone(nn.Module):
 
 class Adapter(nn.Module):
   """Bottleneck adapter: Linear(D -> r) + GELU + Linear(r -> D); PyTorch's
-  nn.Linear initialization (the released code's)."""
+  nn.Linear initialization (the released code's), or with `zero_up` the
+  up-projection zero (the adapted model starts as the backbone: AdaptFormer's
+  and Houlsby et al.'s near-identity start)."""
   bottleneck: int
   gelu_approximate: bool = False
+  zero_up: bool = False
 
   @nn.compact
   def __call__(self, h: Array) -> Array:
     z = layers.Dense(self.bottleneck, weight_init="torch", name="down")(h)
     z = _gelu(self.gelu_approximate)(z)
+    if self.zero_up:
+      return nn.Dense(h.shape[-1], kernel_init=nn.initializers.zeros_init(),
+                      name="up")(z)
     return layers.Dense(h.shape[-1], weight_init="torch", name="up")(z)
 
 
@@ -208,6 +215,7 @@ class ViT(nn.Module):
   adapter_dim: int = 0        # 0: dim // 4 (768 -> 192, the paper's)
   fusion: bool = True
   fusion_heads: int = 8       # the released code's declared MHSA
+  adapter_init: str = "torch"  # torch | zero (the up-projections start at 0)
   gelu_approximate: bool = False
   conv_impl: str = "auto"     # unused: patches are a matmul
   HEAD = "head"
@@ -224,10 +232,15 @@ class ViT(nn.Module):
                              self.gelu_approximate)
     self.head = nn.Dense(self.num_classes)
     r = self.adapter_dim or self.dim // 4
+    if self.adapter_init not in ADAPTER_INITS:
+      raise ConfigError(f"adapter_init={self.adapter_init!r}: allowed "
+                        f"{ADAPTER_INITS}")
+    adapter = Adapter(r, self.gelu_approximate,
+                      zero_up=self.adapter_init == "zero")
     if self.adapters != "none":
-      self.adi = Stack(Adapter(r, self.gelu_approximate), self.depth)
+      self.adi = Stack(adapter, self.depth)
     if self.adapters == "kia":
-      self.adw = Stack(Adapter(r, self.gelu_approximate), self.depth)
+      self.adw = Stack(adapter, self.depth)
       if self.fusion:
         if self.dim % self.fusion_heads:
           raise ConfigError(f"model.fusion_heads={self.fusion_heads} does not "
