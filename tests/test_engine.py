@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from jax.sharding import PartitionSpec as P
 
 from conftest import synthetic_domains
 from fedjax_dg import engine, models, plots, report, tree
@@ -197,16 +198,15 @@ SHARDED = textwrap.dedent("""
     worst = 0.0
     algs = [fedavg(model, opt, loss), local_only(model, opt, loss, num_clients=n)]
     if {with_hfedf}:  # a server step over the sharded (and padded) cohort
-      from fedjax_dg import algorithms
       algs.append(hfedf(model, opt, loss, num_clients=n, ema_warmup=1))
-      # A frozen backbone, per-client adapters and a client statistic
-      # computed in a scan (FedSDAF on a ViT: GA's gaps, as FedDG-GA's).
+    if {with_fedsdaf}:  # a frozen backbone, per-client adapters, GA's gaps
+      from fedjax_dg import algorithms
       vit = models.get_model("vit_tiny", input_shape=fed.image_shape,
                              num_classes=fed.num_classes, mean=fed.mean,
                              std=fed.std, patch=4, dim=16, depth=1, heads=2,
                              mlp_dim=16)
-      algs.append(algorithms.create("fedsdaf", vit, optimizer=opt,
-                                    hparams={{}}, num_clients=n))
+      algs = [algorithms.create("fedsdaf", vit, optimizer=opt, hparams={{}},
+                                num_clients=n)]
     for alg in algs:
       one = engine.run(alg, fed, model, dataclasses.replace(cfg, client_mapping="map"))
       auto = dataclasses.replace(cfg, client_mapping="auto")
@@ -231,13 +231,44 @@ def test_sharded_over_host_devices_matches_one_device(devices, clients, mesh):
   """8 clients on 8 devices; 5 on 2 (the cohort padded to 6 inside the mapper)."""
   tests = os.path.dirname(os.path.abspath(__file__))
   script = SHARDED.format(tests=tests, devices=devices, clients=clients,
-                          with_hfedf=devices == 2)
+                          with_hfedf=devices == 2, with_fedsdaf=False)
   out = subprocess.run([sys.executable, "-c", script], capture_output=True,
                        text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
   assert f"MESH {mesh}" in out.stdout
   diff = float(out.stdout.split("MAXDIFF")[1])
   assert diff < 1e-5, diff
+
+
+@pytest.mark.slow
+def test_fedsdaf_sharded_over_host_devices_matches_one_device():
+  """FedSDAF on a ViT (frozen backbone held once, per-client adapters, GA's
+  gaps measured in a scan) over 2 devices equals one device."""
+  tests = os.path.dirname(os.path.abspath(__file__))
+  script = SHARDED.format(tests=tests, devices=2, clients=5, with_hfedf=False,
+                          with_fedsdaf=True)
+  out = subprocess.run([sys.executable, "-c", script], capture_output=True,
+                       text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert float(out.stdout.split("MAXDIFF")[1]) < 1e-5
+
+
+def test_client_statistics_trace_under_shard_map(fed3):
+  """A client statistic computed in a scan (FedDG-GA's / FedSDAF's gap) traces
+  with the clients sharded: its carry varies over the client axis."""
+  from fedjax_dg.algorithms.feddg_ga import slice_metrics
+  model = mlp(fed3)
+  params = model.init(jax.random.key(0))
+  mesh = engine.client_mesh(1)
+  f = jax.shard_map(
+      lambda x, y, n: jax.vmap(lambda a, b, c: jnp.stack(slice_metrics(
+          model, params, a, b, c, 8, 4)))(x, y, n),
+      mesh=mesh, in_specs=(P("clients"),) * 3, out_specs=P("clients"))
+  got = np.asarray(jax.jit(f)(fed3.train.x, fed3.train.y, fed3.train.n))
+  for i in range(fed3.num_clients):
+    want = slice_metrics(model, params, fed3.train.x[i], fed3.train.y[i],
+                         fed3.train.n[i], 8, 4)
+    np.testing.assert_allclose(got[i], np.asarray(want), rtol=1e-5)
 
 
 def _shapes(jaxpr) -> set:

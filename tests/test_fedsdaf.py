@@ -278,7 +278,8 @@ def test_gap_is_the_clients_model_loss_on_its_rows(fed):
 
 
 @pytest.mark.parametrize("hp,server_keys,client_keys,personalized", [
-    (dict(fusion=False), {"adi", "head"}, {"adw"}, True),
+    pytest.param(dict(fusion=False), {"adi", "head"}, {"adw"}, True,
+                 marks=pytest.mark.slow),
     (dict(domain_aware=False), {"adi", "head"}, None, False),
     (dict(domain_aware=False, domain_invariant=False), {"head"}, None, False),
     (dict(train_head=False), {"adi"}, {"adw", "fuse"}, True),

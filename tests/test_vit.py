@@ -85,8 +85,9 @@ def _reference(params, x, path, adapters, fusion=True):
 
 
 @pytest.mark.parametrize("adapters,path,fusion", [
-    ("none", "kia", True), ("di", "kia", True), ("kia", "kia", True),
-    ("kia", "di", True), ("kia", "kia", False)])
+    pytest.param("none", "kia", True, marks=pytest.mark.slow),
+    ("di", "kia", True), ("kia", "kia", True), ("kia", "di", True),
+    pytest.param("kia", "kia", False, marks=pytest.mark.slow)])
 def test_forward_matches_a_numpy_reimplementation(adapters, path, fusion):
   m = _model(adapters, fusion=fusion)
   params = m.init(jax.random.key(1))
