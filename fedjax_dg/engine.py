@@ -71,6 +71,8 @@ class EngineConfig:
   cohort_size: int = 0          # 0: every client every round
   client_mapping: str = "auto"
   map_batch_size: int = 1
+  skip_idle_steps: bool = True  # a client's steps past its own count skipped
+                                # (lax.map), not computed and discarded
   seed: int = 0
   eval_batch_size: int = 500
   ood_eval_max: int = 2000      # target examples scored between chunks (0: all)
@@ -181,10 +183,14 @@ def client_mesh(size: int | None = None) -> jax.sharding.Mesh:
 
 
 def _sequential(map_batch_size: int) -> Callable:
-  """`lax.map` over the clients, `map_batch_size` of them vmapped at a time."""
+  """`lax.map` over the clients, `map_batch_size` of them vmapped at a time
+  (1: no vmap at all, so a client's idle steps are real branches that skip:
+  `client.update.local_update`'s `skip_idle`)."""
+  batch = map_batch_size if map_batch_size > 1 else None
+
   def mapper(f):
     return lambda shared, *args: jax.lax.map(lambda a: f(shared, *a), args,
-                                             batch_size=map_batch_size)
+                                             batch_size=batch)
   return mapper
 
 
@@ -250,6 +256,13 @@ class Layout:
   def mapper(self, map_batch_size: int) -> Callable:
     return client_mapper(self.mapping, map_batch_size, self.mesh)
 
+  def one_client_at_a_time(self, map_batch_size: int) -> bool:
+    """Whether each client's update runs alone (no vmap around it): then an
+    idle local step can be a real branch."""
+    if map_batch_size != 1 or self.mapping == "vmap":
+      return False
+    return self.mapping == "map" or jax.default_backend() == "cpu"
+
   def put_carry(self, carry: PyTree) -> PyTree:
     if self.mesh is None:
       return carry
@@ -276,7 +289,10 @@ def make_round(alg: Algorithm, cfg: EngineConfig, num_clients: int,
   """round(carry, r, train, root_key, frozen) -> (carry, metrics);
   carry = (server, clients); `frozen` = the algorithm's shared-frozen params."""
   m = cfg.cohort_size or num_clients
-  mapper = (layout or Layout.of(cfg, num_clients)).mapper(cfg.map_batch_size)
+  layout = layout or Layout.of(cfg, num_clients)
+  mapper = layout.mapper(cfg.map_batch_size)
+  skip_idle = (cfg.skip_idle_steps
+               and layout.one_client_at_a_time(cfg.map_batch_size))
   steps = alg.local_steps or cfg.local_steps
 
   def train_one(shared, start, x, y, n, key, cid, row, extra):
@@ -286,7 +302,8 @@ def make_round(alg: Algorithm, cfg: EngineConfig, num_clients: int,
     trained, loss = local_update(alg.loss, alg.optimizer, start, x, y, n, key,
                                  ctx, batch_size=cfg.batch_size,
                                  epochs=cfg.epochs, steps=steps,
-                                 rounds=cfg.rounds)
+                                 rounds=cfg.rounds,
+                                 skip_idle=skip_idle)
     aux = None
     if alg.client_aux is not None:
       taken = local_steps(n, cfg.batch_size, cfg.epochs, steps)
@@ -564,6 +581,7 @@ def _program_key(cfg: EngineConfig, alg: Algorithm) -> EngineConfig:
                       batch_size=cfg.batch_size,
                       cohort_size=cfg.cohort_size, client_mapping=cfg.client_mapping,
                       map_batch_size=cfg.map_batch_size,
+                      skip_idle_steps=cfg.skip_idle_steps,
                       eval_batch_size=cfg.eval_batch_size)
 
 

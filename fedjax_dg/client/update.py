@@ -2,9 +2,10 @@
 
 E local epochs over a client's `n` valid examples (of `n_max` padded ones) are
 `E * ceil(n / B)` steps; every client runs the same static number of scanned steps
-`E * ceil(n_max / B)` and steps past its own count are masked out
-(`jnp.where(active, new, old)`), so one compile serves unequal clients and E epochs
-mean E epochs for every client. Each epoch is a fresh permutation of the valid
+`E * ceil(n_max / B)` and steps past its own count change nothing (skipped by a
+`lax.cond` where the client is mapped alone, else masked out with
+`jnp.where(active, new, old)`), so one compile serves unequal clients and E
+epochs mean E epochs for every client. Each epoch is a fresh permutation of the valid
 examples; the last batch of an epoch is partial (PyTorch `drop_last=False`) and its
 padding is masked out of the loss.
 """
@@ -128,8 +129,8 @@ def match_varying(values: PyTree, like: jax.Array) -> PyTree:
 def local_update(loss_fn: LossFn, optimizer: optax.GradientTransformation,
                  params: PyTree, x: jax.Array, y: jax.Array, n: jax.Array,
                  key: jax.Array, ctx: Any = None, *, batch_size: int,
-                 epochs: int, steps: int = 0,
-                 rounds: int = 0) -> tuple[PyTree, jax.Array]:
+                 epochs: int, steps: int = 0, rounds: int = 0,
+                 skip_idle: bool = False) -> tuple[PyTree, jax.Array]:
   """Trains one client; returns (params, mean loss over its steps).
 
   `epochs` passes over the client's own `n` examples, or, with `steps > 0`,
@@ -137,6 +138,12 @@ def local_update(loss_fn: LossFn, optimizer: optax.GradientTransformation,
   fresh permutations. The optimizer state starts fresh every call (every round),
   as in the papers' reference code. `x`: uint8 [n_max, ...], `y`: [n_max], `n`:
   scalar count. `rounds`: the run's rounds, for a `RunProgress` optimizer.
+  `skip_idle`: a step past the client's own count is a `lax.cond` branch that
+  computes nothing, with the same numbers; only where the client is not
+  vmapped (the engine passes it for clients mapped one at a time): under
+  vmap the branch would become a select over batched operands (the shared
+  frozen parameters copied per client). Otherwise an idle step's update is
+  computed and discarded (`jnp.where`).
   A `ClientContext` reaches the loss with `epoch` set to the step's pass over
   the client's data: `s // ceil(n / B)`, at most the last pass (with `steps >
   0` too, where a pass is `ceil(n / B)` steps).
@@ -161,12 +168,10 @@ def local_update(loss_fn: LossFn, optimizer: optax.GradientTransformation,
   # that take no extra arguments ignore it (optax.chain).
   extra_args = isinstance(optimizer, optax.GradientTransformationExtraArgs)
 
-  def step(carry, s):
+  def train(carry, s, idx, valid, x, y, rng, ctx):
     p, opt_state, loss_sum = carry
-    idx, valid, active = batch_at(s, perms, n, batch_size)
     batch = Batch(jnp.take(x, idx, axis=0), jnp.take(y, idx, axis=0),
                   valid.astype(jnp.float32))
-    rng = jax.random.fold_in(step_key, s)
     step_ctx = ctx
     if isinstance(ctx, ClientContext):
       per_pass = jnp.maximum((n + batch_size - 1) // batch_size, 1)
@@ -183,11 +188,18 @@ def local_update(loss_fn: LossFn, optimizer: optax.GradientTransformation,
       epoch = 0 if fixed_steps else jnp.minimum(s // per_epoch, e - 1)
       kw["progress"] = (getattr(ctx, "round", 0) * e + epoch) / (rounds * e)
     updates, new_opt_state = optimizer.update(grads, opt_state, p, **kw)
-    new_p = optax.apply_updates(p, updates)
-    keep = lambda new, old: jnp.where(active, new, old)
-    p = jax.tree.map(keep, new_p, p)
-    opt_state = jax.tree.map(keep, new_opt_state, opt_state)
-    return (p, opt_state, loss_sum + jnp.where(active, loss, 0.0)), None
+    return optax.apply_updates(p, updates), new_opt_state, loss_sum + loss
+
+  def step(carry, s):
+    idx, valid, active = batch_at(s, perms, n, batch_size)
+    # Outside the branch: a fold_in inside a cond batched under shard_map
+    # fails to trace (jax 0.10.2).
+    rng = jax.random.fold_in(step_key, s)
+    if skip_idle:
+      return jax.lax.cond(active, train, lambda c, *_: c, carry, s, idx,
+                          valid, x, y, rng, ctx), None
+    new = train(carry, s, idx, valid, x, y, rng, ctx)
+    return jax.tree.map(lambda a, b: jnp.where(active, a, b), new, carry), None
 
   init = match_varying(
       (params, optimizer.init(params), jnp.zeros((), jnp.float32)), n)
