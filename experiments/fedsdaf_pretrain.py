@@ -14,6 +14,16 @@ that load this file hold out the other four domains only: gray stays a source
         --set model.weights=runs/vit_tiny_gray.npz \
         --set data.targets=tint,inverse,sketch,texture
 
+Rotated Fashion-MNIST (the upright domain "0" pretrains, the five rotated
+ones are held out):
+
+    python experiments/fedsdaf_pretrain.py runs/vit_tiny_rot0.npz \
+        --dataset rotated_fashion_mnist --domain 0
+    fedjax-dg run --config experiments/fedsdaf_offline.py \
+        --set data.name=rotated_fashion_mnist \
+        --set model.weights=runs/vit_tiny_rot0.npz \
+        --set data.targets=15,30,45,60,75
+
 Pretraining: the offline config's model and input statistics, every gray
 image (`data.max_per_domain=0`), 90 % trained / 10 % held out, Adam 1e-3,
 `--epochs` passes of batch 128 (5 by default); it prints the held-out
@@ -42,6 +52,7 @@ def offline_config():
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("out", help="the .npz to write")
+  p.add_argument("--dataset", default="styled_fashion_mnist")
   p.add_argument("--domain", default="gray")
   p.add_argument("--epochs", type=int, default=5)
   p.add_argument("--seed", type=int, default=0)
@@ -52,6 +63,7 @@ def main(argv=None):
   from fedjax_dg.errors import ConfigError
   from fedjax_dg.models import vit_weights
   cfg = offline_config()
+  cfg.data.name = args.dataset
   cfg.data.max_per_domain = 0
   cfg.seed = args.seed
   dataset = experiment.load_dataset(cfg)
