@@ -391,6 +391,17 @@ def test_fedccrl_experiments_plan_and_validate_before_any_data(path):
 FEDSDAF = sorted(glob.glob(os.path.join(EXPERIMENTS, "fedsdaf_table*.py")))
 
 
+def test_fedsdaf_offline_experiment_validates_before_any_data():
+  """The reduced-budget FedSDAF file: every algorithm a ViT variant, the tiny
+  ViT's sizes set, and its cells (both offline datasets) validate."""
+  path = os.path.join(EXPERIMENTS, "fedsdaf_offline.py")
+  for sets in ([], ["data.name=rotated_fashion_mnist"]):
+    p = sweep.plan(path, sets)
+    assert sweep.check(p, data=False) == [1] * len(p.cells)
+  assert p.base.model.name == "vit_tiny" and p.base.model.vit.patch == 7
+  assert set(p.base.algorithms) >= {"fedavg_adapter", "fedsdaf", "fedsdaf_di"}
+
+
 @pytest.mark.parametrize("path", FEDSDAF, ids=os.path.basename)
 def test_fedsdaf_experiments_plan_and_validate_before_any_data(path):
   """FedSDAF's table files: every cell a valid run config on the paper's
