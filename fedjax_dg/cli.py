@@ -1,4 +1,4 @@
-"""`fedjax-dg run | demo | prepare | sweep | report`."""
+"""`fedjax-dg run | demo | prepare | sweep | report | doctor`."""
 
 from __future__ import annotations
 
@@ -73,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
   sub.add_parser("datasets", help="list the datasets (built-in and prepared "
                  "folders) and whether each is prepared")
   sub.add_parser("algorithms", help="list the algorithms and their settings")
+  sub.add_parser("doctor", help="is this machine ready? backend, devices, "
+                 "versions, data; what to do for each problem (exit code 1 "
+                 "when something required is missing)")
   p_sweep = sub.add_parser(
       "sweep", help="grid values x seeds of a config, one run directory per cell")
   p_sweep.add_argument("--config", help="experiments/<file>.py")
@@ -108,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
       from fedjax_dg.data import sources
       print(sources.describe_available())
       return 0
+    if args.command == "doctor":
+      from fedjax_dg import doctor
+      return doctor.main()
     if args.command == "algorithms":
       from fedjax_dg import algorithms
       print(algorithms.describe())
