@@ -19,6 +19,7 @@ import json
 import math
 import numbers
 import os
+import time
 
 JSONL = "metrics.jsonl"
 TB_DIR = "tb"
@@ -99,7 +100,10 @@ class RunLog:
       self._writers[key] = tensorboardX.SummaryWriter(
           logdir=tb_dir(self.run_dir, algorithm,
                         None if target == "None" else target),
-          flush_secs=10**6)
+          flush_secs=10**6,
+          # tensorboardX names files by the second: a resume (or a second
+          # writer) within the same second would truncate the earlier file.
+          filename_suffix=f".{os.getpid()}.{time.time_ns()}")
     return self._writers[key]
 
   def log(self, algorithm: str, target, entry: dict) -> None:

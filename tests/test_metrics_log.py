@@ -68,6 +68,12 @@ def test_resumed_chunks_replace_their_lines_and_sync_matches_history(tmp_path):
                    + [metrics_log.record("hfedf", "75", history[0])])
   scalars = tb_scalars(tmp_path / "tb" / "hfedf--75")
   assert scalars == {"train_loss": [(1, 1.0)]}
+  # The second writer (same second, same folder) did not truncate the first's
+  # file: TensorBoard keeps both writes of round 2.
+  # (sync added round 3 of the history, which the resumed writer never saw).
+  steps = sorted(tb_scalars(tmp_path / "tb" / "fedavg--0")["train_loss"])
+  assert [s for s, _ in steps] == [1, 2, 2, 3, 3]
+  assert [v for _, v in steps] == pytest.approx([1.0, 0.25, 0.5, 0.2, 1 / 3])
 
 
 TINY = '''
