@@ -1,4 +1,4 @@
-"""`fedjax-dg run | demo | prepare | sweep | report`."""
+"""`fedjax-dg run | demo | prepare | sweep | report | partition | doctor`."""
 
 from __future__ import annotations
 
@@ -73,6 +73,22 @@ def main(argv: list[str] | None = None) -> int:
   sub.add_parser("datasets", help="list the datasets (built-in and prepared "
                  "folders) and whether each is prepared")
   sub.add_parser("algorithms", help="list the algorithms and their settings")
+  p_part = sub.add_parser(
+      "partition", help="the federation a run would build (no training): "
+      "per-client counts by domain or class, as a table and a plot")
+  p_part.add_argument("--config", required=True, help="experiments/<file>.py")
+  p_part.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                      help="override a config field, as for run")
+  p_part.add_argument("--by", choices=("domains", "classes"), default="domains",
+                      help="count each client's training examples per domain "
+                      "(default) or per class")
+  p_part.add_argument("--plot", metavar="OUT.png",
+                      help="also draw the counts, one panel per target domain")
+  p_part.add_argument("--plot-kind", choices=("bar", "heatmap"), default="bar",
+                      help="stacked bars per client (default) or a heatmap")
+  sub.add_parser("doctor", help="is this machine ready? backend, devices, "
+                 "versions, data; what to do for each problem (exit code 1 "
+                 "when something required is missing)")
   p_sweep = sub.add_parser(
       "sweep", help="grid values x seeds of a config, one run directory per cell")
   p_sweep.add_argument("--config", help="experiments/<file>.py")
@@ -108,6 +124,12 @@ def main(argv: list[str] | None = None) -> int:
       from fedjax_dg.data import sources
       print(sources.describe_available())
       return 0
+    if args.command == "partition":
+      from fedjax_dg import federation_view
+      return federation_view.main(args)
+    if args.command == "doctor":
+      from fedjax_dg import doctor
+      return doctor.main()
     if args.command == "algorithms":
       from fedjax_dg import algorithms
       print(algorithms.describe())

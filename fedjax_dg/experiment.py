@@ -1,8 +1,9 @@
 """Runs a config: algorithms x held-out target domains, one engine run each.
 
 Results go to a fresh run directory (never an earlier run's): `results.json`
-(config, per-run history, final metrics), `table.md`, learning-curve PNGs and
-orbax checkpoints (so `fedjax-dg run --resume DIR` continues an interrupted run).
+(config, per-run history, final metrics), `metrics.jsonl` and TensorBoard event
+files under `tb/` (written at every evaluation: `metrics_log`), `table.md`,
+learning-curve PNGs and orbax checkpoints (so `fedjax-dg run --resume DIR` continues an interrupted run).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import time
 
 import numpy as np
 
-from fedjax_dg import algorithms, engine
+from fedjax_dg import algorithms, engine, metrics_log
 from fedjax_dg import config as config_lib
 from fedjax_dg.config import ConfigDict
 from fedjax_dg.errors import ConfigError, NeedsDataError
@@ -308,6 +309,21 @@ def run(cfg: ConfigDict, run_dir: str | None = None, *, resume: bool = False,
       results["runs"] = json.load(f)["runs"]
   done = {(r["algorithm"], r["target"]) for r in results["runs"]}
   echo(f"run directory: {run_dir}" + (" (resuming)" if resume else ""))
+  log = metrics_log.RunLog(run_dir)
+  try:
+    for r in results["runs"]:  # kept from results.json: their lines as well
+      log.sync(r["algorithm"], r["target"], r["history"])
+    _run_all(cfg, dataset, targets, feds, ecfg, run_dir, results, done, log,
+             echo)
+  finally:  # a stopped run keeps its metrics up to its last evaluation
+    log.close()
+  return results
+
+
+def _run_all(cfg, dataset, targets, feds, ecfg, run_dir, results, done, log,
+             echo) -> None:
+  """`run`'s loop over (target, algorithm), after every check and with the run
+  directory made; fills `results` and writes results.json after each run."""
   t0 = time.perf_counter()
   # One model and one Algorithm object per client count: runs with equal shapes
   # (other target domains, seeds) reuse the same traced and compiled programs.
@@ -333,7 +349,9 @@ def run(cfg: ConfigDict, run_dir: str | None = None, *, resume: bool = False,
         check_disk(name, built[key], run_dir, echo)
       alg = built[key]
       ckpt = os.path.join(run_dir, "checkpoints", f"{name}--{target}")
-      res = engine.run(alg, fed, model, ecfg, checkpoint_dir=ckpt)
+      res = engine.run(alg, fed, model, ecfg, checkpoint_dir=ckpt,
+                       on_eval=log.callback(name, target))
+      log.sync(name, target, res.history)
       if not cfg.train.keep_checkpoints:
         shutil.rmtree(ckpt, ignore_errors=True)
       if res.features is not None:
@@ -347,7 +365,6 @@ def run(cfg: ConfigDict, run_dir: str | None = None, *, resume: bool = False,
       _write(run_dir, results)
   results["seconds"] = time.perf_counter() - t0
   _write(run_dir, results)
-  return results
 
 
 def features_path(run_dir: str, name: str, target) -> str:

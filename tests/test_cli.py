@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from fedjax_dg import cli
+from fedjax_dg import cli, metrics_log
 
 TINY = '''
 from fedjax_dg.config import base_config
@@ -55,6 +55,15 @@ def test_run_writes_results_table_and_plots_and_never_overwrites(tiny_config, ca
     assert sum(cal["id"]["hist_correct"]) + sum(cal["id"]["hist_incorrect"]) > 0
     assert ("weight_divergence" in r["final"]) == (r["algorithm"] == "hfedf")
   assert "ECE ood" in open(os.path.join(out, run_dir, "table.md")).read()
+  # metrics.jsonl: strict JSON, one line per evaluation, equal to the history.
+  def reject(token):
+    raise AssertionError(f"bare {token} in metrics.jsonl")
+  lines = [json.loads(l, parse_constant=reject)
+           for l in open(os.path.join(out, run_dir, "metrics.jsonl"))]
+  assert lines == [metrics_log.record(r["algorithm"], r["target"], h)
+                   for r in res["runs"] for h in r["history"]]
+  assert sorted(os.listdir(os.path.join(out, run_dir, "tb"))) == [
+      "fedavg--0", "fedavg--75", "hfedf--0", "hfedf--75"]
   for f in ("table.md", "curves.png", "config.json", "gradalign.png",
             "confidence.png", "weight_divergence.png"):
     assert os.path.getsize(os.path.join(out, run_dir, f)) > 0

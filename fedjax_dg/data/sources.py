@@ -322,11 +322,24 @@ def data_dir_default() -> str:
   / `make test` prepare); else `~/.cache/fedjax_dg/tfds`."""
   if os.environ.get(ENV_DATA_DIR):
     return os.path.expanduser(os.environ[ENV_DATA_DIR])
-  checkout = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-      os.path.abspath(__file__)))), ".data")
+  checkout = _checkout_data_dir()
   if os.path.isdir(checkout):
     return checkout
   return os.path.expanduser(DEFAULT_DATA_DIR)
+
+
+def _checkout_data_dir() -> str:
+  return os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__)))), ".data")
+
+
+def data_dir_origin() -> str:
+  """Which rule of `data_dir_default` chose the data directory."""
+  if os.environ.get(ENV_DATA_DIR):
+    return f"${ENV_DATA_DIR}"
+  if os.path.isdir(_checkout_data_dir()):
+    return "the checkout's .data/"
+  return "the default"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -431,17 +444,28 @@ def describe_available(data_dir: str | None = None) -> str:
            ".data/, else ~/.cache/fedjax_dg/tfds)"]
   for name in available(data_dir):
     entry = _lookup(name, data_dir)
+    ready = is_prepared(name, data_dir)
     if isinstance(entry, _Own):
-      ready = os.path.exists(os.path.join(_prepared_dir(entry, data_dir),
-                                          "dataset_info.json"))
       kind = "your folder" if entry.builder == "Folder" else "own builder"
       domains = (f", domains {list(entry.domains)}" if entry.domains else "")
     else:
-      ready, kind, domains = None, "TFDS catalog", f", domains {list(entry.configs)}"
+      kind, domains = "TFDS catalog", f", domains {list(entry.configs)}"
     state = {True: "prepared", False: "not prepared",
              None: "downloaded by TFDS on first use"}[ready]
     lines.append(f"  {name:24s} {kind}{domains}: {state}")
   return "\n".join(lines)
+
+
+def is_prepared(name: str, data_dir: str | None = None) -> bool | None:
+  """Whether `name` (one of the project's own builders or a prepared folder)
+  is prepared in `data_dir`; None for a TFDS catalog dataset (downloaded by
+  TFDS on first use)."""
+  data_dir = os.path.expanduser(data_dir or data_dir_default())
+  entry = _lookup(name, data_dir)
+  if not isinstance(entry, _Own):
+    return None
+  return os.path.exists(os.path.join(_prepared_dir(entry, data_dir),
+                                     "dataset_info.json"))
 
 
 def eval_split(name: str) -> str | None:

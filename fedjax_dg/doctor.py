@@ -1,0 +1,121 @@
+"""`fedjax-dg doctor`: is this machine ready? Backend and devices, the library
+versions, the data directory in effect, whether the offline benchmark is
+prepared and where its raw Fashion-MNIST files are; one line of what to do for
+each problem. Exit code 0 when everything required is there, else 1.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import importlib.metadata
+import os
+
+OK, MISSING, NOTE = "ok", "MISSING", "note"
+# The dataset `make demo` / `make test` prepare and the demo runs on.
+OFFLINE_DATASET = "rotated_fashion_mnist"
+PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "tensorboardX")
+INSTALL_FIX = ("pip install -r requirements.lock && pip install --no-deps -e . "
+               "(or `make setup`)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+  name: str
+  status: str     # OK, MISSING (required: exit code 1) or NOTE (informational)
+  value: str
+  fix: str = ""   # what to do, for MISSING and NOTE
+
+
+def package_checks(version=importlib.metadata.version) -> list[Check]:
+  out = []
+  for name in PACKAGES:
+    try:
+      out.append(Check(name, OK, version(name)))
+    except importlib.metadata.PackageNotFoundError:
+      out.append(Check(name, MISSING, "not installed", INSTALL_FIX))
+  return out
+
+
+def device_summary(devices) -> str:
+  """'NVIDIA H100 80GB HBM3 x 1' (counts per device kind)."""
+  kinds = collections.Counter(d.device_kind for d in devices)
+  return ", ".join(f"{k} x {n}" for k, n in kinds.items())
+
+
+def device_checks() -> list[Check]:
+  try:
+    import jax
+    from fedjax_dg import engine
+    engine.use_cpu_devices()  # the CPU devices a run gets: one per core
+    backend, devices = jax.default_backend(), jax.devices()
+  except Exception as e:  # a broken install or accelerator runtime: say which
+    return [Check("backend", MISSING, f"{type(e).__name__}: {e}"[:120],
+                  "reinstall jax for this machine: pip install -e '.[cuda12]' "
+                  "(NVIDIA GPU), '.[tpu]' (TPU) or the plain install (CPU)")]
+  fix = ("" if backend != "cpu" else "CPU only; on an NVIDIA GPU: pip install "
+         "-e '.[cuda12]', on a TPU: pip install -e '.[tpu]'")
+  return [Check("backend", NOTE if fix else OK, backend, fix),
+          Check("devices", OK, device_summary(devices))]
+
+
+def data_checks(data_dir: str | None = None,
+                raw_dir: str | None = None) -> list[Check]:
+  """The data directory in effect, the offline benchmark and its raw files
+  (`raw_dir`: default `$FEDJAX_DG_FASHION_MNIST_DIR` or the Debian package's)."""
+  from fedjax_dg.data import sources
+  from fedjax_dg.data.builders import rotated_fashion_mnist as rfm
+  origin = "given" if data_dir else sources.data_dir_origin()
+  data_dir = os.path.expanduser(data_dir or sources.data_dir_default())
+  raw_dir = raw_dir or rfm.source_dir_default()
+  prepared = bool(sources.is_prepared(OFFLINE_DATASET, data_dir))
+  has_raw = rfm.has_idx_files(raw_dir)
+  out = [Check("data dir", OK, f"{data_dir} ({origin})")]
+  if prepared:
+    out.append(Check(OFFLINE_DATASET, OK, "prepared"))
+  else:
+    out.append(Check(
+        OFFLINE_DATASET, MISSING, f"not prepared in {data_dir}",
+        f"make data, or: fedjax-dg prepare {OFFLINE_DATASET} (writes into "
+        f"{data_dir}; set ${sources.ENV_DATA_DIR} to prepare elsewhere)"))
+  raw_fix = (f"sudo apt-get install dataset-fashion-mnist, or export "
+             f"{rfm.ENV_SOURCE_DIR}=<a folder with the four IDX files>")
+  if has_raw:
+    out.append(Check("fashion-mnist raw", OK, f"{raw_dir} (4 IDX files)"))
+  elif prepared:  # prepared data outlive their source
+    out.append(Check("fashion-mnist raw", NOTE, f"no IDX files in {raw_dir}",
+                     "needed only to prepare again: " + raw_fix))
+  else:
+    out.append(Check("fashion-mnist raw", MISSING, f"no IDX files in {raw_dir}",
+                     raw_fix + " (needed by prepare)"))
+  return out
+
+
+def checks(data_dir: str | None = None, raw_dir: str | None = None) -> list[Check]:
+  import platform
+  return ([Check("python", OK, platform.python_version())] + device_checks()
+          + package_checks() + data_checks(data_dir, raw_dir))
+
+
+def table(rows: list[Check]) -> str:
+  """The checks as a short table, each problem followed by what to do."""
+  width = max(len(r.name) for r in rows)
+  lines = []
+  for r in rows:
+    lines.append(f"{r.name:<{width}}  {r.status:<7}  {r.value}")
+    if r.fix:
+      lines.append(f"{'':<{width}}  {'':<7}  -> {r.fix}")
+  missing = sum(r.status == MISSING for r in rows)
+  lines.append("all required checks passed" if not missing else
+               f"{missing} required check(s) failed: see the -> lines")
+  return "\n".join(lines)
+
+
+def exit_code(rows: list[Check]) -> int:
+  return int(any(r.status == MISSING for r in rows))
+
+
+def main() -> int:
+  rows = checks()
+  print(table(rows))
+  return exit_code(rows)

@@ -1,0 +1,84 @@
+"""Install paths: the accelerator extras pin the locked jax, the README shows
+them after `make demo` / `make test`, and the Colab install cell has no
+placeholder and installs from the repository it sits in."""
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import tomllib
+
+import pytest
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+
+
+def locked(name):
+  text = open(os.path.join(ROOT, "requirements.lock")).read()
+  (version,) = re.findall(rf"^{re.escape(name)}==(\S+)$", text, re.M | re.I)
+  return version
+
+
+def test_accelerator_extras_pin_the_locked_jax():
+  extras = tomllib.load(open(os.path.join(ROOT, "pyproject.toml"), "rb"))[
+      "project"]["optional-dependencies"]
+  jax = locked("jax")
+  assert extras["cuda12"] == [f"jax[cuda12]=={jax}"]
+  assert extras["tpu"] == [f"jax[tpu]=={jax}"]
+  assert locked("jaxlib") == jax
+  deps = tomllib.load(open(os.path.join(ROOT, "pyproject.toml"), "rb"))[
+      "project"]["dependencies"]
+  assert any(d.lower().startswith("tensorboardx") for d in deps)
+  assert locked("tensorboardX")
+
+
+def test_readme_shows_make_first_then_the_accelerator_install():
+  readme = open(os.path.join(ROOT, "README.md")).read()
+  first = re.search(r"```bash\n(.*?)```", readme, re.S).group(1).splitlines()
+  assert [l.split("#")[0].strip() for l in first] == ["make demo", "make test"]
+  section = readme[readme.index("### Install on a GPU / TPU"):]
+  for text in ('pip install -e ".[cuda12]"', 'pip install -e ".[tpu]"',
+               "fedjax-dg doctor"):
+    assert text in section
+
+
+def install_cell():
+  nb = json.load(open(os.path.join(ROOT, "colab", "quickstart.ipynb")))
+  return next("".join(c["source"]) for c in nb["cells"]
+              if c["cell_type"] == "code")
+
+
+def test_colab_install_cell_has_no_placeholder():
+  code = install_cell()
+  assert "<repository-url>" not in code and "pip" in code
+  assert not any(l.lstrip().startswith(("!", "%")) for l in code.splitlines())
+
+
+@pytest.fixture
+def not_installed(monkeypatch):
+  real = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: (
+      None if name == "fedjax_dg" else real(name, *a)))
+  calls = []
+  monkeypatch.setattr(subprocess, "check_call", calls.append)
+  monkeypatch.setattr(sys, "path", list(sys.path))  # the cell prepends root
+  return calls
+
+
+def test_colab_install_cell_installs_this_checkout(not_installed, monkeypatch):
+  monkeypatch.chdir(os.path.join(ROOT, "colab"))
+  ns = {"__name__": "__main__"}
+  exec(compile(install_cell(), "cell", "exec"), ns)
+  ((*pip, target),) = not_installed
+  assert pip[1:] == ["-m", "pip", "install", "-q", "-e"]
+  assert target.removesuffix("[cuda12]") == os.path.abspath(ROOT)
+
+
+def test_colab_install_cell_outside_the_repository_says_what_to_do(
+    not_installed, monkeypatch, tmp_path):
+  monkeypatch.chdir(tmp_path)
+  with pytest.raises(RuntimeError, match="not inside its repository"):
+    exec(compile(install_cell(), "cell", "exec"), {"__name__": "__main__"})
+  assert not not_installed
