@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 
 def emit(result: dict) -> None:
@@ -29,3 +30,16 @@ def run_worker(script: str, spec: dict) -> tuple[dict | None, str]:
   else:
     why = (proc.stderr.strip().splitlines() or ["no error output"])[-1][:120]
   return None, f"failed (rc {proc.returncode}): {why}"
+
+
+def round_robin(runners: dict, reps: int) -> dict:
+  """{name: [seconds per call]}: every runner called `reps` times, the order
+  rotated each repetition so machine noise hits every variant alike."""
+  times = {name: [] for name in runners}
+  order = list(runners)
+  for rep in range(reps):
+    for name in order[rep % len(order):] + order[:rep % len(order)]:
+      t0 = time.perf_counter()
+      runners[name]()
+      times[name].append(time.perf_counter() - t0)
+  return times

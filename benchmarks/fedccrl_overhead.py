@@ -35,6 +35,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from _worker import round_robin
+
 VARIANTS = {
     "fedavg": ("fedavg", {}),
     "fedccrl": ("fedccrl", {}),
@@ -106,13 +108,7 @@ def main(argv=None):
           flush=True)
     runners[name] = one_round
 
-  times = {name: [] for name in runners}
-  order = list(runners)
-  for rep in range(args.reps):
-    for name in order[rep % len(order):] + order[:rep % len(order)]:
-      t0 = time.perf_counter()
-      runners[name]()
-      times[name].append(time.perf_counter() - t0)
+  times = round_robin(runners, args.reps)
 
   base = statistics.median(times["fedavg"]) if "fedavg" in times else None
   steps = args.per_client // args.batch + bool(args.per_client % args.batch)

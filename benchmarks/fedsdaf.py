@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from _worker import round_robin
 from fedccrl_overhead import federation
 
 VARIANTS = {
@@ -169,6 +170,19 @@ def torch_runner(fed, args):
                                          F.softmax(teacher, 1),
                                          reduction="batchmean")
 
+  def player_step(params, opt, x, y, path, teacher):
+    for q in params:
+      q.requires_grad_(True)
+    with torch.no_grad():
+      z_teacher = model(x, teacher)
+    z = model(x, path)
+    loss = F.cross_entropy(z, y) + kl(z, z_teacher)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    for q in params:
+      q.requires_grad_(False)
+
   def one_round():
     model.train()
     for k in range(x_all.shape[0]):
@@ -178,28 +192,9 @@ def torch_runner(fed, args):
       for s in range(0, int(n_all[k]), args.batch):
         idx = perm[s:s + args.batch]
         x, y = x_all[k, idx], y_all[k, idx]
-        for q in di:
-          q.requires_grad_(True)
-        with torch.no_grad():
-          z_dw = model(x, "kia")
-        z_di = model(x, "di")
-        loss = F.cross_entropy(z_di, y) + kl(z_di, z_dw)
-        opt_di.zero_grad()
-        loss.backward()
-        opt_di.step()
-        for q in di:
-          q.requires_grad_(False)
-        for q in dw:
-          q.requires_grad_(True)
-        with torch.no_grad():
-          z_di = model(x, "di")
-        z_dw = model(x, "kia")
-        loss = F.cross_entropy(z_dw, y) + kl(z_dw, z_di)
-        opt_dw.zero_grad()
-        loss.backward()
-        opt_dw.step()
-        for q in dw:
-          q.requires_grad_(False)
+        # The di player steps against the dw path, then the reverse.
+        player_step(di, opt_di, x, y, "di", "kia")
+        player_step(dw, opt_dw, x, y, "kia", "di")
 
   return one_round
 
@@ -226,13 +221,7 @@ def cmd_round(args):
     fn()  # compile + first round
     print(f"{name}: first round (with compiling) {time.perf_counter() - t0:.1f} s",
           flush=True)
-  times = {name: [] for name in runners}
-  order = list(runners)
-  for rep in range(args.reps):
-    for name in order[rep % len(order):] + order[:rep % len(order)]:
-      t0 = time.perf_counter()
-      runners[name]()
-      times[name].append(time.perf_counter() - t0)
+  times = round_robin(runners, args.reps)
   base = statistics.median(times["fedavg_adapter"])
   steps = -(-args.per_client // args.batch)
   print(f"\nvit_tiny dim {args.dim} depth {args.depth} heads {args.heads} "

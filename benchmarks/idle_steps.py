@@ -35,6 +35,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from _worker import round_robin
+
 
 def federation(scenario: str, images: int, seed: int):
   """Label-skewed Fashion-MNIST-like data: random 32x32x3 images whose labels
@@ -126,13 +128,7 @@ def main(argv=None):
   same = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(
       jax.tree.leaves(finals["masked"][0]),
       jax.tree.leaves(finals["skipped"][0])))
-  times = {name: [] for name in runners}
-  order = list(runners)
-  for rep in range(args.reps):
-    for name in order[rep % len(order):] + order[:rep % len(order)]:
-      t0 = time.perf_counter()
-      runners[name]()
-      times[name].append(time.perf_counter() - t0)
+  times = round_robin(runners, args.reps)
   steps_max = args.epochs * -(-int(n.max()) // args.batch)
   real = sum(args.epochs * -(-int(n[i]) // args.batch) for i in ids)
   print(f"\n{args.scenario}: {fed.num_clients} clients, cohort {cohort}, "

@@ -80,6 +80,22 @@ def slice_metrics(model, params, x, y, n, examples: int, chunk: int):
   return ce / denom, hits / denom
 
 
+def ga_server_update(aggregator, server: ServerState, stacked,
+                     result: ClientResult, key):
+  """The server step of GA aggregation over the cohort's `stacked` models
+  (the gaps from `GapMetrics` in `result.aux`), with its round metrics in
+  cohort order (FedDG-GA's and FedSDAF's)."""
+  params, opt = aggregator.update(
+      stacked, server.opt, server.params, ids=result.ids,
+      after=result.aux.received, before=result.aux.trained,
+      progress=result.round / result.rounds,
+      weights=result.num_examples, key=key)
+  cohort = lambda v: jnp.take(v, result.ids)
+  return ServerState(params, opt), {"ga_weights": cohort(opt.weights),
+                                    "ga_gaps": cohort(opt.gaps),
+                                    "ga_step": opt.step}
+
+
 def build(model, optimizer, loss, *, num_clients: int,
           step_size: float = 0.2,   # d (code `--step_size` 0.2)
           metric: str = "loss",     # loss | acc (code default `--fair acc`)
@@ -116,15 +132,7 @@ def build(model, optimizer, loss, *, num_clients: int,
                       trained=measure(ctx.frozen, trained, data))
 
   def server_update(server, result: ClientResult, key):
-    params, opt = aggregator.update(
-        result.params, server.opt, server.params, ids=result.ids,
-        after=result.aux.received, before=result.aux.trained,
-        progress=result.round / result.rounds,
-        weights=result.num_examples, key=key)
-    cohort = lambda v: jnp.take(v, result.ids)
-    return ServerState(params, opt), {"ga_weights": cohort(opt.weights),
-                                      "ga_gaps": cohort(opt.gaps),
-                                      "ga_step": opt.step}
+    return ga_server_update(aggregator, server, result.params, result, key)
 
   return dataclasses.replace(base, client_aux=client_aux,
                              server_update=server_update, uses_rounds=True)

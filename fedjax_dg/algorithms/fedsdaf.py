@@ -44,7 +44,8 @@ import optax
 from fedjax_dg import tree
 from fedjax_dg.algorithms.base import (Algorithm, ClientResult, ServerState,
                                        with_frozen)
-from fedjax_dg.algorithms.feddg_ga import GapMetrics, slice_metrics
+from fedjax_dg.algorithms.feddg_ga import (GapMetrics, ga_server_update,
+                                           slice_metrics)
 from fedjax_dg.client.objectives import masked_mean
 from fedjax_dg.client.update import RunProgress
 from fedjax_dg.errors import ConfigError
@@ -321,15 +322,7 @@ def build(model, optimizer, *, num_clients: int,
       params, opt = aggregator.update(stacked, server.opt,
                                       weights=result.num_examples)
       return ServerState(params, opt), {}
-    params, opt = aggregator.update(
-        stacked, server.opt, server.params, ids=result.ids,
-        after=result.aux.received, before=result.aux.trained,
-        progress=result.round / result.rounds, weights=result.num_examples,
-        key=key)
-    cohort = lambda v: jnp.take(v, result.ids)
-    return ServerState(params, opt), {"ga_weights": cohort(opt.weights),
-                                      "ga_gaps": cohort(opt.gaps),
-                                      "ga_step": opt.step}
+    return ga_server_update(aggregator, server, stacked, result, key)
 
   def eval_params(server, clients):
     if clients is None:
