@@ -186,6 +186,11 @@ def is_main() -> bool:
   return jax.process_index() == 0
 
 
+def main_only(echo):
+  """`echo` on process 0 (it reports the run), a no-op on the others."""
+  return echo if is_main() else lambda *args, **kwargs: None
+
+
 def same_everywhere(text: str) -> str:
   """Process 0's `text` on every process (a run directory named by process 0)."""
   if process_count() == 1:

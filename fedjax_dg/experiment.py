@@ -299,7 +299,7 @@ def run(cfg: ConfigDict, run_dir: str | None = None, *, resume: bool = False,
   # directory (checkpoints: every process, through orbax); every process has
   # read the directory before process 0 writes (the broadcast waits for all).
   main = distributed.is_main()
-  echo = echo if main else _quiet
+  echo = distributed.main_only(echo)
   run_dir = distributed.same_everywhere(
       run_dir or (make_run_dir(cfg.output_dir, cfg.name) if main else ""))
   if main:
@@ -376,11 +376,6 @@ def _run_all(cfg, dataset, targets, feds, ecfg, run_dir, results, done, log,
   results["seconds"] = time.perf_counter() - t0
   if distributed.is_main():
     _write(run_dir, results)
-
-
-def _quiet(*args, **kwargs) -> None:
-  """The `echo` of processes other than 0 (process 0 reports the run)."""
-
 
 def features_path(run_dir: str, name: str, target) -> str:
   return os.path.join(run_dir, "features", f"{name}--{target}.npz")
