@@ -161,7 +161,8 @@ def wait_for_coordinator(s: Settings, deadline: float) -> None:
 
 def _not_all_joined(s: Settings) -> str:
   n = s.num_processes
-  return (f"process {s.process_id} of {n or '?'}: the coordinator at "
+  who = "this process" if s.process_id is None else f"process {s.process_id}"
+  return (f"{who} of {n or '?'}: the coordinator at "
           f"{s.coordinator or '(detected)'} did not see all {n or ''} processes "
           f"within {s.timeout:g} s: start every process "
           f"{f'0..{n - 1} ' if n else ''}once, each "

@@ -17,6 +17,7 @@ import pytest
 
 from fedjax_dg import cli, distributed
 from fedjax_dg.errors import ConfigError
+from test_cli import TINY
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
@@ -224,30 +225,10 @@ def test_host_port_reads_ipv6():
   assert distributed.host_port("node-0.cluster:8476") == ("node-0.cluster", 8476)
 
 
-CLI_CONFIG = '''
-from fedjax_dg.config import base_config
-
-def get_config():
-  c = base_config()
-  c.name = "tiny"
-  c.output_dir = {out!r}
-  c.algorithms = ("fedavg",)
-  c.data.max_per_domain = 40
-  c.data.image_size = 16
-  c.data.targets = "0"
-  c.model.name = "mlp"
-  c.train.rounds = 2
-  c.train.eval_every = 1
-  c.train.epochs = 1
-  c.train.batch_size = 16
-  c.train.progress = False
-  return c
-'''
-
-
 def _cli(config, processes):
-  """`fedjax-dg run` in `processes` processes of one CPU device each (one
-  process: two devices); their outputs."""
+  """`fedjax-dg run` of test_cli's tiny config (FedAvg, one target) in
+  `processes` processes of one CPU device each (one process: two devices);
+  their outputs."""
   coordinator = f"127.0.0.1:{free_port()}"
   flags = lambda pid: (["--coordinator", coordinator, "--num-processes",
                         str(processes), "--process-id", str(pid)]
@@ -256,8 +237,9 @@ def _cli(config, processes):
       2 // processes))
   procs = [subprocess.Popen(
       [sys.executable, "-m", "fedjax_dg.cli", "run", "--config", config,
-       *flags(pid)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-      text=True, env=env) for pid in range(processes)]
+       "--set", "algorithms=fedavg", "--set", "data.targets=0", *flags(pid)],
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+      for pid in range(processes)]
   logs = [p.communicate(timeout=600)[0] for p in procs]
   for pid, (p, log) in enumerate(zip(procs, logs)):
     assert p.returncode == 0, f"process {pid}:\n{log[-3000:]}"
@@ -273,7 +255,7 @@ def test_cli_run_in_two_processes_writes_one_run_directory(tmp_path):
   for processes in (1, 2):
     out = tmp_path / f"runs{processes}"
     config = tmp_path / f"tiny{processes}.py"
-    config.write_text(CLI_CONFIG.format(out=str(out)))
+    config.write_text(TINY.format(out=str(out)))
     logs = _cli(str(config), processes)
     (run_dir,) = os.listdir(out)
     assert "ood" in logs[0] and all("ood" not in log for log in logs[1:])
