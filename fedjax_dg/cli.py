@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 
+from fedjax_dg import distributed
 from fedjax_dg.errors import ConfigError
 
 # The demo's configs live in the package (`fedjax_dg.configs`), not in a path.
@@ -13,15 +14,17 @@ DEMO = "fedjax_dg.configs.demo"
 FULL = "fedjax_dg.configs.rfmnist_hfedf"
 
 
-def setup_jax() -> str:
+def setup_jax(processes=None) -> str:
   """Sets up JAX for runs: one XLA:CPU device per core (`engine.use_cpu_devices`;
-  clients then run on the cores concurrently), and a persistent XLA compilation
-  cache: runs with the same shapes (another target domain, a second `make demo`)
-  reuse compiled programs instead of recompiling."""
+  clients then run on the cores concurrently), a persistent XLA compilation
+  cache (runs with the same shapes, e.g. another target domain or a second
+  `make demo`, reuse compiled programs instead of recompiling), and with
+  `processes` (`distributed.Settings`) joins a multi-process run."""
   import jax
-  from fedjax_dg import engine
+  from fedjax_dg import distributed, engine
   from fedjax_dg.data import sources
   engine.use_cpu_devices()
+  distributed.initialize(processes or distributed.Settings())
   path = os.environ.get("FEDJAX_DG_JAX_CACHE") or os.path.join(
       sources.data_dir_default(), "jax_cache")
   jax.config.update("jax_compilation_cache_dir", path)
@@ -30,16 +33,18 @@ def setup_jax() -> str:
 
 
 def _run(config_path: str | None, overrides: list[str], resume: str | None,
-         module: str | None = None) -> int:
+         module: str | None = None, processes=None) -> int:
   """Runs an experiment file (`config_path`) or a packaged config (`module`)."""
   import importlib
   from fedjax_dg import config as config_lib, experiment, presets, report
-  setup_jax()
+  setup_jax(processes)
   cfg = (importlib.import_module(module).get_config() if module
          else config_lib.load(config_path))
   cfg = config_lib.apply_overrides(cfg, overrides)
   presets.check_explicit(cfg, overrides)
   results = experiment.run(cfg, run_dir=resume, resume=resume is not None)
+  if not distributed.is_main():  # process 0 reports and writes
+    return 0
   print()
   print(report.text_table(results))
   paths = report.write_all(results, results["run_dir"])
@@ -111,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
   p_report.add_argument("--out", help="output folder (default: SWEEP_DIR/report)")
   p_report.add_argument("--d", type=int, action="append", default=None,
                         help="d of the per-domain tables (default: every d)")
+  for p in (p_run, p_demo, p_sweep):
+    distributed.add_flags(p)
   args = parser.parse_args(argv)
   try:
     if args.command == "prepare":
@@ -135,14 +142,16 @@ def main(argv: list[str] | None = None) -> int:
       print(algorithms.describe())
       return 0
     if args.command == "demo":
-      return _run(None, args.set, None, module=FULL if args.full else DEMO)
+      return _run(None, args.set, None, module=FULL if args.full else DEMO,
+                  processes=distributed.from_args(args))
     if args.command in ("sweep", "report"):
       from fedjax_dg import sweep
       if args.command == "report":
         return sweep.main_report(args)
-      setup_jax()
+      setup_jax(distributed.from_args(args))
       return sweep.main_sweep(args)
-    return _run(args.config, args.set, args.resume)
+    return _run(args.config, args.set, args.resume,
+                processes=distributed.from_args(args))
   except ConfigError as e:  # a setting or input to fix; anything else is a bug
     print(f"fedjax-dg: error: {e}", file=sys.stderr)
     return 2

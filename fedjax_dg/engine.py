@@ -161,7 +161,10 @@ def use_cpu_devices(count: int | None = None) -> None:
 def mesh_size(cohort: int) -> int:
   """Devices to shard a cohort over: as few as reach the least number of clients
   per device, ceil(cohort / min(cohort, devices)) (5 clients on 2 devices: 2, one
-  padded slot; 10 on 8: 5, none)."""
+  padded slot; 10 on 8: 5, none). With several processes: every device (each
+  process then takes part in the round and holds a copy of its results)."""
+  if jax.process_count() > 1:
+    return jax.device_count()
   per_device = -(-cohort // min(cohort, jax.device_count()))
   return min(k for k in range(1, cohort + 1) if -(-cohort // k) == per_device)
 
@@ -269,19 +272,39 @@ class Layout:
     return jax.device_put(carry, NamedSharding(self.mesh, P()))
 
   def put_clients(self, arrays: PyTree) -> PyTree:
-    """Per-client arrays [N, ...] on the mesh (sharded over N if it divides)."""
-    arrays = jax.tree.map(jnp.asarray, arrays)
+    """Per-client arrays [N, ...] on the mesh (sharded over N if it divides).
+    Each process fills only its own devices' shards from its host copy
+    (`jax.make_array_from_callback`): no client data crosses processes here."""
     if self.mesh is None:
-      return arrays
-    n = jax.tree.leaves(arrays)[0].shape[0]
-    spec = P("clients") if n % self.mesh.size == 0 else P()
-    return jax.device_put(arrays, NamedSharding(self.mesh, spec))
+      return jax.tree.map(jnp.asarray, arrays)
+    n = np.shape(jax.tree.leaves(arrays)[0])[0]
+    sharding = NamedSharding(self.mesh,
+                             P("clients") if n % self.mesh.size == 0 else P())
+
+    def place(a):
+      a = np.asarray(a)
+      return jax.make_array_from_callback(a.shape, sharding, lambda i: a[i])
+    return jax.tree.map(place, arrays)
 
   def to_one_device(self, tree_: PyTree) -> PyTree:
-    """Evaluation runs on one device (a replicated program would run everywhere)."""
+    """Evaluation runs on one device (a replicated program would run everywhere):
+    this process's first device of the mesh. With several processes each one
+    takes its own copy of the (replicated) carry and evaluates it alone: every
+    process gets the same numbers without communicating."""
     if self.mesh is None:
       return tree_
-    return jax.device_put(tree_, self.mesh.devices.flat[0])
+    device = next(d for d in self.mesh.devices.flat
+                  if d.process_index == jax.process_index())
+    return jax.tree.map(lambda x: _local_copy(x, device), tree_)
+
+
+def _local_copy(x, device) -> jax.Array:
+  """`x` on `device`; a replicated array spread over several processes gives
+  this process's copy (no transfer between processes)."""
+  if not isinstance(x, jax.Array) or x.is_fully_addressable:
+    return jax.device_put(x, device)
+  assert x.is_fully_replicated, x.sharding
+  return next(s.data for s in x.addressable_shards if s.device == device)
 
 
 def make_round(alg: Algorithm, cfg: EngineConfig, num_clients: int,
@@ -719,7 +742,7 @@ def _make_eval(alg: Algorithm, model, eval_batch_size: int):
 
 
 def _progress(cfg: EngineConfig, desc: str, initial: int):
-  if not cfg.progress:
+  if not cfg.progress or jax.process_index() != 0:  # one bar: process 0's
     return None
   from tqdm.auto import tqdm
   return tqdm(total=cfg.rounds, initial=initial, desc=desc, unit="round",

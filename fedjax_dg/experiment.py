@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from fedjax_dg import algorithms, engine, metrics_log
+from fedjax_dg import algorithms, distributed, engine, metrics_log
 from fedjax_dg import config as config_lib
 from fedjax_dg.config import ConfigDict
 from fedjax_dg.errors import ConfigError, NeedsDataError
@@ -295,12 +295,19 @@ def run(cfg: ConfigDict, run_dir: str | None = None, *, resume: bool = False,
       resume or os.path.exists(os.path.join(run_dir, "config.json")))
   if resume:
     check_resume(cfg, run_dir, data)
-  run_dir = run_dir or make_run_dir(cfg.output_dir, cfg.name)
-  os.makedirs(run_dir, exist_ok=True)
-  with open(os.path.join(run_dir, "config.json"), "w") as f:
-    f.write(cfg.to_json(indent=2))
-  with open(os.path.join(run_dir, "data.json"), "w") as f:
-    json.dump(data, f)
+  # Several processes: process 0 names a new directory and alone writes the run
+  # directory (checkpoints: every process, through orbax); every process has
+  # read the directory before process 0 writes (the broadcast waits for all).
+  main = distributed.is_main()
+  echo = distributed.main_only(echo)
+  run_dir = distributed.same_everywhere(
+      run_dir or (make_run_dir(cfg.output_dir, cfg.name) if main else ""))
+  if main:
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, "config.json"), "w") as f:
+      f.write(cfg.to_json(indent=2))
+    with open(os.path.join(run_dir, "data.json"), "w") as f:
+      json.dump(data, f)
   results = dict(name=cfg.name, run_dir=run_dir, dataset=dataset.name,
                  domains=list(dataset.domain_names), targets=[str(t) for t in targets],
                  algorithms=list(cfg.algorithms), runs=[])
@@ -309,7 +316,7 @@ def run(cfg: ConfigDict, run_dir: str | None = None, *, resume: bool = False,
       results["runs"] = json.load(f)["runs"]
   done = {(r["algorithm"], r["target"]) for r in results["runs"]}
   echo(f"run directory: {run_dir}" + (" (resuming)" if resume else ""))
-  log = metrics_log.RunLog(run_dir)
+  log = metrics_log.RunLog(run_dir) if main else metrics_log.NoLog()
   try:
     for r in results["runs"]:  # kept from results.json: their lines as well
       log.sync(r["algorithm"], r["target"], r["history"])
@@ -352,9 +359,11 @@ def _run_all(cfg, dataset, targets, feds, ecfg, run_dir, results, done, log,
       res = engine.run(alg, fed, model, ecfg, checkpoint_dir=ckpt,
                        on_eval=log.callback(name, target))
       log.sync(name, target, res.history)
-      if not cfg.train.keep_checkpoints:
+      distributed.barrier("fedjax_dg: checkpoints closed")
+      main = distributed.is_main()
+      if main and not cfg.train.keep_checkpoints:
         shutil.rmtree(ckpt, ignore_errors=True)
-      if res.features is not None:
+      if main and res.features is not None:
         save_features(run_dir, name, target, res.features)
       results["runs"].append(dict(
           algorithm=name, target=str(target), seconds=res.seconds,
@@ -362,10 +371,11 @@ def _run_all(cfg, dataset, targets, feds, ecfg, run_dir, results, done, log,
           final=res.final, history=res.history,
           round_metrics={k: v for k, v in res.round_metrics.items()
                          if k != "cohort"}))
-      _write(run_dir, results)
+      if main:
+        _write(run_dir, results)
   results["seconds"] = time.perf_counter() - t0
-  _write(run_dir, results)
-
+  if distributed.is_main():
+    _write(run_dir, results)
 
 def features_path(run_dir: str, name: str, target) -> str:
   return os.path.join(run_dir, "features", f"{name}--{target}.npz")

@@ -35,6 +35,7 @@ import re
 import time
 
 from fedjax_dg import config as config_lib
+from fedjax_dg import distributed
 from fedjax_dg import plots
 from fedjax_dg import presets
 from fedjax_dg import tables
@@ -246,6 +247,8 @@ def read_manifest(sweep_dir: str) -> dict:
 
 
 def write_manifest(sweep_dir: str, manifest: dict) -> None:
+  if not distributed.is_main():  # several processes: process 0 writes
+    return
   tmp = os.path.join(sweep_dir, MANIFEST + ".tmp")
   with open(tmp, "w") as f:
     json.dump(manifest, f, indent=1)
@@ -284,6 +287,7 @@ def run_sweep(config_path: str | None = None, sets=(), grid=(), seeds=None, *,
               echo=print) -> tuple[str | None, int]:
   """Runs (or resumes) a sweep; returns (sweep directory, number of failed cells)."""
   from fedjax_dg import experiment
+  echo = distributed.main_only(echo)
   if resume:
     manifest = read_manifest(resume)
     p = plan(manifest["config"], manifest["sets"],
@@ -316,10 +320,12 @@ def run_sweep(config_path: str | None = None, sets=(), grid=(), seeds=None, *,
       echo(f"  cell {k}/{len(p.cells)} {c.name}: {' '.join(c.overrides)}")
     return None, 0
 
-  if not resume:
-    sweep_dir = out or experiment.make_run_dir(p.base.output_dir,
-                                               f"sweep-{p.base.name}")
-    os.makedirs(sweep_dir, exist_ok=True)
+  if not resume:  # process 0 names it (several processes)
+    sweep_dir = distributed.same_everywhere(out or (
+        experiment.make_run_dir(p.base.output_dir, f"sweep-{p.base.name}")
+        if distributed.is_main() else ""))
+    if distributed.is_main():
+      os.makedirs(sweep_dir, exist_ok=True)
     manifest = dict(
         version=1, name=p.base.name, config=p.config_path, sets=p.sets,
         grid=[[k, v] for k, v in p.grid], seeds=p.seeds,
@@ -360,7 +366,8 @@ def run_sweep(config_path: str | None = None, sets=(), grid=(), seeds=None, *,
       echo(f"[sweep] cell {k}/{n} {cell.name}: FAILED: {entry['error']}")
       continue
     dt = time.perf_counter() - t0
-    _cell_outputs(results, cell_dir, echo)
+    if distributed.is_main():
+      _cell_outputs(results, cell_dir, echo)
     spent, spent_work = spent + dt, spent_work + work[k - 1]
     entry.update(status="done", seconds=dt,
                  finished=datetime.datetime.now().isoformat(timespec="seconds"))
@@ -369,7 +376,8 @@ def run_sweep(config_path: str | None = None, sets=(), grid=(), seeds=None, *,
   echo(f"[sweep] {sum(c['status'] == 'done' for c in manifest['cells'])}/{n} cells "
        f"done, {failures} failed, {_hms(time.perf_counter() - t_start)}; "
        f"manifest {os.path.join(sweep_dir, MANIFEST)}")
-  if report and any(c["status"] == "done" for c in manifest["cells"]):
+  if (report and distributed.is_main()
+      and any(c["status"] == "done" for c in manifest["cells"])):
     paths = write_report(sweep_dir)
     echo(f"[sweep] report: {os.path.dirname(paths[0])} "
          f"(fedjax-dg report {sweep_dir} rewrites it)")
