@@ -254,19 +254,25 @@ def check_resume(cfg: ConfigDict, run_dir: str, data: dict) -> None:
           "new run")
 
 
-def check_disk(name: str, alg, run_dir: str, echo) -> None:
+def check_disk(name: str, alg, run_dir: str, echo, *, keep: int = 1,
+               runs: int = 1) -> None:
   """Says how much disk the algorithm's checkpoints take, and refuses to start
-  when the run directory's disk has less than two of them free (the latest is
-  kept while the next one is written; finished runs' are deleted)."""
+  when the run directory's disk has less free than their peak: `keep` per run
+  (`train.checkpoints_to_keep`) and the one being written
+  (`engine.checkpoints_held`); `runs` > 1 when finished runs keep theirs
+  (`train.keep_checkpoints=True`: this algorithm's runs still to do)."""
   size = engine.checkpoint_bytes(alg)
+  count = keep * (runs - 1) + engine.checkpoints_held(keep)
+  need = count * size
   free = shutil.disk_usage(run_dir).free
-  echo(f"{name}: checkpoints of {size / 2**20:.1f} MiB (at most 2 at a time: "
-       f"{2 * size / 2**20:.1f} MiB); {free / 2**30:.1f} GiB free")
-  if free < 2 * size + 2**26:
+  echo(f"{name}: checkpoints of {size / 2**20:.1f} MiB (at most {count} at a "
+       f"time: {need / 2**20:.1f} MiB); {free / 2**30:.1f} GiB free")
+  if free < need + 2**26:
     raise ConfigError(
-        f"{name}: its checkpoints need {2 * size / 2**20:.0f} MiB but only "
-        f"{free / 2**20:.0f} MiB are free at {run_dir}: free space or set "
-        "output_dir to another disk (--set output_dir=...)")
+        f"{name}: its checkpoints need {need / 2**20:.0f} MiB ({count} of "
+        f"{size / 2**20:.1f} MiB) but only {free / 2**20:.0f} MiB are free at "
+        f"{run_dir}: free space, keep fewer (--set train.checkpoints_to_keep="
+        "1) or set output_dir to another disk (--set output_dir=...)")
 
 
 def run(cfg: ConfigDict, run_dir: str | None = None, *, resume: bool = False,
@@ -328,7 +334,7 @@ def _run_all(cfg, dataset, targets, feds, ecfg, run_dir, results, done, log,
   # One model and one Algorithm object per client count: runs with equal shapes
   # (other target domains, seeds) reuse the same traced and compiled programs.
   model, built = None, {}
-  for target, fed in zip(targets, feds):
+  for i, (target, fed) in enumerate(zip(targets, feds)):
     if model is None:
       model = make_model(cfg, fed, *normalization(cfg, dataset, fed))
     elif cfg.data.normalization == "train":
@@ -346,7 +352,12 @@ def _run_all(cfg, dataset, targets, feds, ecfg, run_dir, results, done, log,
              id(fed) if algorithms.uses_data(name, cfg) else None)
       if key not in built:
         built[key] = algorithms.build(name, model, fed.num_clients, cfg, data=fed)
-        check_disk(name, built[key], run_dir, echo)
+        # Finished runs keep their checkpoints (keep_checkpoints): every run
+        # of this algorithm still to do adds its own.
+        later = [t for t in targets[i:] if (name, str(t)) not in done]
+        check_disk(name, built[key], run_dir, echo,
+                   keep=ecfg.checkpoints_to_keep,
+                   runs=len(later) if cfg.train.keep_checkpoints else 1)
       alg = built[key]
       ckpt = os.path.join(run_dir, "checkpoints", f"{name}--{target}")
       res = engine.run(alg, fed, model, ecfg, checkpoint_dir=ckpt,
