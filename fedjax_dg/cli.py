@@ -117,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
       import tensorflow_datasets as tfds
       from fedjax_dg.data import sources
       tfds.disable_progress_bar()
+      print(sources.data_dir_line())
       print(sources.prepare(args.name, manual_dir=args.manual_dir,
                             dataset_name=args.dataset_name))
       return 0

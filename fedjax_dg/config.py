@@ -81,7 +81,7 @@ def base_config() -> ConfigDict:
       server_fraction=0.0,
       normalization="dataset",  # input stats: "dataset" (all images) | "train"
                                # | "imagenet" (pretrained weights; RGB)
-      data_dir="",             # TFDS data dir ("" = $FEDJAX_DG_DATA_DIR or ~/.cache)
+      data_dir="",             # prepared data ("": sources.data_dir_default())
       manual_dir="",           # folder with manually downloaded data
   ))
   c.model = ConfigDict(dict(

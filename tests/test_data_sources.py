@@ -641,3 +641,30 @@ def test_one_data_dir_rule(monkeypatch, tmp_path):
   want = (os.path.abspath(checkout) if os.path.isdir(checkout)
           else os.path.expanduser("~/.cache/fedjax_dg/tfds"))
   assert os.path.abspath(sources.data_dir_default()) == want
+
+
+def test_prepare_prints_the_data_dir_and_the_rule_that_chose_it(
+    monkeypatch, tmp_path, capsys):
+  from fedjax_dg import cli
+  rule = "; the rule: fedjax_dg.data.sources.data_dir_default)"
+  monkeypatch.setenv("HOME", str(tmp_path / "home"))
+  monkeypatch.delenv("FEDJAX_DG_DATA_DIR", raising=False)
+  checkout = tmp_path / "checkout" / ".data"
+  monkeypatch.setattr(sources, "_checkout_data_dir", lambda: str(checkout))
+  home = tmp_path / "home" / ".cache" / "fedjax_dg" / "tfds"
+  assert sources.data_dir_line() == (
+      f"data directory: {home} (the default (no $FEDJAX_DG_DATA_DIR, no "
+      "checkout .data/)" + rule)
+  checkout.mkdir(parents=True)
+  assert sources.data_dir_line() == (
+      f"data directory: {checkout} (the checkout's .data/ (no "
+      "$FEDJAX_DG_DATA_DIR)" + rule)
+  assert sources.data_dir_line("/x") == "data directory: /x (given)"
+  monkeypatch.setenv("FEDJAX_DG_DATA_DIR", str(tmp_path / "env"))
+  root = _write_own_folder(str(tmp_path / "mine"), ["a", "b"], ["x", "y"])
+  assert cli.main(["prepare", "folder", "--manual-dir", root, "--name",
+                   "mine"]) == 0
+  lines = capsys.readouterr().out.splitlines()
+  assert lines[0] == (f"data directory: {tmp_path / 'env'} ($FEDJAX_DG_DATA_DIR "
+                      "is set" + rule)
+  assert "8 images" in lines[-1] and str(tmp_path / "env") in lines[-1]
