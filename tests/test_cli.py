@@ -151,6 +151,23 @@ def test_a_value_the_scenario_would_replace_is_refused(tiny_config, capsys):
   assert (set(os.listdir(out)) if os.path.isdir(out) else set()) == before
 
 
+def test_algorithms_lists_every_algorithm_with_its_settings(capsys):
+  from fedjax_dg import algorithms
+  assert cli.main(["algorithms"]) == 0
+  lines = capsys.readouterr().out.splitlines()
+  heads = {l.split()[0]: i for i, l in enumerate(lines) if not l.startswith(" ")}
+  assert list(heads) == list(algorithms.available())
+  for name, i in heads.items():
+    spec = algorithms.spec(name)
+    assert f" {spec.display_name} (section {spec.section}" in lines[i], lines[i]
+    assert ("needs data.server_fraction > 0" in lines[i]) == spec.needs_server_data
+    hp = algorithms.hyperparameters(spec.section)
+    if name == spec.section and hp:  # the section's settings, on the next line
+      assert lines[i + 1] == "    " + ", ".join(f"{k}={v!r}" for k, v in hp.items())
+    for k, v in spec.overrides.items():  # a variant: what it fixes
+      assert f"{k}={v!r}" in lines[i]
+
+
 def test_a_bug_is_not_dressed_as_a_config_error(tiny_config, monkeypatch):
   """Only ConfigError (a setting to fix) becomes a one-line message; any other
   exception keeps its traceback."""

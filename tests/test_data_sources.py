@@ -616,6 +616,37 @@ def test_a_folder_dataset_trains_end_to_end(tmp_path):
   assert run["target"] == "c" and math.isfinite(run["history"][-1]["train_loss"])
 
 
+def test_prepare_folder_and_datasets_from_the_command_line(tmp_path, monkeypatch,
+                                                          capsys):
+  from fedjax_dg import cli
+  data_dir = tmp_path / "data"
+  monkeypatch.setenv("FEDJAX_DG_DATA_DIR", str(data_dir))
+  root = _write_own_folder(str(tmp_path / "mine"), ["north", "south", "east"],
+                           ["cat", "dog", "owl"])
+  assert cli.main(["datasets"]) == 0
+  before = capsys.readouterr().out
+  assert "my_sites" not in before and "rotated_fashion_mnist" in before
+  assert cli.main(["prepare", "folder", "--manual-dir", root, "--name",
+                   "my_sites"]) == 0
+  assert "18 images" in capsys.readouterr().out.splitlines()[-1]
+  assert cli.main(["datasets"]) == 0
+  out = capsys.readouterr().out.splitlines()
+  assert out[0].startswith(f"data directory: {data_dir} ")
+  (line,) = [l for l in out if l.split()[0] == "my_sites"]
+  assert line.split(None, 1)[1] == ("your folder, domains ['east', 'north', "
+                                    "'south']: prepared")
+  for name in sources.available():  # every built-in dataset is listed too
+    assert any(l.split()[0] == name for l in out[1:]), name
+  ds = sources.load("my_sites", image_size=8)
+  assert ds.class_names == ("cat", "dog", "owl") and len(ds.images) == 18
+  # Errors: a one-line message and exit code 2, no traceback.
+  assert cli.main(["prepare", "folder", "--manual-dir", root]) == 2
+  assert "--name NAME" in capsys.readouterr().err
+  assert cli.main(["prepare", "folder", "--manual-dir", str(tmp_path / "no"),
+                   "--name", "other"]) == 2
+  assert str(tmp_path / "no") in capsys.readouterr().err
+
+
 def test_folder_dataset_errors_name_what_to_fix(tmp_path):
   root = _write_own_folder(str(tmp_path / "mine"), ["a", "b"], ["x", "y"])
   data_dir = str(tmp_path / "data")
