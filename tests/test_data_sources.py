@@ -553,8 +553,11 @@ def test_real_rotated_fashion_mnist(tmp_path):
       "0": 11667, "15": 11667, "30": 11667, "45": 11667, "60": 11666, "75": 11666}
 
 
-def _write_own_folder(root, domains, classes, missing=()):
-  """A user's folder: mixed sizes, grayscale and RGB, blue constant at 77."""
+def _write_own_folder(root, domains, classes, missing=(), gray=True):
+  """A user's folder: mixed sizes, grayscale and RGB files (RGB ones with blue
+  77). Grayscale files load as RGB with three equal channels, so blue varies
+  over the dataset; `gray=False`: every file RGB, blue constant over the whole
+  dataset."""
   rng = np.random.default_rng(0)
   for d_i, d in enumerate(domains):
     for c_i, c in enumerate(classes):
@@ -564,7 +567,7 @@ def _write_own_folder(root, domains, classes, missing=()):
       os.makedirs(folder)
       for i in range(2):
         h, w = 10 + 2 * i + d_i, 9 + c_i
-        if (c_i + i) % 2:  # grayscale
+        if gray and (c_i + i) % 2:  # grayscale
           Image.fromarray(rng.integers(0, 255, (h, w), np.uint8), "L").save(
               os.path.join(folder, f"{i}.png"))
         else:
@@ -598,13 +601,20 @@ def test_a_folder_of_your_own_becomes_a_named_dataset(tmp_path, n_domains,
     assert (ds.labels == c).sum() == 2 * (n_domains - (c == 0))
 
 
-def test_a_folder_dataset_trains_end_to_end(tmp_path):
+def test_a_folder_dataset_with_a_constant_channel_trains_end_to_end(tmp_path):
+  """Blue is 77 in every image of the dataset: its std is 0, guarded
+  (`channel_stats`: std 1, so it normalizes to 0, not 0 / 0 = NaN)."""
   from fedjax_dg import config, experiment
   root = _write_own_folder(str(tmp_path / "mine"),
-                           ["a", "b", "c"], ["x", "y"])
+                           ["a", "b", "c"], ["x", "y"], gray=False)
   data_dir = str(tmp_path / "data")
   sources.prepare("folder", data_dir=data_dir, manual_dir=root,
                   dataset_name="abc")
+  ds = sources.load("abc", data_dir=data_dir, image_size=8)
+  assert np.all(ds.images[..., 2] == 77) and ds.images[..., 0].std() > 0
+  cfg = config.base_config()
+  mean, std = experiment.normalization(cfg, ds, None)  # data.normalization
+  assert std[2] == 1.0 and abs(mean[2] - 77 / 255) < 1e-9 and std[0] < 1.0
   cfg = config.apply_overrides(config.base_config(), [
       "data.name=abc", f"data.data_dir={data_dir}", "data.image_size=8",
       "data.targets=c", "model.name=mlp", "algorithms=fedavg",
@@ -614,6 +624,7 @@ def test_a_folder_dataset_trains_end_to_end(tmp_path):
   results = experiment.run(cfg, echo=lambda *a: None)
   (run,) = results["runs"]
   assert run["target"] == "c" and math.isfinite(run["history"][-1]["train_loss"])
+  assert 0.0 <= run["final"]["ood_acc"] <= 1.0  # a number, not NaN
 
 
 def test_prepare_folder_and_datasets_from_the_command_line(tmp_path, monkeypatch,
