@@ -33,12 +33,11 @@ def _run(config_path: str | None, overrides: list[str], resume: str | None,
          module: str | None = None) -> int:
   """Runs an experiment file (`config_path`) or a packaged config (`module`)."""
   import importlib
-  from fedjax_dg import config as config_lib, experiment, presets, report
+  from fedjax_dg import config as config_lib, experiment, report
   setup_jax()
   cfg = (importlib.import_module(module).get_config() if module
          else config_lib.load(config_path))
   cfg = config_lib.apply_overrides(cfg, overrides)
-  presets.check_explicit(cfg, overrides)
   results = experiment.run(cfg, run_dir=resume, resume=resume is not None)
   print()
   print(report.text_table(results))

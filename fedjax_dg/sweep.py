@@ -178,7 +178,7 @@ def plan(config_path: str, sets=(), grid=(), seeds=None, *,
       names.add(name)
       cfg = config_lib.apply_overrides(copy.deepcopy(base), overrides)
       try:
-        presets.check_explicit(cfg, list(sets) + overrides)
+        presets.resolve_scenario(cfg.copy_and_resolve_references())
       except ConfigError as e:
         raise ConfigError(f"sweep cell {cell_name(settings)}: {e}") from None
       cells.append(Cell(name, settings, overrides))

@@ -147,7 +147,7 @@ def test_a_value_the_scenario_would_replace_is_refused(tiny_config, capsys):
   before = set(os.listdir(out)) if os.path.isdir(out) else set()
   assert cli.main(["run", "--config", path, "--set", "scenario=extreme",
                    "--set", "data.alpha=0.5"]) == 2
-  assert "'data.alpha=0.5' was given too" in capsys.readouterr().err
+  assert "data.alpha=0.5 was given too" in capsys.readouterr().err
   assert (set(os.listdir(out)) if os.path.isdir(out) else set()) == before
 
 
