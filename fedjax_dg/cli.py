@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 
 from fedjax_dg.errors import ConfigError
@@ -52,11 +53,11 @@ def main(argv: list[str] | None = None) -> int:
   sub = parser.add_subparsers(dest="command", required=True)
   p_run = sub.add_parser("run", help="run an experiment config")
   p_run.add_argument("--config", required=True, help="experiments/<file>.py")
-  p_run.add_argument("--resume", help="continue an interrupted run directory")
   p_demo = sub.add_parser("demo", help="hFedF vs FedAvg on Rotated Fashion-MNIST")
   p_demo.add_argument("--full", action="store_true",
                       help=f"the paper-scale protocol ({FULL})")
   for p in (p_run, p_demo):
+    p.add_argument("--resume", help="continue an interrupted run directory")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. --set train.rounds=50")
   p_prep = sub.add_parser(
@@ -135,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
       print(algorithms.describe())
       return 0
     if args.command == "demo":
-      return _run(None, args.set, None, module=FULL if args.full else DEMO)
+      return _run(None, args.set, args.resume,
+                  module=FULL if args.full else DEMO)
     if args.command in ("sweep", "report"):
       from fedjax_dg import sweep
       if args.command == "report":
@@ -146,13 +148,31 @@ def main(argv: list[str] | None = None) -> int:
   except ConfigError as e:  # a setting or input to fix; anything else is a bug
     print(f"fedjax-dg: error: {e}", file=sys.stderr)
     return 2
-  except KeyboardInterrupt:
-    where = getattr(args, "resume", None)
-    print("\nfedjax-dg: stopped. Finished runs are in results.json and every "
-          "unfinished one has its last checkpoint: continue with the same command "
-          + ("(it resumes)" if where else "and --resume RUN_DIR (the directory "
-             "printed at the start)") + ".", file=sys.stderr)
+  except KeyboardInterrupt as e:
+    run_dir = getattr(e, "run_dir", None)  # errors.Stopped
+    if run_dir is None:
+      print("\nfedjax-dg: stopped before a run directory was made: nothing to "
+            "continue; run the same command again.", file=sys.stderr)
+    else:
+      print(f"\nfedjax-dg: stopped. Finished runs are in {run_dir} and every "
+            "unfinished one has its last checkpoint; continue with:\n  "
+            + resume_command(args, run_dir), file=sys.stderr)
     return 130
+
+
+def resume_command(args, run_dir: str) -> str:
+  """The command line (shell-quoted) that continues `run_dir` with the same
+  config and --set values as the parsed `args` of run / demo / sweep."""
+  if args.command == "sweep":  # its settings are in the sweep's manifest
+    return shlex.join(["fedjax-dg", "sweep", "--resume", run_dir])
+  words = ["fedjax-dg", args.command]
+  if args.command == "run":
+    words += ["--config", args.config]
+  if getattr(args, "full", False):
+    words.append("--full")
+  for item in args.set:
+    words += ["--set", item]
+  return shlex.join(words + ["--resume", run_dir])
 
 
 if __name__ == "__main__":

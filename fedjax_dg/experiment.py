@@ -21,7 +21,7 @@ import numpy as np
 from fedjax_dg import algorithms, engine, metrics_log
 from fedjax_dg import config as config_lib
 from fedjax_dg.config import ConfigDict
-from fedjax_dg.errors import ConfigError, NeedsDataError
+from fedjax_dg.errors import ConfigError, NeedsDataError, Stopped
 
 
 def make_run_dir(root: str, name: str) -> str:
@@ -321,6 +321,8 @@ def run(cfg: ConfigDict, run_dir: str | None = None, *, resume: bool = False,
       log.sync(r["algorithm"], r["target"], r["history"])
     _run_all(cfg, dataset, targets, feds, ecfg, run_dir, results, done, log,
              echo)
+  except KeyboardInterrupt as e:  # says which directory --resume continues
+    raise Stopped(run_dir) from e
   finally:  # a stopped run keeps its metrics up to its last evaluation
     log.close()
   return results

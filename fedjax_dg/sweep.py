@@ -38,7 +38,7 @@ from fedjax_dg import config as config_lib
 from fedjax_dg import plots
 from fedjax_dg import presets
 from fedjax_dg import tables
-from fedjax_dg.errors import ConfigError, DataError
+from fedjax_dg.errors import ConfigError, DataError, Stopped
 
 MANIFEST = "sweep.json"
 REPORT_DIR = "report"
@@ -353,6 +353,8 @@ def run_sweep(config_path: str | None = None, sets=(), grid=(), seeds=None, *,
     t0 = time.perf_counter()
     try:
       results = experiment.run(cfg, run_dir=cell_dir, echo=echo)
+    except KeyboardInterrupt as e:  # the sweep continues, not the cell
+      raise Stopped(sweep_dir) from e
     except Exception as e:  # noqa: BLE001 -- recorded; the next cell still runs
       failures += 1
       entry.update(status="failed", error=f"{type(e).__name__}: {e}")

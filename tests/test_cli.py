@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from fedjax_dg import cli, metrics_log
+from fedjax_dg import cli, config, metrics_log
 
 TINY = '''
 from fedjax_dg.config import base_config
@@ -183,13 +183,64 @@ def test_a_bug_is_not_dressed_as_a_config_error(tiny_config, monkeypatch):
 
 
 def test_ctrl_c_says_how_to_continue(tiny_config, monkeypatch, capsys):
-  from fedjax_dg import experiment
-  path, _ = tiny_config
+  """Ctrl-C prints the run directory and the command that continues it (same
+  config and --set values, shell-quoted)."""
+  import shlex
+  from fedjax_dg import experiment, sweep
+  path, out = tiny_config
+  real_run, real_run_all = experiment.run, experiment._run_all
 
   def interrupted(*args, **kwargs):
     raise KeyboardInterrupt
 
-  monkeypatch.setattr(experiment, "run", interrupted)
+  monkeypatch.setattr(experiment, "run", interrupted)  # before any directory
   assert cli.main(["run", "--config", path]) == 130
   err = capsys.readouterr().err
-  assert "stopped" in err and "--resume RUN_DIR" in err and "Traceback" not in err
+  assert "nothing to continue" in err and "Traceback" not in err
+  monkeypatch.setattr(experiment, "run", real_run)
+
+  calls = []
+
+  def stop_in_the_first_run(*args, **kwargs):  # the run directory exists
+    calls.append(1)
+    if len(calls) == 1:
+      raise KeyboardInterrupt
+    return real_run_all(*args, **kwargs)
+
+  monkeypatch.setattr(experiment, "_run_all", stop_in_the_first_run)
+  sets = ["--set", "name=ctrl c", "--set", "algorithms=fedavg",
+          "--set", "data.targets=0"]
+  before = set(os.listdir(out)) if os.path.isdir(out) else set()
+  assert cli.main(["run", "--config", path] + sets) == 130
+  err = capsys.readouterr().err
+  (new,) = set(os.listdir(out)) - before
+  run_dir = os.path.join(out, new)
+  assert f"Finished runs are in {run_dir} " in err and "Traceback" not in err
+  command = err.strip().splitlines()[-1].strip()
+  assert command == shlex.join(["fedjax-dg", "run", "--config", path] + sets
+                               + ["--resume", run_dir])
+  # Pasted, it resumes that directory with the settings it was run with.
+  words = shlex.split(command)
+  assert words[0] == "fedjax-dg"
+  monkeypatch.setattr(experiment, "_run_all", real_run_all)
+  resumed = []
+
+  def resume(cfg, run_dir=None, resume=False, **kwargs):
+    stored = json.load(open(os.path.join(run_dir, "config.json")))
+    now = json.loads(experiment.resolve(cfg).to_json())
+    resumed.append((run_dir, resume, config.drift(stored, now)))
+    raise KeyboardInterrupt
+
+  monkeypatch.setattr(experiment, "run", resume)
+  assert cli.main(words[1:]) == 130
+  assert resumed == [(run_dir, True, [])]
+  capsys.readouterr()
+
+  # A sweep is continued as a whole: `fedjax-dg sweep --resume SWEEP_DIR`.
+  monkeypatch.setattr(experiment, "run", interrupted)
+  sweep_dir = os.path.join(os.path.dirname(out), "sweep")
+  assert cli.main(["sweep", "--config", path, "--out", sweep_dir]) == 130
+  err = capsys.readouterr().err
+  assert err.strip().splitlines()[-1].strip() == shlex.join(
+      ["fedjax-dg", "sweep", "--resume", sweep_dir])
+  assert os.path.exists(os.path.join(sweep_dir, sweep.MANIFEST))
