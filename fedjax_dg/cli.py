@@ -30,15 +30,24 @@ def setup_jax() -> str:
   return path
 
 
-def _run(config_path: str | None, overrides: list[str], resume: str | None,
-         module: str | None = None) -> int:
-  """Runs an experiment file (`config_path`) or a packaged config (`module`)."""
+def _config(config_path: str | None, overrides: list[str],
+            module: str | None = None):
+  """An experiment file's (`config_path`) or a packaged config's (`module`)
+  config with the `--set` overrides."""
   import importlib
-  from fedjax_dg import config as config_lib, experiment, report
-  setup_jax()
+  from fedjax_dg import config as config_lib
   cfg = (importlib.import_module(module).get_config() if module
          else config_lib.load(config_path))
   cfg = config_lib.apply_overrides(cfg, overrides)
+  return cfg
+
+
+def _run(config_path: str | None, overrides: list[str], resume: str | None,
+         module: str | None = None) -> int:
+  """Runs an experiment file (`config_path`) or a packaged config (`module`)."""
+  from fedjax_dg import experiment, report
+  setup_jax()
+  cfg = _config(config_path, overrides, module)
   results = experiment.run(cfg, run_dir=resume, resume=resume is not None)
   print()
   print(report.text_table(results))
@@ -72,7 +81,16 @@ def main(argv: list[str] | None = None) -> int:
                       help="with `prepare folder`: the new dataset's name")
   sub.add_parser("datasets", help="list the datasets (built-in and prepared "
                  "folders) and whether each is prepared")
-  sub.add_parser("algorithms", help="list the algorithms and their settings")
+  p_algs = sub.add_parser(
+      "algorithms", help="list the algorithms and their settings; with "
+      "--config, the MiB of one checkpoint of each on that config's model and "
+      "federation (a markdown table)")
+  p_algs.add_argument("--config", action="append", default=[],
+                      help="experiments/<file>.py (repeat: a column each)")
+  p_algs.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                      help="override a field of every --config, as for run")
+  p_algs.add_argument("--all", action="store_true", help="with --config: every "
+                      "registered algorithm, not only the configs' own")
   p_part = sub.add_parser(
       "partition", help="the federation a run would build (no training): "
       "per-client counts by domain or class, as a table and a plot")
@@ -132,8 +150,13 @@ def main(argv: list[str] | None = None) -> int:
       from fedjax_dg import doctor
       return doctor.main()
     if args.command == "algorithms":
-      from fedjax_dg import algorithms
-      print(algorithms.describe())
+      from fedjax_dg import algorithms, experiment
+      if not args.config:
+        print(algorithms.describe())
+        return 0
+      cfgs = [_config(path, args.set) for path in args.config]
+      print(experiment.checkpoint_table(
+          cfgs, algorithms.available() if args.all else None))
       return 0
     if args.command == "demo":
       return _run(None, args.set, args.resume,

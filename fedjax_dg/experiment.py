@@ -275,6 +275,69 @@ def check_disk(name: str, alg, run_dir: str, echo, *, keep: int = 1,
         "1) or set output_dir to another disk (--set output_dir=...)")
 
 
+# The server's share for checkpoint_sizes of an algorithm that trains on it
+# when the config gives it none (FedLAW's reference proxy share).
+SIZE_SERVER_FRACTION = 0.02
+
+
+def checkpoint_sizes(cfg: ConfigDict, names=None) -> tuple[str, dict]:
+  """(a description of the setting, {name: bytes of one checkpoint}) of the
+  algorithms `names` (default `cfg.algorithms`) on `cfg`'s model and
+  federation of its first target domain; in place of the bytes, a string
+  says why one cannot run there. An algorithm training on the server's split
+  gets `SIZE_SERVER_FRACTION` of it where the config gives none (its
+  checkpoint does not hold that split)."""
+  cfg = resolve(cfg)
+  validate(cfg)
+  dataset = load_dataset(cfg)
+  target = target_domains(cfg, dataset.domain_names)[0]
+  fed = federate(cfg, dataset, target)
+  model = make_model(cfg, fed, *normalization(cfg, dataset, fed))
+  with_server = None
+  sizes = {}
+  for name in names or cfg.algorithms:
+    runs_on = getattr(algorithms.spec(name).module, "MODELS", None)
+    if runs_on and cfg.model.name not in runs_on:
+      sizes[name] = f"runs on {' / '.join(runs_on)}"
+      continue
+    data = fed
+    if algorithms.needs_server_data(name) and not fed.server_size:
+      if with_server is None:
+        other = cfg.copy_and_resolve_references()
+        other.data.server_fraction = SIZE_SERVER_FRACTION
+        with_server = federate(other, dataset, target)
+      data = with_server
+    alg = algorithms.build(name, model, data.num_clients, cfg, data=data)
+    sizes[name] = engine.checkpoint_bytes(alg)
+  shape = "x".join(str(v) for v in fed.image_shape)
+  return (f"{cfg.name}: {cfg.model.name} {shape}, {fed.num_clients} clients, "
+          f"{fed.num_classes} classes", sizes)
+
+
+def mib(size) -> str:
+  """A checkpoint_sizes entry as printed: MiB to 3 significant digits (whole
+  MiB from 100 on), or the reason it has none."""
+  if not isinstance(size, int):
+    return str(size)
+  value = size / 2**20
+  return f"{value:.0f}" if value >= 100 else f"{value:.3g}"
+
+
+def checkpoint_table(cfgs, names=None) -> str:
+  """Markdown: MiB of one checkpoint of each algorithm (`names`, default the
+  configs' own) on each config's model and federation (`checkpoint_sizes`),
+  one column per config (`fedjax-dg algorithms --config ...`)."""
+  names = list(names or dict.fromkeys(n for c in cfgs for n in c.algorithms))
+  columns = [checkpoint_sizes(c, names) for c in cfgs]
+  lines = ["| MiB per checkpoint | " + " | ".join(h for h, _ in columns) + " |",
+           "|---|" + "---:|" * len(columns)]
+  for name in names:
+    cells = [mib(sizes[name]) for _, sizes in columns]
+    lines.append(f"| {name} ({algorithms.spec(name).display_name}) | "
+                 + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
 def run(cfg: ConfigDict, run_dir: str | None = None, *, resume: bool = False,
         echo=print) -> dict:
   """Runs every (target domain, algorithm) of `cfg`; returns the results dict.

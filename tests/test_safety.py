@@ -252,3 +252,62 @@ def test_imagenet_normalization_gives_torchvision_constants_for_rgb_only():
     experiment.normalization(cfg, ds, grey)
   cfg.data.normalization = "dataset"  # the dataset's own statistics differ
   assert experiment.normalization(cfg, ds, grey)[0] != mean[:1]
+
+
+def _documented_sizes() -> list[tuple[list[str], dict[str, list[str]]]]:
+  """docs/architecture.md's checkpoint-size tables: (column heads, {algorithm:
+  cells})."""
+  import os
+  path = os.path.join(os.path.dirname(__file__), "..", "docs", "architecture.md")
+  lines = open(path).read().splitlines()
+  tables = []
+  for i, line in enumerate(lines):
+    if line.startswith("| MiB per checkpoint |"):
+      heads = [c.strip() for c in line.strip("|").split("|")][1:]
+      rows = {}
+      for row in lines[i + 2:]:
+        if not row.startswith("|"):
+          break
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        rows[cells[0].split()[0]] = cells[1:]
+      tables.append((heads, rows))
+  return tables
+
+
+def _check_documented(path: str, names) -> None:
+  import os
+  cfg = config.load(os.path.join(os.path.dirname(__file__), "..", path))
+  head, sizes = experiment.checkpoint_sizes(cfg, names)
+  (heads, rows), = [t for t in _documented_sizes() if head in t[0]]
+  col = heads.index(head)
+  for name in names:
+    assert rows[name][col] == experiment.mib(sizes[name]), (path, name)
+  assert set(rows) >= set(names)
+
+
+def test_documented_checkpoint_sizes_are_what_the_code_computes(capsys):
+  """docs/architecture.md's first table lists every registered algorithm, and
+  its numbers are `fedjax-dg algorithms --config ...`'s (recomputed here for
+  the demo's rows that need no data-derived state; the Inception CNN's in the
+  slow test); the ViT table is the command's output verbatim."""
+  import os
+  from fedjax_dg import algorithms, cli
+  from fedjax_dg.data import sources
+  (_, rows), _ = _documented_sizes()
+  assert list(rows) == list(algorithms.available())
+  _check_documented("experiments/demo.py",
+                    ("fedavg", "hfedf", "hfedf_no_ema", "pfedhn", "moon",
+                     "local_only", "scaffold", "fedsdaf"))
+  if sources.is_prepared("styled_fashion_mnist"):  # fedsdaf_offline's data
+    path = os.path.join(os.path.dirname(__file__), "..", "experiments",
+                        "fedsdaf_offline.py")
+    assert cli.main(["algorithms", "--config", path]) == 0
+    printed = capsys.readouterr().out.strip()
+    assert printed.count("\n") == 7  # its six algorithms
+    doc = os.path.join(os.path.dirname(__file__), "..", "docs", "architecture.md")
+    assert printed in open(doc).read()
+
+
+@pytest.mark.slow
+def test_documented_checkpoint_sizes_of_the_paper_model():
+  _check_documented("experiments/rfmnist_hfedf.py", ("fedavg", "hfedf"))
