@@ -79,6 +79,9 @@ class EngineConfig:
   features_max: int = 0         # target examples whose features the final
                                 # model keeps (RunResult.features; t-SNE plot)
   progress: bool = True
+  checkpoints_to_keep: int = 1  # the latest checkpoints kept on disk while a
+                                # run goes (orbax max_to_keep; with
+                                # checkpoint_dir)
 
   def validate(self, num_clients: int | None) -> None:
     """Every setting; the cohort against `num_clients` (None: not known yet,
@@ -98,6 +101,8 @@ class EngineConfig:
         ("eval_batch_size", self.eval_batch_size >= 1, "an integer >= 1"),
         ("ood_eval_max", self.ood_eval_max >= 0, "0 (all) or a positive count"),
         ("features_max", self.features_max >= 0, "0 (none) or a positive count"),
+        ("checkpoints_to_keep", self.checkpoints_to_keep >= 1,
+         "an integer >= 1 (the latest checkpoints kept)"),
     ]
     if self.seed < 0:
       raise ConfigError(f"invalid setting seed={self.seed!r}: allowed values are "
@@ -132,6 +137,13 @@ def checkpoint_bytes(alg: Algorithm) -> int:
   carry = jax.eval_shape(alg.init, jax.random.key(0))
   return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize
              for x in jax.tree.leaves(carry))
+
+
+def checkpoints_held(keep: int) -> int:
+  """The most checkpoints of one run on disk at once with `keep` kept: orbax
+  deletes the oldest only after the next one is written and finalized, so
+  `keep` + the one being written (tests/test_safety.py measures it)."""
+  return keep + 1
 
 
 def use_cpu_devices(count: int | None = None) -> None:
@@ -380,12 +392,12 @@ def _pad_clients(arrays, multiple: int):
 class _Checkpointer:
   """Orbax checkpoints of the scan carry (as a flat list of leaves) + host history."""
 
-  def __init__(self, directory: str):
+  def __init__(self, directory: str, keep: int = 1):
     import orbax.checkpoint as ocp
     self._ocp = ocp
     self.manager = ocp.CheckpointManager(
         os.path.abspath(directory),
-        options=ocp.CheckpointManagerOptions(max_to_keep=1, create=True))
+        options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
 
   def latest(self) -> int | None:
     return self.manager.latest_step()
@@ -498,8 +510,9 @@ def run(alg: Algorithm, data, model, cfg: EngineConfig, *,
         on_eval: Callable[[dict], None] | None = None) -> RunResult:
   """Runs `cfg.rounds` rounds of `alg` on `data` (a FederatedData).
 
-  With `checkpoint_dir`, a checkpoint is written after every chunk and an existing
-  one is resumed from (same final parameters as an uninterrupted run).
+  With `checkpoint_dir`, a checkpoint is written after every chunk (the latest
+  `cfg.checkpoints_to_keep` stay) and the latest existing one is resumed from
+  (same final parameters as an uninterrupted run).
   """
   train = data.pooled().train if alg.pooled else data.train
   if alg.pooled:  # one pooled "client" trains every round
@@ -524,7 +537,8 @@ def run(alg: Algorithm, data, model, cfg: EngineConfig, *,
   history: list[dict] = []
   round_metrics: dict[str, list] = {}
   r0 = 0
-  ckpt = _Checkpointer(checkpoint_dir) if checkpoint_dir else None
+  ckpt = (_Checkpointer(checkpoint_dir, cfg.checkpoints_to_keep)
+          if checkpoint_dir else None)
   if ckpt is not None and ckpt.latest() is not None:
     carry, meta = ckpt.restore(ckpt.latest(), carry)
     carry = progs.layout.put_carry(carry)

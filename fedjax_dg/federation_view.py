@@ -102,13 +102,12 @@ def plot(panels: list[tuple[str, list[str], np.ndarray]], by: str, path: str,
 
 def main(args) -> int:
   """`fedjax-dg partition --config CFG [--set k=v] [--by] [--plot OUT.png]`."""
-  from fedjax_dg import config as config_lib, experiment, presets
+  from fedjax_dg import config as config_lib, experiment
   if args.plot and not args.plot.lower().endswith(".png"):
     raise ConfigError(f"--plot {args.plot!r}: give a .png path")
   if args.plot_kind not in KINDS:
     raise ConfigError(f"--plot-kind {args.plot_kind!r}: allowed {KINDS}")
   cfg = config_lib.apply_overrides(config_lib.load(args.config), args.set)
-  presets.check_explicit(cfg, args.set)
   cfg = experiment.resolve(cfg)
   experiment.validate(cfg)
   dataset = experiment.load_dataset(cfg)

@@ -39,7 +39,7 @@ from fedjax_dg import distributed
 from fedjax_dg import plots
 from fedjax_dg import presets
 from fedjax_dg import tables
-from fedjax_dg.errors import ConfigError, DataError
+from fedjax_dg.errors import ConfigError, DataError, Stopped
 
 MANIFEST = "sweep.json"
 REPORT_DIR = "report"
@@ -179,7 +179,7 @@ def plan(config_path: str, sets=(), grid=(), seeds=None, *,
       names.add(name)
       cfg = config_lib.apply_overrides(copy.deepcopy(base), overrides)
       try:
-        presets.check_explicit(cfg, list(sets) + overrides)
+        presets.resolve_scenario(cfg.copy_and_resolve_references())
       except ConfigError as e:
         raise ConfigError(f"sweep cell {cell_name(settings)}: {e}") from None
       cells.append(Cell(name, settings, overrides))
@@ -359,6 +359,8 @@ def run_sweep(config_path: str | None = None, sets=(), grid=(), seeds=None, *,
     t0 = time.perf_counter()
     try:
       results = experiment.run(cfg, run_dir=cell_dir, echo=echo)
+    except KeyboardInterrupt as e:  # the sweep continues, not the cell
+      raise Stopped(sweep_dir) from e
     except Exception as e:  # noqa: BLE001 -- recorded; the next cell still runs
       failures += 1
       entry.update(status="failed", error=f"{type(e).__name__}: {e}")

@@ -18,8 +18,8 @@
   and the partitioner splits the train split among clients (`EVAL_SPLITS`).
 * `domainnet` (6 domains, train + test merged per domain): the TFDS catalog.
 
-Prepared TFDS data lives in `data_dir` (env `FEDJAX_DG_DATA_DIR`, default
-`~/.cache/fedjax_dg/tfds`); the final arrays of every `load` are cached as `.npz`
+Prepared TFDS data lives in `data_dir` (default: `data_dir_default()`, the one
+rule for every entry point); the final arrays of every `load` are cached as `.npz`
 next to it, so a second `load` only reads one file. `tensorflow_datasets` is
 imported only when something has to be prepared or read from TFDS.
 """
@@ -336,10 +336,19 @@ def _checkout_data_dir() -> str:
 def data_dir_origin() -> str:
   """Which rule of `data_dir_default` chose the data directory."""
   if os.environ.get(ENV_DATA_DIR):
-    return f"${ENV_DATA_DIR}"
+    return f"${ENV_DATA_DIR} is set"
   if os.path.isdir(_checkout_data_dir()):
-    return "the checkout's .data/"
-  return "the default"
+    return f"the checkout's .data/ (no ${ENV_DATA_DIR})"
+  return f"the default (no ${ENV_DATA_DIR}, no checkout .data/)"
+
+
+def data_dir_line(data_dir: str | None = None) -> str:
+  """"data directory: PATH (the rule that chose it)", as `fedjax-dg
+  datasets` and `prepare` print it; `data_dir`: one given explicitly."""
+  if data_dir:
+    return f"data directory: {os.path.expanduser(data_dir)} (given)"
+  return (f"data directory: {data_dir_default()} ({data_dir_origin()}; "
+          "the rule: fedjax_dg.data.sources.data_dir_default)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -439,9 +448,8 @@ def available(data_dir: str | None = None) -> tuple[str, ...]:
 def describe_available(data_dir: str | None = None) -> str:
   """One line per dataset: name, kind, domains, prepared or not (for
   `fedjax-dg datasets`)."""
+  lines = [data_dir_line(data_dir)]
   data_dir = os.path.expanduser(data_dir or data_dir_default())
-  lines = [f"data directory: {data_dir} (${ENV_DATA_DIR}, else a checkout's "
-           ".data/, else ~/.cache/fedjax_dg/tfds)"]
   for name in available(data_dir):
     entry = _lookup(name, data_dir)
     ready = is_prepared(name, data_dir)
@@ -705,8 +713,7 @@ def load(
     name: one of `available()`.
     image_size: square side to resize to (PIL bilinear); None keeps the stored
       size (all images must then have one size).
-    data_dir: prepared TFDS data and caches; default env `FEDJAX_DG_DATA_DIR` or
-      `~/.cache/fedjax_dg/tfds`.
+    data_dir: prepared TFDS data and caches; default `data_dir_default()`.
     manual_dir: raw input: the image folder of pacs / office_home / vlcs, the
       tiny-imagenet-200 folder of tiny_imagenet, or the Fashion-MNIST IDX folder
       of rotated_fashion_mnist / styled_fashion_mnist / fashion_mnist.
