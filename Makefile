@@ -4,7 +4,11 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-stamp
+# Where `nvidia-smi` works, setup also installs JAX's CUDA 12 build (the cuda12
+# extra, pinned to the locked jax) under its own stamp, so a .venv made before
+# the GPU was visible gets it too. Elsewhere nothing changes.
+GPU := $(shell nvidia-smi >/dev/null 2>&1 && echo cuda12)
+STAMP := $(VENV)/.installed-stamp$(if $(GPU),-$(GPU))
 FMNIST_DIR ?= /usr/share/datasets/fashion-mnist
 export FEDJAX_DG_DATA_DIR ?= $(abspath .data)
 export FEDJAX_DG_FASHION_MNIST_DIR ?= $(FMNIST_DIR)
@@ -17,6 +21,7 @@ $(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -r requirements.lock
 	$(PY) -m pip install -q --no-deps -e .
+	$(if $(GPU),$(PY) -m pip install -q -e ".[$(GPU)]")
 	touch $@
 
 # Fashion-MNIST ships as a Debian package (IDX files under $(FMNIST_DIR)).
