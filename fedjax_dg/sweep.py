@@ -536,7 +536,9 @@ def compare(dirs: list[str], out: str | None = None) -> list[str]:
       os.path.dirname(os.path.abspath(dirs[0])), "compare")
   os.makedirs(out, exist_ok=True)
   written = {}
-  parts = [(stem, tables.comparison(groups, metric)) for stem, metric in COMPARED]
+  parts = [(stem, table) for stem, table in (
+      (stem, tables.comparison(groups, metric)) for stem, metric in COMPARED)
+      if table.rows]   # no id accuracy without an id split (val_fraction=0)
   for stem, table in parts:
     written[f"{stem}.md"] = table.markdown()
     written[f"{stem}.csv"] = table.csv()
