@@ -410,6 +410,24 @@ def test_report_labels_directories_by_name_or_path_and_refuses_repeats(tmp_path,
   assert "| algorithm | x/run A |" in open(os.path.join(made, "report.md")).read()
 
 
+def test_report_of_runs_without_an_id_split_has_no_id_table(tmp_path):
+  """HyperGenFL's scenarios train on whole partitions (no id accuracy)."""
+  dirs = [str(tmp_path / n) for n in ("a", "b")]
+  for d in dirs:
+    _write_cell(d, 0)
+    res = _json(os.path.join(d, "results.json"))
+    for r in res["runs"]:
+      for point in r["history"] + [r["final"]]:
+        del point["id_acc"]
+    with open(os.path.join(d, "results.json"), "w") as f:
+      json.dump(res, f)
+  out = str(tmp_path / "cmp")
+  paths = sweep.compare(dirs, out)
+  names = {os.path.basename(p) for p in paths}
+  assert "comparison_ood.csv" in names and "comparison_id.csv" not in names
+  assert "id accuracy" not in open(paths[0]).read()
+
+
 def test_report_compares_a_sweep_over_d_with_one_of_its_cells(swept, tmp_path):
   """A directory holding several d splits into one column group per d; the
   group of d = 1 equals the d = 1 cell read on its own."""
