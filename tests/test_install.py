@@ -122,3 +122,36 @@ def test_make_setup_and_demo_with_a_gpu_install_the_cuda12_extra(tmp_path):
   demo = make_dry_run(tmp_path, "demo", 0)
   assert demo[:len(gpu)] == gpu
   assert demo[-1] == "V/bin/python -m fedjax_dg.cli demo"
+
+
+def _slug(heading: str) -> str:
+  """GitHub's anchor of a markdown heading."""
+  text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+  return text.replace(" ", "-")
+
+
+def test_readme_links_resolve_to_files_and_headings():
+  readme = open(os.path.join(ROOT, "README.md")).read()
+  links = re.findall(r"\]\(([^)\s]+)\)", readme)
+  local = [l for l in links if not l.startswith("http")]
+  assert len(local) >= 8
+  for link in local:
+    path, _, anchor = link.partition("#")
+    target = os.path.join(ROOT, path) if path else os.path.join(ROOT, "README.md")
+    assert os.path.exists(target), link
+    if anchor:
+      headings = re.findall(r"^#+ (.+)$", open(target).read(), re.M)
+      assert anchor in {_slug(h) for h in headings}, link
+
+
+def test_readme_algorithm_table_has_every_algorithm_systems_first():
+  from fedjax_dg import algorithms
+  readme = open(os.path.join(ROOT, "README.md")).read()
+  table = readme[readme.index("## Algorithms and their papers"):]
+  table = table[:table.index("\n## ")]
+  rows = [l for l in table.splitlines() if l.startswith("| ") and "`" in l]
+  names = [re.findall(r"`(\w+)`", l.split("|")[2])[0] for l in rows]
+  assert names[:4] == ["hfedf", "hypergenfl", "fedccrl", "fedsdaf"]
+  assert set(algorithms.modules()) <= set(names)
+  assert set(names) <= set(algorithms.available())
+  assert len(names) == len(set(names))
