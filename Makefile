@@ -13,7 +13,7 @@ FMNIST_DIR ?= /usr/share/datasets/fashion-mnist
 export FEDJAX_DG_DATA_DIR ?= $(abspath .data)
 export FEDJAX_DG_FASHION_MNIST_DIR ?= $(FMNIST_DIR)
 
-.PHONY: setup fashion-mnist data demo test bench clean
+.PHONY: setup fashion-mnist data demo test test-notebooks bench clean
 
 setup: $(STAMP)
 
@@ -43,6 +43,11 @@ demo: data
 
 test: data
 	$(PY) -m pytest -q
+
+# The colab/ tutorials, executed at their tiny settings (colab/README.md has
+# their times); they prepare fashion_mnist / styled_fashion_mnist on first use.
+test-notebooks: data
+	$(PY) -m pytest -q -m notebooks tests/test_colab.py
 
 # Benchmarks (not part of `make test`): installs the CPU PyTorch build for the reference
 # loop, and the torchvision and timm that the weights tests compare with (MobileNetV3, ViT).
