@@ -129,11 +129,16 @@ def main(argv: list[str] | None = None) -> int:
   p_sweep.add_argument("--dry-run", action="store_true",
                        help="validate and list the cells, compute nothing")
   p_report = sub.add_parser(
-      "report", help="paper-shaped tables (markdown + CSV) of a sweep directory")
-  p_report.add_argument("sweep_dir")
-  p_report.add_argument("--out", help="output folder (default: SWEEP_DIR/report)")
+      "report", help="paper-shaped tables (markdown + CSV) of a sweep or run "
+      "directory; of several: one comparison table, a column group per directory")
+  p_report.add_argument("dirs", nargs="+", metavar="DIR",
+                        help="a sweep or run directory; several: compared "
+                        "(one dataset, the same held-out targets)")
+  p_report.add_argument("--out", help="output folder (default: DIR/report; "
+                        "several DIRs: a new compare-<time> beside the first)")
   p_report.add_argument("--d", type=int, action="append", default=None,
-                        help="d of the per-domain tables (default: every d)")
+                        help="d of the per-domain tables (default: every d; "
+                        "one DIR only)")
   for p in (p_run, p_demo, p_sweep):
     distributed.add_flags(p)
   args = parser.parse_args(argv)

@@ -19,7 +19,9 @@ seeds=(0, 1, 2))`: the grid and seeds used when the command line gives none
 
 `fedjax-dg report DIR` reads every cell and writes the paper-shaped tables of
 `fedjax_dg/tables.py` as markdown and CSV, a long CSV of every run and the
-averaged learning curves (see docs/protocol.md).
+averaged learning curves (see docs/protocol.md). `fedjax-dg report DIR DIR...`
+(run or sweep directories of one dataset and the same targets) puts them side
+by side instead: one comparison table per metric, columns per directory.
 """
 
 from __future__ import annotations
@@ -426,6 +428,8 @@ def load_records(sweep_dir: str) -> tuple[dict, list[dict]]:
     name = os.path.basename(cell_dir) if cell["name"] == "." else cell["name"]
     records += tables.records_from_cell(name, cell["settings"], config, results)
     manifest.setdefault("dataset", results.get("dataset"))
+    held = manifest.setdefault("targets", [])
+    held += [str(t) for t in results.get("targets", ()) if str(t) not in held]
   return manifest, records
 
 
@@ -494,6 +498,80 @@ def write_report(sweep_dir: str, out: str | None = None, ds=None) -> list[str]:
   return paths
 
 
+def column_labels(dirs: list[str]) -> list[str]:
+  """One label per directory: its name, or its path below the directories'
+  common folder where two names coincide."""
+  paths = [os.path.abspath(d) for d in dirs]
+  if len(set(paths)) < len(paths):
+    raise ConfigError(f"report: a directory is given twice in {list(dirs)}")
+  names = [os.path.basename(p) for p in paths]
+  if len(set(names)) == len(names):
+    return names
+  root = os.path.commonpath(paths)
+  return [os.path.relpath(p, root) for p in paths]
+
+
+def check_comparable(labels: list[str], manifests: list[dict]) -> None:
+  """One dataset and the same held-out targets in every directory, else a
+  ConfigError naming each directory's."""
+  seen = [(m.get("dataset"), sorted(m.get("targets", []))) for m in manifests]
+  if len(set((d, tuple(t)) for d, t in seen)) > 1:
+    held = "; ".join(f"{label}: {d}, targets {', '.join(t)}"
+                     for label, (d, t) in zip(labels, seen))
+    raise ConfigError(
+        f"report: these runs are not comparable ({held}): one table needs one "
+        "dataset and the same held-out targets in every directory; report "
+        "them separately (fedjax-dg report DIR)")
+
+
+COMPARED = (("comparison_ood", "ood_acc"), ("comparison_id", "id_acc"),
+            ("comparison_ood_best", "best_ood_acc"))
+
+
+def compare(dirs: list[str], out: str | None = None) -> list[str]:
+  """`fedjax-dg report DIR DIR...`: one comparison table per metric (rows =
+  algorithms, columns = each directory's targets, mean ± std over seeds) as
+  markdown and CSV, every run in runs.csv and the curves, labelled by
+  directory; written to `out` (default: a new `compare-<time>` folder beside
+  the first directory). Returns the paths, report.md first."""
+  from fedjax_dg import experiment
+  labels = column_labels(dirs)
+  loaded = [load_records(d) for d in dirs]
+  for d, (_, records) in zip(dirs, loaded):
+    if not records:
+      raise ConfigError(f"{d}: no finished run yet, nothing to compare")
+  check_comparable(labels, [m for m, _ in loaded])
+  groups = [(label, records) for label, (_, records) in zip(labels, loaded)]
+  out = out or experiment.make_run_dir(
+      os.path.dirname(os.path.abspath(dirs[0])), "compare")
+  os.makedirs(out, exist_ok=True)
+  written = {}
+  parts = [(stem, table) for stem, table in (
+      (stem, tables.comparison(groups, metric)) for stem, metric in COMPARED)
+      if table.rows]   # no id accuracy without an id split (val_fraction=0)
+  for stem, table in parts:
+    written[f"{stem}.md"] = table.markdown()
+    written[f"{stem}.csv"] = table.csv()
+  tagged = [dict(r, cell=f"{label}/{r['cell']}", variant=f"{r['variant']} "
+                 f"({label})", row=f"{r['row']} ({label})")
+            for label, records in groups for r in records]
+  written["runs.csv"] = tables.long_table(tagged).csv()
+  manifest = loaded[0][0]
+  head = [f"# Comparison of {len(dirs)} runs ({manifest.get('dataset')}, "
+          f"targets {', '.join(manifest.get('targets', []))})", ""]
+  head += [f"- `{label}`: `{os.path.abspath(d)}` ({m.get('name')}; "
+           f"{len(records)} runs)" for label, d, (m, records)
+           in zip(labels, dirs, loaded)]
+  written["report.md"] = "\n".join(head + [""] + [t.markdown() for _, t in parts])
+  paths = []
+  for name in ["report.md"] + [n for n in written if n != "report.md"]:
+    paths.append(os.path.join(out, name))
+    with open(paths[-1], "w") as f:
+      f.write(written[name])
+  paths.append(plots.sweep_curves(tagged, os.path.join(out, "curves.png")))
+  return paths
+
+
 # ------------------------------------------------------------------------ cli
 
 
@@ -509,8 +587,14 @@ def main_sweep(args) -> int:
 
 
 def main_report(args) -> int:
-  paths = write_report(args.sweep_dir, args.out, args.d)
-  with open(paths[0]) as f:   # the first table (scenarios.md or table2.md)
+  if len(args.dirs) > 1:
+    if args.d:
+      raise ConfigError("--d selects the per-domain tables of one sweep "
+                        "directory; a comparison of several has none")
+    paths = compare(args.dirs, args.out)       # report.md first
+  else:
+    paths = write_report(args.dirs[0], args.out, args.d)  # its first table
+  with open(paths[0]) as f:
     print(f.read())
   print("wrote " + ", ".join(paths))
   return 0
