@@ -335,6 +335,16 @@ def cohort_schedule(root_key: jax.Array, r0, length: int, num_clients: int,
                                        m))(r0 + jnp.arange(length))
 
 
+def host_schedule(root_key: jax.Array, r0: int, rounds: int, num_clients: int,
+                  m: int) -> np.ndarray:
+  """int32 [rounds - r0, m] on the host: the cohorts of rounds r0 .. rounds-1,
+  drawn in blocks of rounds (a draw holds N random values per round)."""
+  span = max(1, min(rounds - r0, (1 << 22) // num_clients))
+  blocks = [np.asarray(cohort_schedule(root_key, r, span, num_clients, m))
+            for r in range(r0, rounds, span)]
+  return np.concatenate(blocks)[:rounds - r0].astype(np.int32)
+
+
 def make_round(alg: Algorithm, cfg: EngineConfig, num_clients: int,
                layout: Layout | None = None):
   """round(carry, r, train, root_key, frozen) -> (carry, metrics);
@@ -613,8 +623,7 @@ class _OnHost:
     n = train.num_clients
     m = cfg.cohort_size or n
     self.table_rows = min(n, cfg.eval_every * m)
-    self.schedule = np.asarray(cohort_schedule(root_key, r0, cfg.rounds - r0,
-                                               n, m)).astype(np.int32)
+    self.schedule = host_schedule(root_key, r0, cfg.rounds, n, m)
     self.r_first = r0
     self.blocks = _Blocks(val if val.n.any() else None, n, self.table_rows,
                           _eval_batch(cfg, val.width))

@@ -3,6 +3,10 @@ cohorts gathered for the devices) gives the numbers of "device" (everything on
 the device for the whole run), bit for bit, resumed or not."""
 
 import dataclasses
+import os
+import subprocess
+import sys
+import textwrap
 
 import jax
 import numpy as np
@@ -97,3 +101,44 @@ def test_auto_placement_rule(setup, monkeypatch):
                                     fed.packed_val) == want
   assert engine.resolve_placement("device", alg, fed.packed_train,
                                   fed.packed_val) == "device"
+
+
+SHARDED = textwrap.dedent("""
+    import os
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    import dataclasses, sys
+    sys.path.insert(0, {tests!r})
+    import jax, numpy as np
+    from conftest import synthetic_federation
+    from fedjax_dg import engine, models
+    from fedjax_dg.algorithms.local_only import local_only
+    from fedjax_dg.client import objectives
+    from fedjax_dg.optim import make_optimizer
+    fed = synthetic_federation(num_clients=5, d=2, num_domains=5, per_domain=30)
+    model = models.get_model("mlp", input_shape=fed.image_shape, hidden=8,
+                             num_classes=fed.num_classes, mean=fed.mean,
+                             std=fed.std)
+    alg = local_only(model, make_optimizer("sgd", 0.1),
+                     objectives.cross_entropy(model), num_clients=5)
+    cfg = engine.EngineConfig(rounds=2, eval_every=1, epochs=1, batch_size=8,
+                              cohort_size=4, progress=False, eval_batch_size=8)
+    assert engine.programs(alg, model, cfg, 5).layout.mesh.size == 2
+    runs = [engine.run(alg, fed, model, dataclasses.replace(cfg, placement=p))
+            for p in ("device", "host")]
+    for a, b in zip(*[jax.tree.leaves((r.server, r.clients)) for r in runs]):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert runs[0].history == runs[1].history
+    print("SAME")
+""")
+
+
+@pytest.mark.slow
+def test_host_placement_on_a_client_mesh():
+  """2 devices, a cohort of 4 of 5 sharded over them (each round's gathered
+  cohort placed sharded, the state table replicated): the device run's
+  numbers."""
+  tests = os.path.dirname(os.path.abspath(__file__))
+  out = subprocess.run([sys.executable, "-c", SHARDED.format(tests=tests)],
+                       capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "SAME" in out.stdout
