@@ -28,9 +28,16 @@ one XLA device per core, so that "auto" runs clients on the cores concurrently:
 on 2 cores a FedAvg round of the hFedF CNN ran 1.29x faster than one device
 (docs/benchmarks.md).
 
+Where client data and state live is `placement`: "device" (the padded
+federation and the [N, ...] client state on the devices for the whole run) or
+"host" (packed on the host; per chunk of rounds the cohorts, a pure function
+of the key, are gathered and sent while the previous chunk runs, the cohorts'
+state rows go to the devices and back; `_OnHost`); "auto" picks
+(`resolve_placement`). Both give the same numbers (docs/architecture.md).
+
 Randomness: one root key; round key = fold_in(root, r); client key =
-fold_in(round key, client id), so results do not depend on the mapping or on the
-number of devices.
+fold_in(round key, client id), so results do not depend on the mapping, the
+placement or the number of devices.
 """
 
 from __future__ import annotations
@@ -338,8 +345,9 @@ def cohort_schedule(root_key: jax.Array, r0, length: int, num_clients: int,
 def host_schedule(root_key: jax.Array, r0: int, rounds: int, num_clients: int,
                   m: int) -> np.ndarray:
   """int32 [rounds - r0, m] on the host: the cohorts of rounds r0 .. rounds-1,
-  drawn in blocks of rounds (a draw holds N random values per round)."""
-  span = max(1, min(rounds - r0, (1 << 22) // num_clients))
+  drawn in blocks of rounds of one size (one compile for every run length;
+  a draw holds N random values per round)."""
+  span = max(1, min(1024, (1 << 22) // num_clients))
   blocks = [np.asarray(cohort_schedule(root_key, r, span, num_clients, m))
             for r in range(r0, rounds, span)]
   return np.concatenate(blocks)[:rounds - r0].astype(np.int32)
