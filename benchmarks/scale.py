@@ -43,18 +43,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from _data import random_dataset
+
 
 def federation(num_clients: int, per_client: int, seed: int = 0):
   """`num_clients` clients of `per_client` random 28x28x1 examples each."""
   from fedjax_dg.data import federated, partition
-  from fedjax_dg.data.sources import DomainDataset
-  total = num_clients * per_client
-  rng = np.random.default_rng(seed)
-  ds = DomainDataset(
-      name="bench", images=rng.integers(0, 256, (total, 28, 28, 1), np.uint8),
-      labels=rng.integers(0, 10, total).astype(np.int32),
-      domains=np.zeros(total, np.int32), domain_names=("all",),
-      class_names=tuple(f"c{i}" for i in range(10)))
+  ds = random_dataset(num_clients * per_client, (28, 28, 1), seed)
   spec = partition.PartitionSpec(name="iid", num_partitions=num_clients,
                                  seed=seed)
   return federated.build(ds, spec, target_domain=None, val_fraction=0.0,

@@ -68,6 +68,10 @@ PLACEMENTS = ("auto", "device", "host")
 # on CPU): the rest is for the round's activations, the cohort's gathered
 # copies, the carry's donated copy and evaluation.
 AUTO_DEVICE_SHARE = 0.25
+# The final weight divergence of personalized models (all client pairs, an
+# [n, n] Gram matrix per tensor) over at most this many clients: a seeded
+# sample of them in larger federations.
+DIVERGENCE_CLIENTS = 1000
 # `client_aux`'s key: fold_in(client key, AUX_STREAM), a stream the local
 # update (split(client key)) never uses.
 AUX_STREAM = 0x617578
@@ -609,6 +613,7 @@ class _OnDevice:
     return carry
 
   def on_device(self, state):
+    """(server, client state) as a global model's evaluation reads it."""
     return state
 
   def evaluate(self, state, frozen, ood, details=False):
@@ -618,7 +623,7 @@ class _OnDevice:
 class _OnHost:
   """The "host" placement: client examples stay packed on the host and the
   [N, ...] client state is numpy there. Per chunk of L rounds the host reads
-  the chunk's cohorts from the schedule (`cohort_schedule`, computed once),
+  the chunk's cohorts from the schedule (`host_schedule`, computed once),
   gathers their examples ([L, m, S, ...], S = the largest client) and the
   rows of their union's state (a table of min(N, eval_every * m) rows) for
   the devices; the scan reads and writes the table at `Cohort.slots`, and the
@@ -627,13 +632,17 @@ class _OnHost:
 
   def __init__(self, progs: Programs, train, val, cfg: EngineConfig,
                root_key: jax.Array, r0: int):
-    self.progs, self.train, self.cfg = progs, train, cfg
+    self.progs, self.train = progs, train
     n = train.num_clients
     m = cfg.cohort_size or n
     self.table_rows = min(n, cfg.eval_every * m)
     self.schedule = host_schedule(root_key, r0, cfg.rounds, n, m)
     self.r_first = r0
-    self.blocks = _Blocks(val if val.n.any() else None, n, self.table_rows,
+    # Evaluation: as many clients at a time as a chunk's table holds (all of
+    # them for a pooled run, whose one training "client" is not val's).
+    v = val.num_clients
+    self.blocks = _Blocks(val if val.n.any() else None, v,
+                          min(v, cfg.eval_every * (cfg.cohort_size or v)),
                           _eval_batch(cfg, val.width))
     self.ahead = None  # (r0, length, Cohort on the devices, union)
     self.union = None
@@ -676,6 +685,7 @@ class _OnHost:
     return server, state[1]
 
   def on_device(self, state):
+    """(server, None): a global model's evaluation reads no client state."""
     return state[0], None
 
   def evaluate(self, state, frozen, ood, details=False):
@@ -917,6 +927,15 @@ def _ood_sets(data, cfg: EngineConfig):
   return full, sub
 
 
+def divergence_ids(num_clients: int) -> np.ndarray:
+  """The clients the final weight divergence is measured over: all of them,
+  or a seeded sample of DIVERGENCE_CLIENTS (sorted)."""
+  if num_clients <= DIVERGENCE_CLIENTS:
+    return np.arange(num_clients)
+  return np.sort(np.random.default_rng(0).choice(
+      num_clients, DIVERGENCE_CLIENTS, replace=False))
+
+
 class _Blocks(NamedTuple):
   """The "host" placement's evaluation input: clients in blocks of `size`,
   their id-validation examples gathered per block from `val` (None: none)."""
@@ -974,8 +993,9 @@ def _make_eval(alg: Algorithm, model, eval_batch_size: int):
                                 min(eval_batch_size, arrays[0].shape[axis]))
 
   def summary(s, details, personal, extras):
-    """The evaluation's dict from host scores `s`; `personal()` the [N, ...]
-    evaluated models (weight divergence), `extras()` the algorithm's."""
+    """The evaluation's dict from host scores `s`; `personal()` the
+    evaluated models of `divergence_ids(N)` (weight divergence), `extras()`
+    the algorithm's."""
     out = {}
     if "id" in s:
       count = np.asarray(s["id"].count)
@@ -1000,9 +1020,13 @@ def _make_eval(alg: Algorithm, model, eval_batch_size: int):
     s = jax.device_get(scores(carry, frozen, (val, ood), batch(val, 1),
                               batch(ood, 0)))
     server, clients = carry
-    return summary(s, details,
-                   lambda: jax.device_get(eval_params(server, clients)),
-                   lambda: alg.extras(server, clients))
+
+    def personal():
+      models = jax.device_get(eval_params(server, clients))
+      pick = divergence_ids(jax.tree.leaves(models)[0].shape[0])
+      return jax.tree.map(lambda a: a[pick], models)
+
+    return summary(s, details, personal, lambda: alg.extras(server, clients))
 
   def blocks_of(num_clients, size):
     """The ids of each block, the last padded to `size` with the last id."""
@@ -1027,10 +1051,11 @@ def _make_eval(alg: Algorithm, model, eval_batch_size: int):
                                        None, batch(ood, 0)))["ood"]
 
     def personal():
+      pick = divergence_ids(n)
       got = [jax.device_get(eval_rows(server, jax.device_put(
-          _take_rows(clients, ids)), jnp.asarray(ids)))
-             for ids in blocks_of(n, blocks.size)]
-      return jax.tree.map(lambda *a: np.concatenate(a)[:n], *got)
+          _take_rows(clients, pick[ids])), jnp.asarray(pick[ids])))
+             for ids in blocks_of(len(pick), blocks.size)]
+      return jax.tree.map(lambda *a: np.concatenate(a)[:len(pick)], *got)
 
     return summary(s, details, personal, lambda: alg.extras(server, clients))
 

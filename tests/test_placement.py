@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from conftest import synthetic_federation
-from fedjax_dg import engine, models
+from fedjax_dg import engine, evaluate, models
+from fedjax_dg.algorithms.central import central
 from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.algorithms.local_only import local_only
 from fedjax_dg.algorithms.scaffold import scaffold
@@ -73,6 +74,32 @@ def test_host_placement_equals_device_resumed_midway(setup, name, tmp_path):
     assert all(isinstance(a, np.ndarray) for a in jax.tree.leaves(resumed.clients))
 
 
+def test_weight_divergence_over_a_sample_of_clients(setup, monkeypatch):
+  """Past DIVERGENCE_CLIENTS clients the final weight divergence compares a
+  seeded sample's pairs, the same clients in both placements."""
+  fed, model, algs = setup
+  monkeypatch.setattr(engine, "DIVERGENCE_CLIENTS", 4)
+  pick = engine.divergence_ids(N)
+  assert len(pick) == 4 and list(pick) == sorted(set(pick))
+  for placement in ("device", "host"):
+    res = engine.run(algs["local_only"], fed, model,
+                     dataclasses.replace(CFG, rounds=2, placement=placement))
+    want = evaluate.weight_divergence(jax.tree.map(
+        lambda a: np.asarray(a)[pick], res.clients))
+    assert res.final["weight_divergence"] == want
+
+
+def test_host_placement_pooled_central(setup):
+  """Central (one pooled "client" holding every example, per-client id-val):
+  the same numbers on the host."""
+  fed, model, algs = setup
+  alg = central(model, make_optimizer("sgd", 0.1), objectives.cross_entropy(model))
+  cfg = dataclasses.replace(CFG, rounds=2)
+  assert_same_run(engine.run(alg, fed, model, dataclasses.replace(
+      cfg, placement="device")), engine.run(alg, fed, model, dataclasses.replace(
+          cfg, placement="host")))
+
+
 def test_host_placement_never_builds_the_padded_view(setup):
   """The padded [N, N_max] view is built on first use only: a host run of a
   fresh federation never asks for it."""
@@ -110,7 +137,7 @@ SHARDED = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     import jax, numpy as np
     from conftest import synthetic_federation
-    from fedjax_dg import engine, models
+    from fedjax_dg import engine, evaluate, models
     from fedjax_dg.algorithms.local_only import local_only
     from fedjax_dg.client import objectives
     from fedjax_dg.optim import make_optimizer
