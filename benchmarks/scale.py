@@ -3,7 +3,7 @@ number of clients N at a fixed cohort, per placement (`train.placement`).
 
 Every client holds the same number of examples (28x28x1 uint8, random: the
 cost is the point), so a round does the same work at every N: a cohort of m
-clients, one epoch each, FedAvg and Local-only (a model per client: the
+clients, E epochs each, FedAvg and Local-only (a model per client: the
 largest per-client state). Each (algorithm, N, placement) is a real
 `engine.run` with no id-validation and no target split (evaluation is then
 empty and the run is training, the host's gathers and the state's trips).
@@ -11,7 +11,9 @@ empty and the run is training, the host's gathers and the state's trips).
   round time   seconds between successive chunk boundaries (`on_eval`)
                divided by the rounds per chunk; the first chunk (compiling)
                is left out; median over the chunks of every repetition,
-               the repetitions interleaved over N
+               the repetitions interleaved over N. Wall time, and the
+               process's CPU time (every thread: XLA's and the host's
+               gathers), which other jobs on a shared machine disturb less
   device peak  live + temp:
                live = bytes of every live jax.Array (`jax.live_arrays()`)
                at each chunk boundary, less those alive before the run:
@@ -94,28 +96,30 @@ def measure(alg, model, fed, cfg) -> dict:
   from fedjax_dg import engine
   gc.collect()
   before = _live_bytes()
-  stamps, live = [], []
+  stamps, cpu, live = [], [], []
 
   def on_eval(entry):
     del entry
     stamps.append(time.perf_counter())
+    cpu.append(time.process_time())
     live.append(_live_bytes() - before)
 
   engine.run(alg, fed, model, cfg, on_eval=on_eval)
   return dict(round_s=(np.diff(stamps) / cfg.eval_every).tolist(),
-              live=max(live))
+              cpu_s=(np.diff(cpu) / cfg.eval_every).tolist(), live=max(live))
 
 
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--clients", type=int, nargs="+", default=[100, 1000, 10000])
   p.add_argument("--cohort", type=int, default=100)
-  p.add_argument("--per-client", type=int, default=32)
+  p.add_argument("--per-client", type=int, default=64)
   p.add_argument("--hidden", type=int, default=16)
   p.add_argument("--batch", type=int, default=16)
-  p.add_argument("--rounds", type=int, default=8)
+  p.add_argument("--epochs", type=int, default=2)
+  p.add_argument("--rounds", type=int, default=10)
   p.add_argument("--eval-every", type=int, default=1)
-  p.add_argument("--reps", type=int, default=3)
+  p.add_argument("--reps", type=int, default=5)
   p.add_argument("--placements", nargs="+", default=["host", "device"],
                  choices=("host", "device"))
   p.add_argument("--algorithms", nargs="+", default=["fedavg", "local_only"],
@@ -136,13 +140,13 @@ def main(argv=None):
   build = dict(fedavg=lambda n: fedavg(model, opt, loss),
                local_only=lambda n: local_only(model, opt, loss, num_clients=n))
   base = engine.EngineConfig(rounds=args.rounds, eval_every=args.eval_every,
-                             epochs=1, batch_size=args.batch,
+                             epochs=args.epochs, batch_size=args.batch,
                              cohort_size=args.cohort, client_mapping="map",
                              progress=False)
   cases = {(a, n, pl): (build[a](n), dataclasses.replace(base, placement=pl))
            for a in args.algorithms for n in args.clients
            for pl in args.placements}
-  rows = {key: dict(round_s=[], live=0) for key in cases}
+  rows = {key: dict(round_s=[], cpu_s=[], live=0) for key in cases}
   for key, (alg, cfg) in cases.items():  # compile every program first
     rows[key]["temp"] = chunk_temp_bytes(alg, model, cfg, feds[key[1]], key[2])
     measure(alg, model, feds[key[1]], dataclasses.replace(cfg, rounds=2))
@@ -152,10 +156,12 @@ def main(argv=None):
       alg, cfg = cases[key]
       got = measure(alg, model, feds[key[1]], cfg)
       rows[key]["round_s"] += got["round_s"]
+      rows[key]["cpu_s"] += got["cpu_s"]
       rows[key]["live"] = max(rows[key]["live"], got["live"])
       print(".", end="", flush=True)
   print(f"\ncohort {args.cohort}, {args.per_client} examples per client "
-        f"(28x28x1), MLP hidden {args.hidden}, batch {args.batch}, 1 epoch, "
+        f"(28x28x1), MLP hidden {args.hidden}, batch {args.batch}, "
+        f"{args.epochs} epoch(s), "
         f"{args.eval_every} round(s) per chunk, {args.rounds} rounds x "
         f"{args.reps} reps (median of the chunks after the first); "
         f"{platform.processor() or platform.machine()}, "
@@ -163,20 +169,20 @@ def main(argv=None):
         f"jax {jax.__version__}")
   mib = lambda b: b / 2**20
   print(f"{'algorithm':10s} {'placement':9s} {'N':>6s} {'round ms':>9s} "
-        f"{'vs N0':>6s} {'live MiB':>9s} {'temp MiB':>9s} {'peak MiB':>9s} "
-        f"{'vs N0':>6s}")
+        f"{'vs N0':>6s} {'cpu ms':>7s} {'vs N0':>6s} {'live MiB':>9s} "
+        f"{'temp MiB':>9s} {'peak MiB':>9s} {'vs N0':>6s}")
   for a in args.algorithms:
     for pl in args.placements:
       first = rows[(a, args.clients[0], pl)]
-      t0 = statistics.median(first["round_s"])
+      t0, c0 = (statistics.median(first[k]) for k in ("round_s", "cpu_s"))
       peak0 = first["live"] + first["temp"]
       for n in args.clients:
         r = rows[(a, n, pl)]
-        t = statistics.median(r["round_s"])
+        t, c = (statistics.median(r[k]) for k in ("round_s", "cpu_s"))
         peak = r["live"] + r["temp"]
         print(f"{a:10s} {pl:9s} {n:6d} {1e3 * t:9.1f} {t / t0:6.2f} "
-              f"{mib(r['live']):9.1f} {mib(r['temp']):9.1f} {mib(peak):9.1f} "
-              f"{peak / peak0:6.2f}")
+              f"{1e3 * c:7.1f} {c / c0:6.2f} {mib(r['live']):9.1f} "
+              f"{mib(r['temp']):9.1f} {mib(peak):9.1f} {peak / peak0:6.2f}")
   print("@@json " + json.dumps(dict(
       args=vars(args), rows={"/".join(map(str, k)): v for k, v in rows.items()})))
 

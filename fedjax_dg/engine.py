@@ -1043,7 +1043,8 @@ def _make_eval(alg: Algorithm, model, eval_batch_size: int):
             blocks.val.gather(ids), blocks.multiple))))
         parts.append(jax.device_get(block_scores(
             server, jax.device_put(_take_rows(clients, ids)), jnp.asarray(ids),
-            frozen, (val, per_client_ood), batch(val, 1), batch(ood, 0))))
+            frozen, (val, per_client_ood), batch(val, 1),
+            batch(per_client_ood, 0))))
     n = blocks.num_clients
     s = jax.tree.map(lambda *a: np.concatenate(a)[:n], *parts) if parts else {}
     if ood is not None and not alg.personalized:
