@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from _data import random_dataset
 from _worker import round_robin
 
 
@@ -43,14 +44,8 @@ def federation(scenario: str, images: int, seed: int):
   follow the real class counts (the partition is what matters here)."""
   from fedjax_dg import presets
   from fedjax_dg.data import federated, partition
-  from fedjax_dg.data.sources import DomainDataset
   s = presets.SCENARIOS[scenario]
-  rng = np.random.default_rng(seed)
-  ds = DomainDataset(
-      name="bench", images=rng.integers(0, 256, (images, 32, 32, 3), np.uint8),
-      labels=rng.integers(0, 10, images).astype(np.int32),
-      domains=np.zeros(images, np.int32), domain_names=("all",),
-      class_names=tuple(f"c{i}" for i in range(10)))
+  ds = random_dataset(images, (32, 32, 3), seed)
   spec = partition.PartitionSpec(name="dirichlet",
                                  num_partitions=s["num_clients"],
                                  alpha=s["beta"], min_partition_size=2,

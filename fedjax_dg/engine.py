@@ -28,9 +28,16 @@ one XLA device per core, so that "auto" runs clients on the cores concurrently:
 on 2 cores a FedAvg round of the hFedF CNN ran 1.29x faster than one device
 (docs/benchmarks.md).
 
+Where client data and state live is `placement`: "device" (the padded
+federation and the [N, ...] client state on the devices for the whole run) or
+"host" (packed on the host; per chunk of rounds the cohorts, a pure function
+of the key, are gathered and sent while the previous chunk runs, the cohorts'
+state rows go to the devices and back; `_OnHost`); "auto" picks
+(`resolve_placement`). Both give the same numbers (docs/architecture.md).
+
 Randomness: one root key; round key = fold_in(root, r); client key =
-fold_in(round key, client id), so results do not depend on the mapping or on the
-number of devices.
+fold_in(round key, client id), so results do not depend on the mapping, the
+placement or the number of devices.
 """
 
 from __future__ import annotations
@@ -55,6 +62,16 @@ from fedjax_dg.errors import ConfigError, DataError, NonFiniteError
 
 PyTree = Any
 MAPPINGS = ("auto", "vmap", "map", "shard")
+PLACEMENTS = ("auto", "device", "host")
+# "auto" keeps the whole run on the device while the padded federation and
+# the scan carry take at most this share of one device's memory (the host's
+# on CPU): the rest is for the round's activations, the cohort's gathered
+# copies, the carry's donated copy and evaluation.
+AUTO_DEVICE_SHARE = 0.25
+# The final weight divergence of personalized models (all client pairs, an
+# [n, n] Gram matrix per tensor) over at most this many clients: a seeded
+# sample of them in larger federations.
+DIVERGENCE_CLIENTS = 1000
 # `client_aux`'s key: fold_in(client key, AUX_STREAM), a stream the local
 # update (split(client key)) never uses.
 AUX_STREAM = 0x617578
@@ -73,6 +90,9 @@ class EngineConfig:
   map_batch_size: int = 1
   skip_idle_steps: bool = True  # a client's steps past its own count skipped
                                 # (lax.map), not computed and discarded
+  placement: str = "auto"       # where client data and state live: "device"
+                                # (the whole run), "host" (gathered per chunk
+                                # of rounds), "auto" (`resolve_placement`)
   seed: int = 0
   eval_batch_size: int = 500
   ood_eval_max: int = 2000      # target examples scored between chunks (0: all)
@@ -97,6 +117,7 @@ class EngineConfig:
          "0 (all clients) or " + (f"1..{num_clients}" if num_clients
                                   else "a positive count")),
         ("client_mapping", self.client_mapping in MAPPINGS, f"one of {MAPPINGS}"),
+        ("placement", self.placement in PLACEMENTS, f"one of {PLACEMENTS}"),
         ("map_batch_size", self.map_batch_size >= 1, "an integer >= 1"),
         ("eval_batch_size", self.eval_batch_size >= 1, "an integer >= 1"),
         ("ood_eval_max", self.ood_eval_max >= 0, "0 (all) or a positive count"),
@@ -298,6 +319,15 @@ class Layout:
       return jax.make_array_from_callback(a.shape, sharding, lambda i: a[i])
     return jax.tree.map(place, arrays)
 
+  def put_cohorts(self, cohorts: Cohort) -> Cohort:
+    """A chunk's per-round cohorts [L, m, ...] (the "host" placement) on the
+    devices, sharded over the cohort axis where it divides the mesh."""
+    if self.mesh is None:
+      return jax.device_put(cohorts)
+    m = np.shape(cohorts.ids)[1]
+    spec = P(None, "clients") if m % self.mesh.size == 0 else P()
+    return jax.device_put(cohorts, NamedSharding(self.mesh, spec))
+
   def to_one_device(self, tree_: PyTree) -> PyTree:
     """Evaluation runs on one device (a replicated program would run everywhere):
     this process's first device of the mesh. With several processes each one
@@ -319,10 +349,59 @@ def _local_copy(x, device) -> jax.Array:
   return next(s.data for s in x.addressable_shards if s.device == device)
 
 
+class Cohort(NamedTuple):
+  """One round's cohort gathered on the host (the "host" placement): the round
+  function's per-round input in place of the whole federation (stacked over
+  the rounds of a chunk, [L, ...], as the scan's input)."""
+  ids: Any    # int32 [m]: the cohort's client ids (`cohort_ids`)
+  slots: Any  # int32 [m]: their rows in the chunk's client-state table
+  data: Any   # ClientArrays [m, S, ...]: their examples, padded to S
+
+
+def round_keys(root_key: jax.Array, r) -> jax.Array:
+  """[3] keys of round r: the cohort's, the clients', the server's."""
+  return jax.random.split(jax.random.fold_in(root_key, r), 3)
+
+
+def cohort_ids(cohort_key: jax.Array, num_clients: int, m: int) -> jax.Array:
+  """The round's cohort: m of the N clients drawn without replacement (all of
+  them, in order, when m = N)."""
+  if m < num_clients:
+    return jax.random.choice(cohort_key, num_clients, (m,), replace=False)
+  return jnp.arange(num_clients)
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3, 4))
+def cohort_schedule(root_key: jax.Array, r0, length: int, num_clients: int,
+                    m: int) -> jax.Array:
+  """[length, m] the cohorts of rounds r0 .. r0 + length - 1: the same draws
+  (keys and calls) as the rounds themselves make, so the host can gather a
+  chunk's data ahead of it."""
+  return jax.vmap(lambda r: cohort_ids(round_keys(root_key, r)[0], num_clients,
+                                       m))(r0 + jnp.arange(length))
+
+
+def host_schedule(root_key: jax.Array, r0: int, rounds: int, num_clients: int,
+                  m: int) -> np.ndarray:
+  """int32 [rounds - r0, m] on the host: the cohorts of rounds r0 .. rounds-1,
+  drawn in blocks of rounds of one size (one compile for every run length;
+  a draw holds N random values per round)."""
+  span = max(1, min(1024, (1 << 22) // num_clients))
+  blocks = [np.asarray(cohort_schedule(root_key, r, span, num_clients, m))
+            for r in range(r0, rounds, span)]
+  return np.concatenate(blocks)[:rounds - r0].astype(np.int32)
+
+
 def make_round(alg: Algorithm, cfg: EngineConfig, num_clients: int,
                layout: Layout | None = None):
   """round(carry, r, train, root_key, frozen) -> (carry, metrics);
-  carry = (server, clients); `frozen` = the algorithm's shared-frozen params."""
+  carry = (server, clients); `frozen` = the algorithm's shared-frozen params.
+
+  `train` is the whole federation (ClientArrays [N, ...], the "device"
+  placement: the round draws its cohort and gathers it, `clients` is the
+  [N, ...] client state) or this round's `Cohort` (the "host" placement:
+  gathered on the host, `clients` is the chunk's table of client-state rows,
+  read and written at `Cohort.slots`)."""
   m = cfg.cohort_size or num_clients
   layout = layout or Layout.of(cfg, num_clients)
   mapper = layout.mapper(cfg.map_batch_size)
@@ -348,13 +427,16 @@ def make_round(alg: Algorithm, cfg: EngineConfig, num_clients: int,
 
   def round_fn(carry, r, train, root_key, frozen):
     server, clients = carry
-    rkey = jax.random.fold_in(root_key, r)
-    cohort_key, client_key, server_key = jax.random.split(rkey, 3)
-    if m < num_clients:
-      ids = jax.random.choice(cohort_key, num_clients, (m,), replace=False)
-      rows, data = tree.take(clients, ids), tree.take(train, ids)
+    cohort_key, client_key, server_key = round_keys(root_key, r)
+    slots = None  # None: every client of `clients`, in order
+    if isinstance(train, Cohort):
+      ids, slots, data = train
+    elif m < num_clients:
+      ids = slots = cohort_ids(cohort_key, num_clients, m)
+      data = tree.take(train, ids)
     else:
-      ids, rows, data = jnp.arange(num_clients), clients, train
+      ids, data = jnp.arange(num_clients), train
+    rows = clients if slots is None else tree.take(clients, slots)
     start = alg.client_start(server, rows, ids)
     chex.assert_tree_shape_prefix(
         start, (m,), custom_message=f"{alg.name}.client_start must give the "
@@ -366,7 +448,7 @@ def make_round(alg: Algorithm, cfg: EngineConfig, num_clients: int,
                                              data.n, keys, ids, rows, extra)
     new_rows = (alg.client_end(rows, trained, aux) if alg.client_end_takes_aux
                 else alg.client_end(rows, trained))
-    clients = tree.put(clients, ids, new_rows) if m < num_clients else new_rows
+    clients = new_rows if slots is None else tree.put(clients, slots, new_rows)
     result = ClientResult(ids=ids, round=r, start=start, params=trained,
                           num_examples=data.n, loss=losses, aux=aux,
                           rounds=cfg.rounds if alg.needs_rounds else None)
@@ -413,7 +495,10 @@ class _Checkpointer:
   def save(self, step: int, carry, meta: dict) -> None:
     ocp = self._ocp
     meta = dict(meta, layout=self.layout(carry))
-    leaves = {str(i): np.asarray(x) for i, x in enumerate(jax.tree.leaves(carry))}
+    # A copy of host (numpy) leaves: the write is asynchronous and the "host"
+    # placement updates its client state in place.
+    leaves = {str(i): np.array(x) if isinstance(x, np.ndarray) else np.asarray(x)
+              for i, x in enumerate(jax.tree.leaves(carry))}
     # Asynchronous: the next chunk runs while this one is written.
     self.manager.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(leaves), meta=ocp.args.JsonSave(meta)))
@@ -433,7 +518,7 @@ class _Checkpointer:
   def restore(self, step: int, like):
     ocp = self._ocp
     flat, treedef = jax.tree.flatten(like)
-    abstract = {str(i): jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype)
+    abstract = {str(i): jax.ShapeDtypeStruct(np.shape(x), x.dtype)
                 for i, x in enumerate(flat)}
     try:
       meta = self.manager.restore(step, args=ocp.args.Composite(
@@ -453,8 +538,8 @@ class _Checkpointer:
           meta=ocp.args.JsonRestore()))
     except Exception as e:  # pylint: disable=broad-except
       raise self._damaged(step, e) from e
-    leaves = [jnp.asarray(out["state"][str(i)]) for i in range(len(flat))]
-    return jax.tree.unflatten(treedef, leaves), out["meta"]
+    leaves = [np.asarray(out["state"][str(i)]) for i in range(len(flat))]
+    return jax.tree.unflatten(treedef, leaves), out["meta"]  # on the host
 
 
 @jax.jit
@@ -505,6 +590,167 @@ def _to_host(metrics: dict) -> dict[str, list]:
   return {k: np.asarray(v).tolist() for k, v in metrics.items()}
 
 
+def device_capacity() -> int:
+  """Bytes of memory of one device: its allocator's limit on GPU / TPU, the
+  host's physical memory on CPU (XLA:CPU devices share it)."""
+  stats = jax.local_devices()[0].memory_stats() or {}
+  if "bytes_limit" in stats:
+    return int(stats["bytes_limit"])
+  return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def device_placement_bytes(alg: Algorithm, train, val) -> int:
+  """What the "device" placement holds for the whole run: the padded training
+  and id-validation examples (`PackedClients.nbytes(padded=True)`) and the
+  scan carry (server and [N, ...] client state)."""
+  return (train.nbytes(padded=True) + val.nbytes(padded=True)
+          + checkpoint_bytes(alg))
+
+
+def resolve_placement(placement: str, alg: Algorithm, train, val) -> str:
+  """"auto": "device" while `device_placement_bytes` is at most
+  AUTO_DEVICE_SHARE of `device_capacity()`, else "host"."""
+  if placement != "auto":
+    return placement
+  need = device_placement_bytes(alg, train, val)
+  return "device" if need <= AUTO_DEVICE_SHARE * device_capacity() else "host"
+
+
+class _OnDevice:
+  """The "device" placement: the padded federation ([N, N_max, ...]) and the
+  [N, ...] client state (in the scan carry) on the devices for the whole run;
+  every round draws and gathers its cohort there."""
+
+  def __init__(self, progs: Programs, train, val, cfg: EngineConfig):
+    """`train` / `val`: the padded views (ClientArrays [N, N_max, ...])."""
+    self.progs = progs
+    self.train = progs.layout.put_clients(train)
+    # No id-validation examples at all (data.val_fraction = 0): no id
+    # evaluation; the history then has no id_acc (reports show "-").
+    self.val = (tuple(map(jnp.asarray, _pad_clients(
+        val, _eval_batch(cfg, val.x.shape[1])))) if np.any(val.n) else None)
+
+  def initial(self, key):
+    return self.progs.init(key)
+
+  def placed(self, restored):
+    return self.progs.layout.put_carry(jax.tree.map(jnp.asarray, restored))
+
+  def begin(self, state, r0, length):
+    del r0, length
+    return state, self.train
+
+  def prefetch(self, r0, length):
+    del r0, length
+
+  def end(self, state, carry):
+    del state
+    return carry
+
+  def on_device(self, state):
+    """(server, client state) as a global model's evaluation reads it."""
+    return state
+
+  def evaluate(self, state, frozen, ood, details=False):
+    return self.progs.eval(state, frozen, self.val, ood, details=details)
+
+
+class _OnHost:
+  """The "host" placement: client examples stay packed on the host and the
+  [N, ...] client state is numpy there. Per chunk of L rounds the host reads
+  the chunk's cohorts from the schedule (`host_schedule`, computed once),
+  gathers their examples ([L, m, S, ...], S = the largest client) and the
+  rows of their union's state (a table of min(N, eval_every * m) rows) for
+  the devices; the scan reads and writes the table at `Cohort.slots`, and the
+  rows go back to the host after the chunk. The next chunk's examples are
+  gathered and sent while the current chunk runs (`prefetch`)."""
+
+  def __init__(self, progs: Programs, train, val, cfg: EngineConfig,
+               root_key: jax.Array, r0: int):
+    self.progs, self.train = progs, train
+    n = train.num_clients
+    m = cfg.cohort_size or n
+    self.table_rows = min(n, cfg.eval_every * m)
+    self.schedule = host_schedule(root_key, r0, cfg.rounds, n, m)
+    self.r_first = r0
+    # Evaluation: as many clients at a time as a chunk's table holds (all of
+    # them for a pooled run, whose one training "client" is not val's).
+    v = val.num_clients
+    self.blocks = _Blocks(val if val.n.any() else None, v,
+                          min(v, cfg.eval_every * (cfg.cohort_size or v)),
+                          _eval_batch(cfg, val.width))
+    self.ahead = None  # (r0, length, Cohort on the devices, union)
+    self.union = None
+
+  def initial(self, key):
+    return (self.progs.server_init(key),
+            _host_rows(self.progs.init_rows, key, self.train.num_clients,
+                       self.table_rows))
+
+  def placed(self, restored):
+    server, clients = restored
+    writable = lambda a: a if a.flags.writeable else a.copy()
+    return (self.progs.layout.put_carry(jax.tree.map(jnp.asarray, server)),
+            jax.tree.map(writable, clients))
+
+  def _gather(self, r0: int, length: int):
+    ids = self.schedule[r0 - self.r_first:r0 - self.r_first + length]
+    union, slots = np.unique(ids, return_inverse=True)
+    cohorts = Cohort(ids, slots.reshape(ids.shape).astype(np.int32),
+                     self.train.gather(ids))
+    return r0, length, self.progs.layout.put_cohorts(cohorts), union
+
+  def prefetch(self, r0, length):
+    """Gathers and sends the chunk from r0 while the devices run the current
+    one (JAX dispatch is asynchronous)."""
+    self.ahead = self._gather(r0, length) if length > 0 else None
+
+  def begin(self, state, r0, length):
+    ahead, self.ahead = self.ahead, None
+    if ahead is None or ahead[:2] != (r0, length):
+      ahead = self._gather(r0, length)
+    _, _, cohorts, self.union = ahead
+    pad = np.full(self.table_rows - len(self.union), self.union[0])
+    rows = _take_rows(state[1], np.concatenate([self.union, pad]))
+    return (state[0], self.progs.layout.put_carry(jax.device_put(rows))), cohorts
+
+  def end(self, state, carry):
+    server, table = carry
+    _put_rows(state[1], self.union, jax.device_get(table))
+    return server, state[1]
+
+  def on_device(self, state):
+    """(server, None): a global model's evaluation reads no client state."""
+    return state[0], None
+
+  def evaluate(self, state, frozen, ood, details=False):
+    return self.progs.eval_blocks(state, frozen, self.blocks, ood,
+                                  details=details)
+
+
+def _take_rows(clients, idx):
+  return jax.tree.map(lambda a: a[idx], clients)
+
+
+def _put_rows(clients, idx, table) -> None:
+  """clients[idx] = table[:len(idx)], in place (host numpy)."""
+  for a, t in zip(jax.tree.leaves(clients), jax.tree.leaves(table)):
+    a[idx] = np.asarray(t)[:len(idx)]
+
+
+def _host_rows(init_rows: Callable, key, num_clients: int, block: int):
+  """The initial [N, ...] client state on the host (numpy), built on the
+  device `block` rows at a time (the last block padded: one compile)."""
+  shapes = jax.eval_shape(init_rows, key, jnp.arange(block))
+  out = jax.tree.map(lambda s: np.empty((num_clients,) + s.shape[1:], s.dtype),
+                     shapes)
+  for start in range(0, num_clients if jax.tree.leaves(out) else 0, block):
+    ids = np.minimum(np.arange(start, start + block), num_clients - 1)
+    _put_rows(out, np.arange(start, min(start + block, num_clients)),
+              jax.device_get(init_rows(key, jnp.asarray(ids))))
+  return out
+
+
 def run(alg: Algorithm, data, model, cfg: EngineConfig, *,
         checkpoint_dir: str | None = None,
         on_eval: Callable[[dict], None] | None = None) -> RunResult:
@@ -513,54 +759,59 @@ def run(alg: Algorithm, data, model, cfg: EngineConfig, *,
   With `checkpoint_dir`, a checkpoint is written after every chunk (the latest
   `cfg.checkpoints_to_keep` stay) and the latest existing one is resumed from
   (same final parameters as an uninterrupted run).
+  `cfg.placement` says where client data and state live (`_OnDevice`,
+  `_OnHost`); both give the same numbers.
   """
-  train = data.pooled().train if alg.pooled else data.train
+  train = data.pooled().packed_train if alg.pooled else data.packed_train
   if alg.pooled:  # one pooled "client" trains every round
     cfg = dataclasses.replace(cfg, cohort_size=0)
-  num_clients = int(np.asarray(train.n).shape[0])
+  num_clients = train.num_clients
   cfg.validate(num_clients)
   model = alg.model or model
   root_key = jax.random.key(cfg.seed)
   progs = _programs(alg, model, _program_key(cfg, alg), num_clients)
-  run_chunk, eval_step = progs.chunk, progs.eval
-  # No id-validation examples at all (data.val_fraction = 0): no id evaluation;
-  # the history then has no id_acc (reports show "-"), never a made-up 0.
-  val = (tuple(map(jnp.asarray,
-                   _pad_clients(data.val, _eval_batch(cfg, data.val.x.shape[1]))))
-         if np.asarray(data.val.n).any() else None)
+  run_chunk = progs.chunk
   ood_full, ood_sub = _ood_sets(data, cfg)
 
-  train = progs.layout.put_clients(train)
   init_key = jax.random.fold_in(root_key, 2**31 - 1)
-  carry = progs.init(init_key)
   frozen = progs.frozen(init_key)
   history: list[dict] = []
   round_metrics: dict[str, list] = {}
   r0 = 0
   ckpt = (_Checkpointer(checkpoint_dir, cfg.checkpoints_to_keep)
           if checkpoint_dir else None)
+  restored = None
   if ckpt is not None and ckpt.latest() is not None:
-    carry, meta = ckpt.restore(ckpt.latest(), carry)
-    carry = progs.layout.put_carry(carry)
+    like = jax.eval_shape(alg.init, init_key)
+    restored, meta = ckpt.restore(ckpt.latest(), like)
     r0, history, round_metrics = meta["round"], meta["history"], meta["round_metrics"]
+  if resolve_placement(cfg.placement, alg, train, data.packed_val) == "host":
+    feed = _OnHost(progs, train, data.packed_val, cfg, root_key, r0)
+  else:
+    feed = _OnDevice(progs, data.pooled().train if alg.pooled else data.train,
+                     data.val, cfg)
+  state = feed.initial(init_key) if restored is None else feed.placed(restored)
 
   bar = _progress(cfg, alg.name, r0)
   t0 = time.perf_counter()
   try:
     while r0 < cfg.rounds:
       length = min(cfg.eval_every, cfg.rounds - r0)
-      carry, metrics = run_chunk(carry, jnp.int32(r0), train, root_key, frozen,
-                                 length)
+      carry, inputs = feed.begin(state, r0, length)
+      carry, metrics = run_chunk(carry, jnp.int32(r0), inputs, root_key,
+                                 frozen, length)
+      feed.prefetch(r0 + length, min(cfg.eval_every, cfg.rounds - r0 - length))
       chunk_metrics = _to_host(metrics)
       # Before anything is recorded or saved: the last good checkpoint stays.
       check_finite(alg.name, r0, chunk_metrics, carry,
                    ckpt.latest() if ckpt is not None else None, checkpoint_dir)
+      state = feed.end(state, carry)
       r0 += length
       for k, v in chunk_metrics.items():
         round_metrics.setdefault(k, []).extend(v)
       train_loss = float(np.mean(round_metrics["loss"][-length:]))
       entry = dict(round=r0, train_loss=train_loss,
-                   **eval_step(carry, frozen, val, ood_sub))
+                   **feed.evaluate(state, frozen, ood_sub))
       history.append(entry)
       if on_eval is not None:
         on_eval(entry)
@@ -570,16 +821,17 @@ def run(alg: Algorithm, data, model, cfg: EngineConfig, *,
                          (("loss", "train_loss"), ("id", "id_acc"),
                           ("ood", "ood_acc")) if key in entry})
       if ckpt is not None:
-        ckpt.save(r0, carry, dict(round=r0, history=history,
+        ckpt.save(r0, state, dict(round=r0, history=history,
                                   round_metrics=round_metrics))
   finally:  # a stopped run still leaves complete checkpoints
     if bar is not None:
       bar.close()
     if ckpt is not None:
       ckpt.close()
-  final = dict(round=r0, **eval_step(carry, frozen, val, ood_full, details=True))
-  server, clients = carry
-  feats = target_features(alg, model, progs.layout.to_one_device(carry),
+  final = dict(round=r0, **feed.evaluate(state, frozen, ood_full, details=True))
+  server, clients = state
+  feats = target_features(alg, model,
+                          progs.layout.to_one_device(feed.on_device(state)),
                           progs.layout.to_one_device(frozen), data, cfg)
   return RunResult(alg.name, server, clients, history, round_metrics, final,
                    time.perf_counter() - t0, feats)
@@ -628,8 +880,14 @@ class Programs(NamedTuple):
   init: Callable      # init(key) -> carry, placed on the layout
   frozen: Callable    # frozen(key) -> the shared-frozen parameters (or None)
   chunk: Callable     # chunk(carry, r0, train, root_key, frozen, length)
-                      #   -> (carry, metrics)
+                      #   -> (carry, metrics); `train`: ClientArrays [N, ...]
+                      #   or Cohort [length, m, ...] (`make_round`)
   eval: Callable      # eval(carry, frozen, val, ood, details=False) -> dict
+  # The "host" placement's pieces (`_OnHost`):
+  server_init: Callable  # server_init(key) -> the server state, placed
+  init_rows: Callable    # init_rows(key, ids) -> initial client-state rows
+  eval_blocks: Callable  # eval_blocks((server, host client state), frozen,
+                         #   _Blocks, ood, details=False) -> dict
 
 
 def programs(alg: Algorithm, model, cfg: EngineConfig,
@@ -657,6 +915,10 @@ def _programs(alg: Algorithm, model, cfg: EngineConfig,
   @functools.partial(jax.jit, static_argnums=(5,), donate_argnums=(0,), **placed)
   def run_chunk(carry, r0, train, root_key, frozen, length):
     rounds = r0 + jnp.arange(length)
+    if isinstance(train, Cohort):  # one cohort per round: the scan's input
+      return jax.lax.scan(
+          lambda c, xs: round_fn(c, xs[0], xs[1], root_key, frozen), carry,
+          (rounds, train))
     return jax.lax.scan(lambda c, r: round_fn(c, r, train, root_key, frozen),
                         carry, rounds)
 
@@ -667,12 +929,19 @@ def _programs(alg: Algorithm, model, cfg: EngineConfig,
   # Not jitted here: a pretrained file read inside a trace would become a
   # constant of the program (`Model.init` jits its own sampling).
   frozen = alg.frozen if alg.frozen is not None else lambda key: None
-  evaluate_ = _make_eval(alg, model, cfg.eval_batch_size)
+  evaluate_, eval_blocks = _make_eval(alg, model, cfg.eval_batch_size)
+  # Compiled without the client state (XLA drops what the output does not use).
+  server_init = jax.jit(lambda key: alg.init(key)[0])
   return Programs(
       layout=layout, init=lambda key: layout.put_carry(init(key)),
       frozen=lambda key: layout.put_carry(frozen(key)), chunk=run_chunk,
       eval=lambda carry, frozen, *a, **kw: evaluate_(
-          layout.to_one_device(carry), layout.to_one_device(frozen), *a, **kw))
+          layout.to_one_device(carry), layout.to_one_device(frozen), *a, **kw),
+      server_init=lambda key: layout.put_carry(server_init(key)),
+      init_rows=jax.jit(alg.init_rows),
+      eval_blocks=lambda state, frozen, *a, **kw: eval_blocks(
+          (layout.to_one_device(state[0]), state[1]),
+          layout.to_one_device(frozen), *a, **kw))
 
 
 def _eval_batch(cfg: EngineConfig, n: int) -> int:
@@ -695,22 +964,41 @@ def _ood_sets(data, cfg: EngineConfig):
   return full, sub
 
 
-def _make_eval(alg: Algorithm, model, eval_batch_size: int):
-  """Returns eval(carry, frozen, val, ood) -> dict of host floats/lists.
+def divergence_ids(num_clients: int) -> np.ndarray:
+  """The clients the final weight divergence is measured over: all of them,
+  or a seeded sample of DIVERGENCE_CLIENTS (sorted)."""
+  if num_clients <= DIVERGENCE_CLIENTS:
+    return np.arange(num_clients)
+  return np.sort(np.random.default_rng(0).choice(
+      num_clients, DIVERGENCE_CLIENTS, replace=False))
 
+
+class _Blocks(NamedTuple):
+  """The "host" placement's evaluation input: clients in blocks of `size`,
+  their id-validation examples gathered per block from `val` (None: none)."""
+  val: Any          # PackedClients, or None without id-validation examples
+  num_clients: int
+  size: int
+  multiple: int     # examples per client padded to a multiple of it
+
+
+def _make_eval(alg: Algorithm, model, eval_batch_size: int):
+  """Returns (eval, eval_blocks), each -> dict of host floats/lists.
+
+  eval(carry, frozen, val, ood): every client at once (the "device"
+  placement; `val` the padded [N, V, ...] arrays). eval_blocks((server,
+  host client state), frozen, _Blocks, ood): the same numbers, clients a
+  block at a time (the "host" placement: no [N, ...] device array).
   `val` / `ood` None: that evaluation is skipped and its keys are absent. A
   client without id-validation examples is None in id_acc_per_client and left
   out of id_acc (the mean over clients).
   """
   eval_params = jax.jit(alg.eval_params)
+  eval_rows = jax.jit(alg.eval_rows)
 
-  @functools.partial(jax.jit, static_argnums=(3, 4))
-  def scores(carry, frozen, arrays, bs_val, bs_ood):
+  def client_scores(frozen, params, val, ood, bs_val, bs_ood):
     # One copy of the frozen parameters, merged per model inside the maps.
     apply_fn = lambda p, x: model.apply(with_frozen(frozen, p), x, train=False)
-    server, clients = carry
-    params = alg.eval_params(server, clients)
-    val, ood = arrays
     stacked, shared = (params, None) if alg.personalized else (None, params)
     out = {}
     if val is not None:
@@ -726,33 +1014,90 @@ def _make_eval(alg: Algorithm, model, eval_batch_size: int):
         out["ood"] = evaluate.scores(apply_fn, params, ox, oy, om, bs_ood)
     return out
 
-  def run_eval(carry, frozen, val, ood, details=False):
-    bs_val = None if val is None else min(eval_batch_size, val[0].shape[1])
-    bs_ood = None if ood is None else min(eval_batch_size, ood[0].shape[0])
-    s = jax.device_get(scores(carry, frozen, (val, ood), bs_val, bs_ood))
+  @functools.partial(jax.jit, static_argnums=(3, 4))
+  def scores(carry, frozen, arrays, bs_val, bs_ood):
+    server, clients = carry
+    return client_scores(frozen, alg.eval_params(server, clients), *arrays,
+                         bs_val, bs_ood)
+
+  @functools.partial(jax.jit, static_argnums=(5, 6))
+  def block_scores(server, rows, ids, frozen, arrays, bs_val, bs_ood):
+    params = (alg.eval_rows(server, rows, ids) if alg.personalized
+              else alg.eval_params(server, None))
+    return client_scores(frozen, params, *arrays, bs_val, bs_ood)
+
+  batch = lambda arrays, axis: (None if arrays is None else
+                                min(eval_batch_size, arrays[0].shape[axis]))
+
+  def summary(s, details, personal, extras):
+    """The evaluation's dict from host scores `s`; `personal()` the
+    evaluated models of `divergence_ids(N)` (weight divergence), `extras()`
+    the algorithm's."""
     out = {}
-    if val is not None:
+    if "id" in s:
       count = np.asarray(s["id"].count)
       id_acc = np.asarray(s["id"].correct) / np.maximum(count, 1)
       out.update(id_acc=float(np.mean(id_acc[count > 0])),
                  id_acc_per_client=[float(a) if c > 0 else None
                                     for a, c in zip(id_acc, count)])
-    if ood is not None:
+    if "ood" in s:
       ood_acc = np.atleast_1d(s["ood"].correct / np.maximum(s["ood"].count, 1))
       out.update(ood_acc=float(np.mean(ood_acc)), ood_acc_per_client=ood_acc.tolist())
     if details:  # calibration over all clients' predictions, divergence, extras
       bins = lambda b: np.asarray(b).reshape(-1, *np.asarray(b).shape[-2:]).sum(0)
       out["calibration"] = {k: evaluate.calibration_summary(bins(v.bins))
                             for k, v in s.items()}
-      server, clients = carry
       if alg.personalized:
-        out["weight_divergence"] = evaluate.weight_divergence(
-            jax.device_get(eval_params(server, clients)))
+        out["weight_divergence"] = evaluate.weight_divergence(personal())
       out["extras"] = jax.tree.map(lambda a: np.asarray(a).tolist(),
-                                   jax.device_get(alg.extras(server, clients)))
+                                   jax.device_get(extras()))
     return out
 
-  return run_eval
+  def run_eval(carry, frozen, val, ood, details=False):
+    s = jax.device_get(scores(carry, frozen, (val, ood), batch(val, 1),
+                              batch(ood, 0)))
+    server, clients = carry
+
+    def personal():
+      models = jax.device_get(eval_params(server, clients))
+      pick = divergence_ids(jax.tree.leaves(models)[0].shape[0])
+      return jax.tree.map(lambda a: a[pick], models)
+
+    return summary(s, details, personal, lambda: alg.extras(server, clients))
+
+  def blocks_of(num_clients, size):
+    """The ids of each block, the last padded to `size` with the last id."""
+    for start in range(0, num_clients, size):
+      yield np.minimum(np.arange(start, start + size), num_clients - 1)
+
+  def run_eval_blocks(state, frozen, blocks: _Blocks, ood, details=False):
+    server, clients = state
+    per_client_ood = ood if alg.personalized else None
+    parts = []
+    if blocks.val is not None or per_client_ood is not None:
+      for ids in blocks_of(blocks.num_clients, blocks.size):
+        val = (None if blocks.val is None else tuple(map(jnp.asarray, _pad_clients(
+            blocks.val.gather(ids), blocks.multiple))))
+        parts.append(jax.device_get(block_scores(
+            server, jax.device_put(_take_rows(clients, ids)), jnp.asarray(ids),
+            frozen, (val, per_client_ood), batch(val, 1),
+            batch(per_client_ood, 0))))
+    n = blocks.num_clients
+    s = jax.tree.map(lambda *a: np.concatenate(a)[:n], *parts) if parts else {}
+    if ood is not None and not alg.personalized:
+      s["ood"] = jax.device_get(scores((server, None), frozen, (None, ood),
+                                       None, batch(ood, 0)))["ood"]
+
+    def personal():
+      pick = divergence_ids(n)
+      got = [jax.device_get(eval_rows(server, jax.device_put(
+          _take_rows(clients, pick[ids])), jnp.asarray(pick[ids])))
+             for ids in blocks_of(len(pick), blocks.size)]
+      return jax.tree.map(lambda *a: np.concatenate(a)[:len(pick)], *got)
+
+    return summary(s, details, personal, lambda: alg.extras(server, clients))
+
+  return run_eval, run_eval_blocks
 
 
 def _progress(cfg: EngineConfig, desc: str, initial: int):

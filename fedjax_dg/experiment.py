@@ -194,14 +194,14 @@ def normalization(cfg: ConfigDict, dataset, fed) -> tuple[tuple, tuple]:
   if cfg.data.normalization == "train":
     return fed.mean, fed.std
   if cfg.data.normalization == "imagenet":
-    ch = fed.train.x.shape[-1]
+    ch = fed.image_shape[-1]
     if ch != 3:
       raise ConfigError(
           f"data.normalization='imagenet' needs RGB images, but data.name="
           f"{cfg.data.name!r} has {ch} channel(s): use 'dataset' or 'train'")
     return IMAGENET_MEAN, IMAGENET_STD
   from fedjax_dg.data.federated import channel_stats
-  return channel_stats(dataset.images[None], np.array([len(dataset.images)]))
+  return channel_stats(dataset.images)
 
 
 def model_fields(cfg: ConfigDict) -> dict:
@@ -221,7 +221,7 @@ def model_fields(cfg: ConfigDict) -> dict:
 
 def make_model(cfg: ConfigDict, fed, mean, std):
   from fedjax_dg import models
-  return models.get_model(cfg.model.name, input_shape=fed.train.x.shape[2:],
+  return models.get_model(cfg.model.name, input_shape=fed.image_shape,
                           num_classes=fed.num_classes, mean=mean, std=std,
                           conv_impl=cfg.model.conv_impl,
                           weights=cfg.model.weights,
@@ -414,7 +414,7 @@ def _run_all(cfg, dataset, targets, feds, ecfg, run_dir, results, done, log,
     holding = [list(c) for c in fed.client_domains]
     echo(f"target {target}: {fed.num_clients} clients holding "
          f"{holding if len(holding) <= 12 else str(holding[:12])[:-1] + ', ...]'}, "
-         f"{int(np.sum(np.asarray(fed.train.n)))} training examples, "
+         f"{int(np.sum(fed.packed_train.n))} training examples, "
          f"server split {fed.server_size} examples")
     for name in cfg.algorithms:
       if (name, str(target)) in done:

@@ -22,11 +22,11 @@ def counts(fed, dataset, by: str) -> tuple[list[str], np.ndarray]:
   into `dataset`)."""
   if by not in BY:
     raise ConfigError(f"--by {by!r}: allowed {BY}")
-  n = np.asarray(fed.train.n)
+  packed = fed.packed_train
+  n = packed.n
   if by == "classes":
-    y = np.asarray(fed.train.y)
-    table = np.stack([np.bincount(y[c, :n[c]], minlength=fed.num_classes)
-                      for c in range(len(n))])
+    table = np.stack([np.bincount(packed.y[a:b], minlength=fed.num_classes)
+                      for a, b in zip(packed.offsets[:-1], packed.offsets[1:])])
     return list(fed.class_names), table
   if len(fed.train_indices) != len(n):
     raise ConfigError("this federation has no example indices (built by hand): "
@@ -119,7 +119,7 @@ def main(args) -> int:
     names, table = counts(fed, dataset, args.by)
     title = f"target {target}" if target is not None else "no target"
     print(f"{title}: {fed.summary()}")
-    print(text_table(names, table, np.asarray(fed.val.n)))
+    print(text_table(names, table, fed.packed_val.n))
     print()
     panels.append((title, names, table))
   if args.plot:

@@ -155,7 +155,8 @@ def test_client_without_validation_examples_is_left_out_of_the_id_mean(fed3):
   n = np.asarray(fed3.val.n).copy()
   n[1] = 0
   part = engine.run(alg, dataclasses.replace(
-      fed3, val=dataclasses.replace(fed3.val, n=n)), model, CFG)
+      fed3, packed_val=federated.pack_padded(fed3.val.replace(n=n))), model,
+                    CFG)
   assert leaves_equal(full.server, part.server)  # training does not see val
   want = full.final["id_acc_per_client"]
   got = part.final["id_acc_per_client"]
@@ -165,7 +166,7 @@ def test_client_without_validation_examples_is_left_out_of_the_id_mean(fed3):
 
 @pytest.mark.parametrize("field,value", [("rounds", 0), ("eval_every", 0),
                                          ("cohort_size", 9), ("client_mapping", "x"),
-                                         ("batch_size", 0)])
+                                         ("batch_size", 0), ("placement", "x")])
 def test_invalid_settings_fail_before_compute(fed3, field, value):
   model = mlp(fed3)
   alg = fedavg(model, make_optimizer("sgd", 0.1), objectives.cross_entropy(model))

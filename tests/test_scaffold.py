@@ -18,6 +18,7 @@ from fedjax_dg.client import objectives
 from fedjax_dg.client.update import (Batch, ClientContext, ClientData,
                                      batch_at, epoch_permutations, local_steps,
                                      num_steps)
+from fedjax_dg.data import federated
 from fedjax_dg.errors import ConfigError
 from fedjax_dg.optim import make_optimizer
 
@@ -29,8 +30,8 @@ LR = 0.1
 
 @pytest.fixture(scope="module")
 def setup(fed3):
-  fed = dataclasses.replace(fed3, train=fed3.train.replace(
-      n=np.asarray(SIZES, np.int32)))
+  fed = dataclasses.replace(fed3, packed_train=federated.pack_padded(
+      fed3.train.replace(n=np.asarray(SIZES, np.int32))))
   assert fed.train.x.shape[1] >= max(SIZES)
   model = models.get_model("mlp", input_shape=fed.image_shape,
                            num_classes=fed.num_classes, mean=fed.mean,

@@ -1,10 +1,19 @@
-"""FederatedData: stacked, zero-padded per-client arrays plus the ood target split.
+"""FederatedData: packed per-client examples plus the ood target split.
 
 `build(dataset, spec, target_domain=...)` holds out the target domain
 (leave-one-domain-out), splits the source examples among clients with
 `partition.make_partition`, holds out `val_fraction` of every client's examples as
 its id-validation split, optionally injects `few_shot_k` target examples into each
-client's training data, and stacks everything as
+client's training data, and stores each split packed (`PackedClients`: every
+client's examples back to back, no padding)
+
+    packed_train.x       uint8 [total, H, W, ch]
+    packed_train.y       int32 [total]
+    packed_train.offsets int64 [C + 1]   client c: rows offsets[c]:offsets[c+1]
+
+`train` / `val` are the padded view the whole-run-on-device placement uses,
+built from the packed form on first use (`engine.run` with
+`train.placement="host"` never builds it: it gathers each round's cohort):
 
     train.x uint8 [C, N_max, H, W, ch]   zero padded
     train.y int32 [C, N_max]             padded with 0
@@ -16,13 +25,14 @@ server's split `server_x` uint8 [S, H, W, ch] / `server_y` int32 [S] (the
 unlabeled transfer set of FedDF / FedBE, the labeled proxy set of FedLAW); no
 client ever sees those examples.
 
-Arrays stay on the host (numpy; jitted functions accept them as they are);
-`FederatedData.device_put` moves the client arrays to devices.
+Arrays stay on the host (numpy; jitted functions accept them as they are); the
+engine places them (`engine.Layout`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Mapping, Sequence
 
 import flax
@@ -51,27 +61,95 @@ class ClientArrays:
     return int(self.x.shape[1])
 
 
-def stack_clients(
-    images: np.ndarray, labels: np.ndarray, parts: Sequence[np.ndarray]
-) -> ClientArrays:
-  """Gathers `parts` (index arrays) into zero-padded [C, N_max, ...] arrays."""
-  n = np.array([len(p) for p in parts], np.int32)
-  n_max = int(n.max()) if len(n) else 0
-  x = np.zeros((len(parts), n_max) + images.shape[1:], np.uint8)
-  y = np.zeros((len(parts), n_max), np.int32)
-  for c, p in enumerate(parts):
-    x[c, :len(p)] = images[p]
-    y[c, :len(p)] = labels[p]
-  return ClientArrays(x=x, y=y, n=n)
+@dataclasses.dataclass(frozen=True, eq=False)
+class PackedClients:
+  """Every client's examples back to back (no padding): client c holds rows
+  `offsets[c]:offsets[c + 1]` of `x` / `y`. `width` is the per-client length
+  of the padded view (`padded`, `gather`): at least the largest client."""
+
+  x: np.ndarray        # uint8 [total, H, W, ch]
+  y: np.ndarray        # int32 [total]
+  offsets: np.ndarray  # int64 [C + 1], offsets[0] = 0, non-decreasing
+  width: int = -1      # padded length per client; -1: the largest client
+
+  def __post_init__(self):
+    offsets = np.asarray(self.offsets, np.int64)
+    object.__setattr__(self, "offsets", offsets)
+    largest = int(np.diff(offsets).max()) if len(offsets) > 1 else 0
+    if self.width == -1:
+      object.__setattr__(self, "width", largest)
+    if self.width < largest:
+      raise ValueError(f"PackedClients: width={self.width} is below the "
+                       f"largest client's {largest} examples")
+    if offsets[0] != 0 or offsets[-1] != len(self.y) or np.any(
+        np.diff(offsets) < 0):
+      raise ValueError(f"PackedClients: offsets must rise from 0 to the "
+                       f"{len(self.y)} examples, got {offsets[0]}..{offsets[-1]}")
+
+  @property
+  def n(self) -> np.ndarray:
+    """int32 [C]: each client's number of examples."""
+    return np.diff(self.offsets).astype(np.int32)
+
+  @property
+  def num_clients(self) -> int:
+    return len(self.offsets) - 1
+
+  def gather(self, ids) -> ClientArrays:
+    """Clients `ids` (an int array of any shape [...]) padded to `width`:
+    x [..., width, H, W, ch], y [..., width], n [...]."""
+    ids = np.asarray(ids)
+    n = self.n[ids]
+    valid = np.arange(self.width) < n[..., None]
+    rows = np.where(valid, self.offsets[ids][..., None] + np.arange(self.width),
+                    0)
+    if len(self.y) == 0:  # no examples at all (e.g. val_fraction = 0)
+      x = np.zeros(rows.shape + self.x.shape[1:], self.x.dtype)
+      return ClientArrays(x=x, y=np.zeros(rows.shape, np.int32), n=n)
+    x = self.x[rows]
+    x[~valid] = 0
+    return ClientArrays(x=x, y=np.where(valid, self.y[rows], 0).astype(np.int32),
+                        n=n)
+
+  def padded(self) -> ClientArrays:
+    """Every client, padded: x [C, width, ...]."""
+    return self.gather(np.arange(self.num_clients))
+
+  def nbytes(self, padded: bool = False) -> int:
+    """Bytes of the packed arrays, or of the padded view (`padded`)."""
+    per = (int(np.prod(self.x.shape[1:])) * self.x.dtype.itemsize
+           + self.y.dtype.itemsize)
+    return per * (self.num_clients * self.width if padded else len(self.y))
+
+
+def pack_clients(images: np.ndarray, labels: np.ndarray,
+                 parts: Sequence[np.ndarray]) -> PackedClients:
+  """The examples of `parts` (index arrays into `images` / `labels`), packed."""
+  index = (np.concatenate([np.asarray(p, np.int64) for p in parts]) if parts
+           else np.zeros(0, np.int64))
+  offsets = np.concatenate([[0], np.cumsum([len(p) for p in parts])])
+  return PackedClients(x=images[index], y=labels[index].astype(np.int32),
+                       offsets=offsets)
+
+
+def pack_padded(arrays: ClientArrays) -> PackedClients:
+  """Padded per-client arrays (x [C, W, ...], n [C]) packed, keeping the
+  width W of the padded view."""
+  x, y, n = (np.asarray(a) for a in (arrays.x, arrays.y, arrays.n))
+  keep = np.arange(x.shape[1])[None, :] < n[:, None]
+  return PackedClients(x=x[keep], y=y[keep].astype(np.int32),
+                       offsets=np.concatenate([[0], np.cumsum(n)]),
+                       width=x.shape[1])
 
 
 MIN_STD = 0.5 / 255  # a channel whose std is below this is constant
 
 
 def channel_stats(
-    x: np.ndarray, n: np.ndarray
+    x: np.ndarray,
 ) -> tuple[tuple[float, ...], tuple[float, ...]]:
-  """Per-channel mean and (population) std in [0, 1] units of the real examples.
+  """Per-channel mean and (population) std in [0, 1] units of uint8 examples
+  x [n, H, W, ch].
 
   Exact, from per-channel histograms of the uint8 values, so memory stays small.
   A constant channel (std below half a grey level) gets std 1: normalized, it is
@@ -79,11 +157,10 @@ def channel_stats(
   """
   ch = x.shape[-1]
   hist = np.zeros((ch, 256), np.float64)
-  for c in range(x.shape[0]):
-    for start in range(0, int(n[c]), 512):
-      chunk = x[c, start:min(start + 512, int(n[c]))]
-      for k in range(ch):
-        hist[k] += np.bincount(chunk[..., k].ravel(), minlength=256)
+  for start in range(0, x.shape[0], 512):
+    chunk = x[start:start + 512]
+    for k in range(ch):
+      hist[k] += np.bincount(chunk[..., k].ravel(), minlength=256)
   values = np.arange(256) / 255.0
   total = np.maximum(hist.sum(1), 1)
   mean = hist @ values / total
@@ -95,10 +172,10 @@ def channel_stats(
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class FederatedData:
-  """A federation: per-client train / id-val arrays and the ood target split."""
+  """A federation: per-client train / id-val examples and the ood target split."""
 
-  train: ClientArrays
-  val: ClientArrays  # Each client's id-validation split.
+  packed_train: PackedClients
+  packed_val: PackedClients  # Each client's id-validation split.
   target_x: Any  # uint8 [N_t, H, W, ch]; N_t = 0 without a target domain.
   target_y: Any  # int32 [N_t]
   num_classes: int
@@ -125,9 +202,19 @@ class FederatedData:
     """Examples held by the server (0: none)."""
     return 0 if self.server_y is None else int(np.shape(self.server_y)[0])
 
+  @functools.cached_property
+  def train(self) -> ClientArrays:
+    """The training examples padded, [C, N_max, ...] (built on first use)."""
+    return self.packed_train.padded()
+
+  @functools.cached_property
+  def val(self) -> ClientArrays:
+    """The id-validation examples padded, [C, V_max, ...] (built on first use)."""
+    return self.packed_val.padded()
+
   @property
   def num_clients(self) -> int:
-    return self.train.num_clients
+    return self.packed_train.num_clients
 
   @property
   def image_shape(self) -> tuple[int, ...]:
@@ -135,27 +222,18 @@ class FederatedData:
 
   def pooled(self) -> FederatedData:
     """All clients' training data as ONE client (Central); val stays per client."""
-    n = np.asarray(self.train.n)
-    x = np.concatenate([np.asarray(self.train.x[c, :n[c]]) for c in range(len(n))])
-    y = np.concatenate([np.asarray(self.train.y[c, :n[c]]) for c in range(len(n))])
-    train = ClientArrays(x=x[None], y=y[None], n=np.array([len(y)], np.int32))
+    t = self.packed_train
+    train = PackedClients(x=t.x, y=t.y, offsets=np.array([0, len(t.y)]))
     held = {d for c in self.client_domains for d in c}
     domains = tuple(d for d in self.domain_names if d in held)
     indices = (np.concatenate(self.train_indices),) if self.train_indices else ()
     return dataclasses.replace(
-        self, train=train, client_domains=(domains,), train_indices=indices
-    )
-
-  def device_put(self, sharding: Any = None) -> FederatedData:
-    """Moves train / val / target arrays to devices (optionally sharded)."""
-    put = lambda t: jax.device_put(t, sharding)
-    return dataclasses.replace(
-        self, train=put(self.train), val=put(self.val),
-        target_x=jax.device_put(self.target_x), target_y=jax.device_put(self.target_y),
+        self, packed_train=train, client_domains=(domains,),
+        train_indices=indices
     )
 
   def summary(self) -> str:
-    n_train, n_val = np.asarray(self.train.n), np.asarray(self.val.n)
+    n_train, n_val = self.packed_train.n, self.packed_val.n
     target = (f"target {self.target_domain!r} with {len(self.target_y)} examples"
               if self.target_domain is not None else "no target domain")
     server = (f", server split {self.server_size} examples"
@@ -300,15 +378,15 @@ def build(
     rng = np.random.default_rng([spec.seed, 1])
     train_parts = [rng.permutation(np.concatenate([t, s]))
                    for t, s in zip(train_parts, shots)]
-  train = stack_clients(dataset.images, dataset.labels, train_parts)
-  mean, std = channel_stats(train.x, train.n)
+  train = pack_clients(dataset.images, dataset.labels, train_parts)
+  mean, std = channel_stats(train.x)
   names = dataset.domain_names
   client_domains = tuple(
       tuple(names[j] for j in np.unique(domains[p])) for p in train_parts
   )
   return FederatedData(
-      train=train,
-      val=stack_clients(dataset.images, dataset.labels, val_parts),
+      packed_train=train,
+      packed_val=pack_clients(dataset.images, dataset.labels, val_parts),
       target_x=dataset.images[target_idx],
       target_y=dataset.labels[target_idx].astype(np.int32),
       num_classes=dataset.num_classes,
