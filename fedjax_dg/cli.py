@@ -56,6 +56,8 @@ def _run(config_path: str | None, overrides: list[str], resume: str | None,
     return 0
   print()
   print(report.text_table(results))
+  if report.warnings_text(results):
+    print(report.warnings_text(results), file=sys.stderr)
   paths = report.write_all(results, results["run_dir"])
   print(f"\nwrote {os.path.join(results['run_dir'], 'results.json')}, "
         + ", ".join(paths))

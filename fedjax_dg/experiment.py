@@ -441,8 +441,12 @@ def _run_all(cfg, dataset, targets, feds, ecfg, run_dir, results, done, log,
         shutil.rmtree(ckpt, ignore_errors=True)
       if main and res.features is not None:
         save_features(run_dir, name, target, res.features)
+      warnings = algorithms.spec(name).diagnose(res.round_metrics)
+      for w in warnings:
+        echo(f"WARNING ({target}): {w}")
       results["runs"].append(dict(
           algorithm=name, target=str(target), seconds=res.seconds,
+          warnings=warnings,
           server_examples=fed.server_size,
           final=res.final, history=res.history,
           round_metrics={k: v for k, v in res.round_metrics.items()

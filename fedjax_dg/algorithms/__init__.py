@@ -13,6 +13,10 @@
                         overrides)}, more algorithm names built by this module
     uses_data(hparams)  optional: whether `build` derives something from the
                         run's data (then its Algorithm is built per federation)
+    diagnose(round_metrics)
+                        optional: warnings (sentences) about a finished run
+                        whose numbers do not mean what its name says (e.g. a
+                        HyperGenFL hypernetwork that went dead: FedAvg)
 
 `build` may also take `loss` (omit it when the algorithm builds its own
 objective) and the run's context `num_clients`, `data` (the FederatedData),
@@ -67,6 +71,10 @@ class Spec:
   @property
   def federated(self) -> bool:
     return bool(getattr(self.module, "FEDERATED", True))
+
+  def diagnose(self, round_metrics: Mapping[str, list]) -> list[str]:
+    fn = getattr(self.module, "diagnose", None)
+    return [f"{self.name}: {w}" for w in fn(round_metrics)] if fn else []
 
   def uses_data(self, hparams: Mapping[str, Any]) -> bool:
     if self.needs_server_data:
