@@ -4,8 +4,9 @@ Round body (inside the scan, nothing crosses to the host):
 
     ids    = the cohort (all N clients, or m drawn without replacement)
     start  = algorithm.client_start(server, client_state[ids], ids)   [m, ...]
-    local  = map over the cohort of client.update.local_update        [m, ...]
-             (+ algorithm.client_aux), each client with its ClientContext
+    local  = the cohort's local training (client.update: each client its
+             own steps), each client with its ClientContext   [m, ...]
+             (+ algorithm.client_aux)
     server = algorithm.server_update(server, ClientResult(...), key)
 
 (the full contract: `algorithms.base`).
@@ -13,10 +14,14 @@ Between chunks of `eval_every` rounds (and only there) the host evaluates, logs,
 moves the progress bar and writes an orbax checkpoint. How the client axis is mapped
 is a setting (`client_mapping`):
 
-* "vmap": all cohort clients batched (accelerators);
-* "map": `lax.map(..., batch_size=map_batch_size)`: chunks of clients vmapped, the
-  rest sequential inside the same jit (bounded memory; the fast choice on XLA:CPU,
-  where vmapped per-client convolutions become slow grouped convolutions);
+* "vmap": the cohort's clients batched (accelerators), packed into
+  `vmap_lanes` lanes that each train several clients one after another, so
+  unequal clients cost their real steps (`client.lanes`; 0 = from the
+  clients' sizes, `resolve_lanes`);
+* "map": `lax.map` over the clients, one at a time, each a loop of its own
+  steps (the fast choice on XLA:CPU, where vmapped per-client convolutions
+  become slow grouped convolutions); `map_batch_size` > 1 trains that many
+  lanes side by side instead (bounded memory);
 * "shard": the cohort axis sharded over a 1-D device mesh named "clients" with
   `jax.shard_map` (`lax.map` inside each shard on CPU, `vmap` on accelerators);
 * "auto": "shard" with more than one device (a cohort that does not divide evenly
@@ -44,6 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 import time
 from typing import Any, Callable, NamedTuple
@@ -57,7 +63,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from fedjax_dg import evaluate, tree
 from fedjax_dg.algorithms.base import (Algorithm, ClientContext, ClientData,
                                       ClientResult, with_frozen)
-from fedjax_dg.client.update import local_steps, local_update
+from fedjax_dg.client.lanes import packed_update
+from fedjax_dg.client.update import local_steps, local_training, train_client
 from fedjax_dg.errors import ConfigError, DataError, NonFiniteError
 
 PyTree = Any
@@ -88,8 +95,10 @@ class EngineConfig:
   cohort_size: int = 0          # 0: every client every round
   client_mapping: str = "auto"
   map_batch_size: int = 1
-  skip_idle_steps: bool = True  # a client's steps past its own count skipped
-                                # (lax.map), not computed and discarded
+  skip_idle_steps: bool = True  # a client's steps past its own count are not
+                                # computed (False: computed and discarded)
+  vmap_lanes: int = 0           # vmapped clients: lanes per device (0: auto,
+                                # `resolve_lanes`)
   placement: str = "auto"       # where client data and state live: "device"
                                 # (the whole run), "host" (gathered per chunk
                                 # of rounds), "auto" (`resolve_placement`)
@@ -119,6 +128,8 @@ class EngineConfig:
         ("client_mapping", self.client_mapping in MAPPINGS, f"one of {MAPPINGS}"),
         ("placement", self.placement in PLACEMENTS, f"one of {PLACEMENTS}"),
         ("map_batch_size", self.map_batch_size >= 1, "an integer >= 1"),
+        ("vmap_lanes", self.vmap_lanes >= 0,
+         "0 (auto: from the clients' sizes) or an integer >= 1"),
         ("eval_batch_size", self.eval_batch_size >= 1, "an integer >= 1"),
         ("ood_eval_max", self.ood_eval_max >= 0, "0 (all) or a positive count"),
         ("features_max", self.features_max >= 0, "0 (none) or a positive count"),
@@ -218,53 +229,67 @@ def client_mesh(size: int | None = None) -> jax.sharding.Mesh:
                        devices=jax.devices()[:size])
 
 
-def _sequential(map_batch_size: int) -> Callable:
-  """`lax.map` over the clients, `map_batch_size` of them vmapped at a time
-  (1: no vmap at all, so a client's idle steps are real branches that skip:
-  `client.update.local_update`'s `skip_idle`)."""
+def _sequential(f, map_batch_size: int = 1) -> Callable:
+  """`lax.map` of `f(shared, data, *rows)` over the clients (the leading
+  axis of `args`), `map_batch_size` of them vmapped at a time; `shared` and
+  the training `data` are closed over."""
   batch = map_batch_size if map_batch_size > 1 else None
-
-  def mapper(f):
-    return lambda shared, *args: jax.lax.map(lambda a: f(shared, *a), args,
-                                             batch_size=batch)
-  return mapper
+  return lambda shared, data, *args: jax.lax.map(
+      lambda a: f(shared, data, *a), args, batch_size=batch)
 
 
-def _batched(f):
-  """vmap over the leading axis of every argument but the first (`shared`)."""
-  return lambda shared, *args: jax.vmap(f, in_axes=(None,) + (0,) * len(args))(
-      shared, *args)
+def _batched(f) -> Callable:
+  """vmap of `f(shared, data, *rows)` over the leading axis of `args`."""
+  return lambda shared, data, *args: jax.vmap(
+      f, in_axes=(None, None) + (0,) * len(args))(shared, data, *args)
 
 
-def _inner_mapper(map_batch_size: int) -> Callable:
-  if jax.default_backend() != "cpu":
-    return _batched
-  return _sequential(map_batch_size)
+def group_trainer(one: Callable, packed: Callable, *, vmapped: bool,
+                  skip_idle: bool, map_batch_size: int,
+                  lanes: int) -> Callable:
+  """How one device's clients train: `(shared, data, pos, *args) -> outputs
+  [g, ...]`, client i reading its rows at `data[pos[i]]`.
+
+  `one(shared, data, *rows)` trains one client (a loop of its own steps with
+  `skip_idle`, else the padded masked scan); `packed(lanes)(shared, data,
+  *args)` trains them all in vmapped lanes (`client.lanes`). Clients
+  `vmapped` (the "vmap" mapping, "shard" on accelerators): lanes with
+  `skip_idle`, else every client vmapped and masked. Else (`lax.map`): one
+  client at a time, or `map_batch_size` lanes (with `skip_idle`) /
+  `map_batch_size` vmapped masked clients at a time."""
+  if vmapped:
+    return packed(lanes) if skip_idle else _batched(one)
+  if skip_idle and map_batch_size > 1:
+    return packed(map_batch_size)
+  return _sequential(one, map_batch_size)
 
 
-def client_mapper(mapping: str, map_batch_size: int,
-                  mesh: jax.sharding.Mesh | None = None) -> Callable:
-  """Returns `mapper(f)`: `mapper(f)(shared, *args)` maps `f(shared, *rows)` over
-  the leading (client) axis of `args`; `shared` is one copy for every client
-  (vmap `in_axes=None`, closed over by `lax.map`, replicated over the mesh).
-  "shard" needs the `mesh` (`client_mesh`)."""
-  if mapping == "vmap":
-    return _batched
-  if mapping == "map":
-    return _sequential(map_batch_size)
+def client_mapper(mapping: str, mesh: jax.sharding.Mesh | None = None
+                  ) -> Callable:
+  """Returns `mapper(trainer)`: `mapper(trainer)(shared, data, pos, *args)`
+  runs `trainer` (`group_trainer`) on the cohort (the leading axis of `pos`
+  and `args`; client i's rows are `data[pos[i]]`, read in place) as one
+  group, or, for "shard", on each device's share of the cohort (`mesh`,
+  `client_mesh`; the cohort's rows gathered and sharded with it); `shared`
+  is one copy for every client (replicated over the mesh)."""
+  if mapping != "shard":
+    return lambda trainer: trainer
   spec = NamedSharding(mesh, P("clients"))
-  inner_mapper = _inner_mapper(map_batch_size)
 
-  def sharded(f):
-    def call(shared, *args):
-      m = jax.tree.leaves(args)[0].shape[0]
+  def sharded(trainer):
+    def call(shared, data, pos, *args):
+      m = pos.shape[0]
+      args = (*tree.take(data, pos), *args)
       pad = -m % mesh.size  # padded slots repeat the first clients
       if pad:
         args = jax.tree.map(lambda a: jnp.concatenate([a, a[:pad]]), args)
-      mapped = jax.shard_map(inner_mapper(f), mesh=mesh,
-                             in_specs=(P(),) + (P("clients"),) * len(args),
-                             out_specs=P("clients"))
-      out = mapped(shared, *jax.lax.with_sharding_constraint(args, spec))
+      local = jnp.arange(m + pad) % ((m + pad) // mesh.size)
+      mapped = jax.shard_map(
+          lambda shared, x, y, *a: trainer(shared, (x, y), *a), mesh=mesh,
+          in_specs=(P(),) + (P("clients"),) * (len(args) + 1),
+          out_specs=P("clients"))
+      out = mapped(shared, *jax.lax.with_sharding_constraint(
+          (*args[:2], local, *args[2:]), spec))
       return jax.tree.map(lambda a: a[:m], out) if pad else out
 
     return call
@@ -289,15 +314,18 @@ class Layout:
       return cls(mapping)
     return cls(mapping, client_mesh(mesh_size(m)))
 
-  def mapper(self, map_batch_size: int) -> Callable:
-    return client_mapper(self.mapping, map_batch_size, self.mesh)
+  def mapper(self) -> Callable:
+    return client_mapper(self.mapping, self.mesh)
 
-  def one_client_at_a_time(self, map_batch_size: int) -> bool:
-    """Whether each client's update runs alone (no vmap around it): then an
-    idle local step can be a real branch."""
-    if map_batch_size != 1 or self.mapping == "vmap":
-      return False
-    return self.mapping == "map" or jax.default_backend() == "cpu"
+  @property
+  def vmapped(self) -> bool:
+    """Whether each device's clients are vmapped ("vmap"; "shard" off CPU)."""
+    return self.mapping == "vmap" or (self.mapping == "shard" and
+                                      jax.default_backend() != "cpu")
+
+  def group(self, cohort: int) -> int:
+    """Clients per device: the cohort, or its share of the mesh."""
+    return cohort if self.mesh is None else -(-cohort // self.mesh.size)
 
   def put_carry(self, carry: PyTree) -> PyTree:
     if self.mesh is None:
@@ -392,6 +420,26 @@ def host_schedule(root_key: jax.Array, r0: int, rounds: int, num_clients: int,
   return np.concatenate(blocks)[:rounds - r0].astype(np.int32)
 
 
+def resolve_lanes(cfg: EngineConfig, alg: Algorithm, counts) -> EngineConfig:
+  """`cfg` with `vmap_lanes` = 0 (auto) resolved from the clients' example
+  `counts` [N] where clients are vmapped (else unchanged): W = ceil(g * mean
+  / max) of their local steps, g the clients per device. The packed loop then
+  runs about as many iterations as the largest client has steps (what the
+  masked scan runs) while it computes about the steps the cohort really
+  takes (docs/architecture.md, "Unequal clients"); W = g, one lane per
+  client, where all clients are equal."""
+  num_clients = len(counts)
+  layout = Layout.of(cfg, num_clients)
+  if cfg.vmap_lanes or not cfg.skip_idle_steps or not layout.vmapped:
+    return cfg
+  steps = alg.local_steps or cfg.local_steps
+  work = np.asarray(local_steps(np.asarray(counts), cfg.batch_size,
+                                cfg.epochs, steps))
+  g = layout.group(cfg.cohort_size or num_clients)
+  lanes = math.ceil(g * work.mean() / work.max()) if work.max() else g
+  return dataclasses.replace(cfg, vmap_lanes=min(max(lanes, 1), g))
+
+
 def make_round(alg: Algorithm, cfg: EngineConfig, num_clients: int,
                layout: Layout | None = None):
   """round(carry, r, train, root_key, frozen) -> (carry, metrics);
@@ -404,38 +452,66 @@ def make_round(alg: Algorithm, cfg: EngineConfig, num_clients: int,
   read and written at `Cohort.slots`)."""
   m = cfg.cohort_size or num_clients
   layout = layout or Layout.of(cfg, num_clients)
-  mapper = layout.mapper(cfg.map_batch_size)
-  skip_idle = (cfg.skip_idle_steps
-               and layout.one_client_at_a_time(cfg.map_batch_size))
   steps = alg.local_steps or cfg.local_steps
+  training = functools.partial(local_training, alg.loss, alg.optimizer,
+                               batch_size=cfg.batch_size, epochs=cfg.epochs,
+                               steps=steps, rounds=cfg.rounds)
 
-  def train_one(shared, start, x, y, n, key, cid, row, extra):
+  def context(shared, cid, start, row, extra):
     r, common, frozen = shared
-    ctx = ClientContext(id=cid, round=r, start=start, state=row, extra=extra,
-                        shared=common, frozen=frozen)
-    trained, loss = local_update(alg.loss, alg.optimizer, start, x, y, n, key,
-                                 ctx, batch_size=cfg.batch_size,
-                                 epochs=cfg.epochs, steps=steps,
-                                 rounds=cfg.rounds,
-                                 skip_idle=skip_idle)
-    aux = None
-    if alg.client_aux is not None:
-      taken = local_steps(n, cfg.batch_size, cfg.epochs, steps)
-      aux = alg.client_aux(ctx, trained, ClientData(x, y, n, taken),
-                           jax.random.fold_in(key, AUX_STREAM))
+    return ClientContext(id=cid, round=r, start=start, state=row, extra=extra,
+                         shared=common, frozen=frozen)
+
+  def aux_one(shared, data, p, trained, n, key, cid, start, row, extra):
+    x, y = data
+    return alg.client_aux(context(shared, cid, start, row, extra), trained,
+                          ClientData(x[p], y[p], n, local_steps(
+                              n, cfg.batch_size, cfg.epochs, steps)),
+                          jax.random.fold_in(key, AUX_STREAM))
+
+  def train_one(shared, data, p, start, n, key, cid, row, extra):
+    x, y = data
+    trained, loss = train_client(
+        training(n_max=x.shape[1]), start, lambda idx: (x[p, idx], y[p, idx]),
+        n, key, context(shared, cid, start, row, extra),
+        own_steps=cfg.skip_idle_steps)
+    aux = (None if alg.client_aux is None else
+           aux_one(shared, data, p, trained, n, key, cid, start, row, extra))
     return trained, loss, aux
+
+  def packed(lanes):
+    def train(shared, data, pos, start, n, key, cid, row, extra):
+      x, y = data
+      trained, losses = packed_update(
+          training(n_max=x.shape[1]), lanes, start,
+          lambda c, idx: (x[pos[c], idx], y[pos[c], idx]), n, key,
+          (cid, start, row, extra), lambda r: context(shared, *r))
+      aux = None if alg.client_aux is None else _sequential(aux_one, lanes)(
+          shared, data, pos, trained, n, key, cid, start, row, extra)
+      return trained, losses, aux
+    return train
+
+  mapped = layout.mapper()(group_trainer(
+      train_one, packed, vmapped=layout.vmapped,
+      skip_idle=cfg.skip_idle_steps, map_batch_size=cfg.map_batch_size,
+      lanes=cfg.vmap_lanes or layout.group(m)))
 
   def round_fn(carry, r, train, root_key, frozen):
     server, clients = carry
     cohort_key, client_key, server_key = round_keys(root_key, r)
+    # Client i of the cohort reads its examples at arrays[pos[i]] (in place:
+    # no copy of the cohort's padded examples) and has n[i] of them.
     slots = None  # None: every client of `clients`, in order
     if isinstance(train, Cohort):
       ids, slots, data = train
-    elif m < num_clients:
-      ids = slots = cohort_ids(cohort_key, num_clients, m)
-      data = tree.take(train, ids)
+      arrays, pos, n = (data.x, data.y), jnp.arange(m), data.n
     else:
-      ids, data = jnp.arange(num_clients), train
+      arrays = (train.x, train.y)
+      if m < num_clients:
+        ids = slots = cohort_ids(cohort_key, num_clients, m)
+      else:
+        ids = jnp.arange(num_clients)
+      pos, n = ids, jnp.take(train.n, ids)
     rows = clients if slots is None else tree.take(clients, slots)
     start = alg.client_start(server, rows, ids)
     chex.assert_tree_shape_prefix(
@@ -444,17 +520,17 @@ def make_round(alg: Algorithm, cfg: EngineConfig, num_clients: int,
     extra = alg.client_ctx(start, rows, ids)
     shared = (r, alg.client_shared(server), frozen)
     keys = jax.vmap(jax.random.fold_in, (None, 0))(client_key, ids)
-    trained, losses, aux = mapper(train_one)(shared, start, data.x, data.y,
-                                             data.n, keys, ids, rows, extra)
+    trained, losses, aux = mapped(shared, arrays, pos, start, n, keys, ids,
+                                  rows, extra)
     new_rows = (alg.client_end(rows, trained, aux) if alg.client_end_takes_aux
                 else alg.client_end(rows, trained))
     clients = new_rows if slots is None else tree.put(clients, slots, new_rows)
     result = ClientResult(ids=ids, round=r, start=start, params=trained,
-                          num_examples=data.n, loss=losses, aux=aux,
+                          num_examples=n, loss=losses, aux=aux,
                           rounds=cfg.rounds if alg.needs_rounds else None)
     server, metrics = alg.server_update(server, result, server_key)
-    n = data.n.astype(jnp.float32)
-    metrics = dict(metrics, loss=jnp.sum(losses * n) / jnp.sum(n), cohort=ids)
+    w = n.astype(jnp.float32)
+    metrics = dict(metrics, loss=jnp.sum(losses * w) / jnp.sum(w), cohort=ids)
     return (server, clients), metrics
 
   return round_fn
@@ -767,6 +843,7 @@ def run(alg: Algorithm, data, model, cfg: EngineConfig, *,
     cfg = dataclasses.replace(cfg, cohort_size=0)
   num_clients = train.num_clients
   cfg.validate(num_clients)
+  cfg = resolve_lanes(cfg, alg, train.n)
   model = alg.model or model
   root_key = jax.random.key(cfg.seed)
   progs = _programs(alg, model, _program_key(cfg, alg), num_clients)
@@ -871,6 +948,7 @@ def _program_key(cfg: EngineConfig, alg: Algorithm) -> EngineConfig:
                       cohort_size=cfg.cohort_size, client_mapping=cfg.client_mapping,
                       map_batch_size=cfg.map_batch_size,
                       skip_idle_steps=cfg.skip_idle_steps,
+                      vmap_lanes=cfg.vmap_lanes,
                       eval_batch_size=cfg.eval_batch_size)
 
 
@@ -893,7 +971,9 @@ class Programs(NamedTuple):
 def programs(alg: Algorithm, model, cfg: EngineConfig,
              num_clients: int) -> Programs:
   """The jitted programs `run` uses for `alg` (for benchmarks and tools that drive
-  the chunks themselves); place training data with `layout.put_clients`."""
+  the chunks themselves); place training data with `layout.put_clients`.
+  `run` resolves `vmap_lanes` = 0 from the clients' sizes first
+  (`resolve_lanes`); here 0 is one lane per client."""
   return _programs(alg, alg.model or model, _program_key(cfg, alg),
                    num_clients)
 
