@@ -104,3 +104,29 @@ def test_every_section_is_known_to_the_tables():
     own, general = tables.split_settings("fedavg", {f"{section}.x": "1"})
     assert general == {}, section
     assert (own == {"fedavg.x": "1"}) == (section == "fedavg")
+
+
+def test_client_schedule_wraps_any_algorithms_optimizer_or_is_refused():
+  """`client.schedule="cosine"` (run-wide or per section) makes the clients'
+  optimizer a schedule over the run; FedCCRL has it by default (Sec. 4.2),
+  FedAvg not; an unknown schedule, and an algorithm whose wrapper would drop
+  the run's progress (FedSAM's SAM step), are ConfigErrors."""
+  from conftest import synthetic_federation
+  from fedjax_dg import models
+  from fedjax_dg.client.update import RunProgress
+  c = config.base_config()
+  assert isinstance(algorithms.client_optimizer(c, "fedccrl"), RunProgress)
+  assert not isinstance(algorithms.client_optimizer(c, "fedavg"), RunProgress)
+  c.fedccrl.client.schedule = "constant"
+  assert not isinstance(algorithms.client_optimizer(c, "fedccrl"), RunProgress)
+  c.client.schedule = "cosine"
+  assert isinstance(algorithms.client_optimizer(c, "fedavg"), RunProgress)
+  fed = synthetic_federation(num_clients=2, per_domain=8)
+  model = models.get_model("mlp", input_shape=fed.image_shape,
+                           num_classes=fed.num_classes, hidden=4)
+  assert algorithms.build("fedprox", model, 2, c).needs_rounds
+  with pytest.raises(ValueError, match="fedsam: client.schedule='cosine'"):
+    algorithms.build("fedsam", model, 2, c)
+  c.client.schedule = "linear"
+  with pytest.raises(ValueError, match=r"schedule='linear'.*'constant', 'cosine'"):
+    algorithms.client_optimizer(c, "fedavg")
