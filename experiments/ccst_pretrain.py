@@ -30,8 +30,9 @@ never reads a Styled Fashion-MNIST image (only the figure shows some).
 Depth 2 (relu2_1, 128 channels, ~225k parameters) was tried: after 3,000
 steps of batch 8 (33 min here) its re-styled images were still noise and its
 identity reconstruction poor (pixel MSE 0.072 on Styled Fashion-MNIST), and
-in CCST it costs ~15x a FedAvg step against ~3x at depth 1 (the whole
-Table 1 run must fit a few CPU hours). Depth 1 reconstructs to MSE 0.004
+a CCST round costs 16x a FedAvg round with it, 3.4x at depth 1
+(docs/benchmarks.md, "FedCCRL"; the whole Table 1 run must fit a few CPU
+hours). Depth 1 reconstructs to MSE 0.004
 (random weights: 0.28) and moves colour and contrast to the target style;
 it cannot carry textures (relu1_1 statistics are those of 3x3 filters).
 
