@@ -123,8 +123,10 @@ def base_config() -> ConfigDict:
   ))
   c.train = Config(train_defaults())
   # The clients' optimizer; an algorithm section's `client` overrides fields.
+  # schedule: "constant" or "cosine" (over the run's local epochs, the
+  # optimizer state still fresh every round: `optim.cosine_over_run`).
   c.client = Config(dict(optimizer="adam", lr=1e-3, weight_decay=1e-4,
-                             momentum=0.0))
+                         momentum=0.0, schedule="constant"))
   from fedjax_dg import algorithms
   for section in algorithms.modules():
     c[section] = algorithm_section(section)

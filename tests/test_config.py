@@ -150,3 +150,29 @@ def test_a_value_the_scenario_would_replace_is_refused_on_every_path(tmp_path):
           resolved.data.alpha) == (100, 20, 0.1)
   assert experiment.resolve(resolved).data.alpha == 0.1  # idempotent
   assert config.explicit(config.base_config().data) == frozenset()
+
+
+def test_client_schedule_wraps_any_algorithms_optimizer_or_is_refused():
+  """`client.schedule="cosine"` (run-wide or per section) makes the clients'
+  optimizer a schedule over the run; FedCCRL has it by default (Sec. 4.2),
+  FedAvg not; an unknown schedule, and an algorithm whose wrapper would drop
+  the run's progress (FedSAM's SAM step), are ConfigErrors."""
+  from conftest import synthetic_federation
+  from fedjax_dg import models
+  from fedjax_dg.client.update import RunProgress
+  c = config.base_config()
+  assert isinstance(algorithms.client_optimizer(c, "fedccrl"), RunProgress)
+  assert not isinstance(algorithms.client_optimizer(c, "fedavg"), RunProgress)
+  c.fedccrl.client.schedule = "constant"
+  assert not isinstance(algorithms.client_optimizer(c, "fedccrl"), RunProgress)
+  c.client.schedule = "cosine"
+  assert isinstance(algorithms.client_optimizer(c, "fedavg"), RunProgress)
+  fed = synthetic_federation(num_clients=2, per_domain=8)
+  model = models.get_model("mlp", input_shape=fed.image_shape,
+                           num_classes=fed.num_classes, hidden=4)
+  assert algorithms.build("fedprox", model, 2, c).needs_rounds
+  with pytest.raises(ValueError, match="fedsam: client.schedule='cosine'"):
+    algorithms.build("fedsam", model, 2, c)
+  c.client.schedule = "linear"
+  with pytest.raises(ValueError, match=r"schedule='linear'.*'constant', 'cosine'"):
+    algorithms.client_optimizer(c, "fedavg")

@@ -501,11 +501,40 @@ def test_experiment_docstring_commands_are_valid_and_match_sweep(path):
 FEDCCRL = sorted(glob.glob(os.path.join(EXPERIMENTS, "fedccrl_*.py")))
 
 
+def _assert_paper_clients(cfg, names):
+  """Each algorithm's clients resolve to FedCCRL's Sec. 4.2 optimizer (Adam,
+  lr 1e-3, the cosine over the run; weight decay 1e-4, the code's) whatever
+  its module's `CLIENT` says (SGD for FedADG, FedIIR, CCST): the settings,
+  and the first step on a fixed gradient against Adam written out (bias-
+  corrected first step g / (|g| + eps), torch-style decay added to g, the
+  cosine at half the run = 0.5). SGD, another lr or no decay fail it."""
+  import jax.numpy as jnp
+  import numpy as np
+  from fedjax_dg import algorithms
+  from fedjax_dg.client.update import RunProgress
+  w, g = np.array([1.0, -2.0, 3.0]), np.array([0.5, 0.0, -4.0])
+  g_wd = g + 1e-4 * w
+  want = -1e-3 * 0.5 * g_wd / (np.abs(g_wd) + 1e-8)
+  for name in names:
+    section = algorithms.spec(name).section
+    assert algorithms.client_settings(dict(cfg.client), dict(
+        cfg[section].client)) == dict(optimizer="adam", lr=1e-3,
+                                      weight_decay=1e-4, momentum=0.0,
+                                      schedule="cosine"), name
+    opt = algorithms.client_optimizer(cfg, name)
+    assert isinstance(opt, RunProgress), name
+    params = {"w": jnp.asarray(w, jnp.float32)}
+    update, _ = opt.update({"w": jnp.asarray(g, jnp.float32)},
+                           opt.init(params), params, progress=0.5)
+    np.testing.assert_allclose(update["w"], want, rtol=1e-5, err_msg=name)
+
+
 @pytest.mark.parametrize("path", FEDCCRL, ids=os.path.basename)
 def test_fedccrl_experiments_plan_and_validate_before_any_data(path):
   """Every cell of FedCCRL's table / figure files is a valid run config (its
-  algorithms exist, its grid keys are real settings) and the documented
-  commands plan the file's own grid."""
+  algorithms exist, its grid keys are real settings), every method trains
+  with the paper's optimizer, and the documented commands plan the file's
+  own grid."""
   from fedjax_dg import algorithms
   p = sweep.plan(path)
   assert p.cells and len({c.name for c in p.cells}) == len(p.cells)
@@ -513,9 +542,40 @@ def test_fedccrl_experiments_plan_and_validate_before_any_data(path):
   assert set(p.base.algorithms) <= set(algorithms.available())
   assert p.base.train.rounds == 10 and p.base.train.epochs == 3
   assert p.base.model.name == "mobilenet_v3_large"
+  _assert_paper_clients(p.configs[0], p.base.algorithms)
   doc = open(path).read().split('"""')[1]
   for args in _commands(doc):
     assert args[:2] == ["--config", f"experiments/{os.path.basename(path)}"]
+
+
+def test_styled_fmnist_table1_plans_and_validates_before_any_data():
+  """The reduced-budget Table 1 run: the nine methods, 3 seeds, the paper's
+  10 x 3 schedule and optimizer for every method, the committed AdaIN
+  stand-in found (and readable at its depth) from any working directory,
+  and its documented sweep command plans the same cells."""
+  from fedjax_dg.models import adain
+  name = "styled_fmnist_table1.py"
+  path = os.path.join(EXPERIMENTS, name)
+  p = sweep.plan(path)
+  assert sweep.check(p, data=False) == [1, 1, 1]
+  assert [c.settings["seed"] for c in p.cells] == ["0", "1", "2"]
+  assert sorted(p.base.algorithms) == sorted([
+      "fedavg", "fedprox", "fedsr", "fedadg", "fediir", "feddg_ga", "ccst",
+      "elcfs", "fedccrl"])
+  assert (p.base.train.rounds, p.base.train.epochs) == (10, 3)
+  assert (p.base.data.name, p.base.data.targets) == ("styled_fashion_mnist",
+                                                     "all")
+  _assert_paper_clients(p.configs[0], p.base.algorithms)
+  for f in (p.base.ccst.vgg, p.base.ccst.decoder):
+    assert os.path.isabs(f) and os.path.isfile(f), f
+  adain.load(p.base.ccst.vgg, p.base.ccst.decoder, p.base.ccst.depth)
+  commands = _commands(open(path).read().split('"""')[1])
+  assert commands
+  for args in commands:
+    assert args[:2] == ["--config", f"experiments/{name}"]
+    seeds = dict(zip(args[2::2], args[3::2])).get("--seeds")
+    assert [c.name for c in sweep.plan(path, seeds=sweep.parse_seeds(
+        seeds)).cells] == [c.name for c in p.cells]
 
 
 FEDSDAF = sorted(glob.glob(os.path.join(EXPERIMENTS, "fedsdaf_table*.py")))

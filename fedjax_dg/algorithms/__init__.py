@@ -40,14 +40,15 @@ from typing import Any, Mapping
 from fedjax_dg.algorithms.base import (Algorithm, ClientContext, ClientData,
                                        ClientResult, ServerState)
 from fedjax_dg.client import objectives
+from fedjax_dg.client.update import RunProgress
 from fedjax_dg.errors import ConfigError
-from fedjax_dg.optim import make_optimizer
+from fedjax_dg.optim import make_optimizer, with_schedule
 
 # Arguments of `build` the registry supplies (never config keys).
 CONTEXT = ("model", "optimizer", "loss", "num_clients", "data", "seed", "name")
 # The client optimizer's settings (`cfg.client`; per algorithm `CLIENT` and
 # `cfg.<section>.client`).
-CLIENT_KEYS = ("optimizer", "lr", "weight_decay", "momentum")
+CLIENT_KEYS = ("optimizer", "lr", "weight_decay", "momentum", "schedule")
 _NOT_ALGORITHMS = ("base",)
 
 
@@ -174,8 +175,9 @@ def client_optimizer(cfg, name: str):
   section = spec(name).section
   try:
     c = client_settings(dict(cfg.client), dict(cfg[section].client))
-    return make_optimizer(c["optimizer"], c["lr"], c["weight_decay"],
-                          c["momentum"])
+    return with_schedule(make_optimizer(c["optimizer"], c["lr"],
+                                        c["weight_decay"], c["momentum"]),
+                         c["schedule"])
   except ConfigError as e:
     raise ConfigError(f"{name}'s client optimizer (client.*, overridden by "
                       f"{section}.client.*): {e}") from None
@@ -240,9 +242,17 @@ def build(name: str, model, num_clients: int, cfg, data=None) -> Algorithm:
   algorithms that derive something from the clients' data before training."""
   section = dict(cfg[spec(name).section])
   section.pop("client", None)
-  return create(name, model, optimizer=client_optimizer(cfg, name),
-                hparams=section, num_clients=num_clients, data=data,
-                seed=cfg.seed)
+  optimizer = client_optimizer(cfg, name)
+  alg = create(name, model, optimizer=optimizer, hparams=section,
+               num_clients=num_clients, data=data, seed=cfg.seed)
+  if isinstance(optimizer, RunProgress) and not isinstance(alg.optimizer,
+                                                           RunProgress):
+    raise ConfigError(f"{name}: client.schedule='cosine' (or "
+                      f"{spec(name).section}.client.schedule) is not supported: "
+                      f"{name} wraps the client optimizer in a transform that "
+                      "does not pass the run's progress on; use "
+                      "schedule='constant'")
+  return alg
 
 
 __all__ = ["Algorithm", "ClientContext", "ClientData", "ClientResult",
