@@ -47,6 +47,7 @@ placement or the number of devices.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import math
@@ -570,7 +571,10 @@ class _Checkpointer:
 
   def save(self, step: int, carry, meta: dict) -> None:
     ocp = self._ocp
-    meta = dict(meta, layout=self.layout(carry))
+    # A copy of the meta too: the engine goes on appending to the history and
+    # round metrics lists while the asynchronous write may not have read them
+    # (a round-1 checkpoint holding round 2's entry doubled it on resume).
+    meta = copy.deepcopy(dict(meta, layout=self.layout(carry)))
     # A copy of host (numpy) leaves: the write is asynchronous and the "host"
     # placement updates its client state in place.
     leaves = {str(i): np.array(x) if isinstance(x, np.ndarray) else np.asarray(x)

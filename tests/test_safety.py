@@ -311,3 +311,25 @@ def test_documented_checkpoint_sizes_are_what_the_code_computes(capsys):
 @pytest.mark.slow
 def test_documented_checkpoint_sizes_of_the_paper_model():
   _check_documented("experiments/rfmnist_hfedf.py", ("fedavg", "hfedf"))
+
+
+def test_a_checkpoint_keeps_the_history_of_its_round(tmp_path, monkeypatch):
+  """The write is asynchronous: the meta orbax gets is a copy, so entries the
+  engine appends after `save` (the next round's) never reach the checkpoint
+  (they did: a resume then held that round twice)."""
+  import orbax.checkpoint as ocp
+  given = []
+  real = ocp.args.JsonSave
+  monkeypatch.setattr(ocp.args, "JsonSave",
+                      lambda item: given.append(item) or real(item))
+  ckpt = engine._Checkpointer(str(tmp_path / "c"))
+  history, metrics = [dict(round=1, id_acc=0.5)], dict(loss=[1.0])
+  ckpt.save(1, [np.zeros(2)], dict(round=1, history=history,
+                                    round_metrics=metrics))
+  history.append(dict(round=2, id_acc=0.6))  # the next chunk, before the write
+  metrics["loss"].append(0.5)
+  ckpt.close()
+  assert given[0]["history"] == [dict(round=1, id_acc=0.5)]
+  assert given[0]["round_metrics"] == dict(loss=[1.0])
+  _, meta = engine._Checkpointer(str(tmp_path / "c")).restore(1, [np.zeros(2)])
+  assert meta["history"] == [dict(round=1, id_acc=0.5)]
