@@ -234,9 +234,12 @@ SHARDED = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("devices,clients,mesh", [(8, 8, 8), (2, 5, 2)])
+@pytest.mark.parametrize("devices,clients,mesh", [
+    pytest.param(8, 8, 8, marks=pytest.mark.slow), (2, 5, 2)])
 def test_sharded_over_host_devices_matches_one_device(devices, clients, mesh):
-  """8 clients on 8 devices; 5 on 2 (the cohort padded to 6 inside the mapper)."""
+  """8 clients on 8 devices (slow: the default 2-device case covers its
+  algorithms, and more: a padded cohort, hFedF's server step, lanes); 5 on 2
+  (the cohort padded to 6 inside the mapper)."""
   tests = os.path.dirname(os.path.abspath(__file__))
   script = SHARDED.format(tests=tests, devices=devices, clients=clients,
                           with_hfedf=devices == 2, with_fedsdaf=False)
