@@ -6,6 +6,8 @@ cannot stream is refused with the setting and what to do."""
 
 import dataclasses
 import os
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -199,6 +201,73 @@ def test_a_run_reads_each_chunks_cohorts_rows_only(data_dir, monkeypatch):
   assert all(c <= val_all or c <= target_all for c in others)
   assert max(len(c) for c in others if c <= target_all) == 8  # OOD blocks
   assert max(map(len, counting.calls)) < len(ds.labels)
+
+
+# A process whose address space is capped below the dataset: 1,200 Fashion-
+# MNIST-like images decoded at 512 x 512 (300 MiB). After a warm-up run
+# (prepare, compile), the cap is set to what the process maps plus half the
+# decoded dataset: the streamed load + a 2-round run finish, the in-memory
+# load of the same data runs out of memory.
+CAPPED = """
+import resource, sys
+sys.path[:0] = [{root!r}, {tests!r}]
+from test_data_sources import write_fake_fashion_mnist
+from fedjax_dg import engine, models
+from fedjax_dg.algorithms.fedavg import fedavg
+from fedjax_dg.client import objectives
+from fedjax_dg.data import federated, partition, sources
+from fedjax_dg.optim import make_optimizer
+
+tmp = {tmp!r}
+write_fake_fashion_mnist(tmp + "/idx", n_train=1000, n_test=200)
+kw = dict(data_dir=tmp + "/data", manual_dir=tmp + "/idx", image_size=512)
+engine.OOD_BLOCK_BYTES = 1 << 24
+
+def streamed_run():
+  ds = sources.load("rotated_fashion_mnist", streaming="on", **kw)
+  fed = federated.build(ds, partition.PartitionSpec(name="iid",
+                                                    num_partitions=10),
+                        target_domain=0)
+  model = models.get_model("mlp", input_shape=fed.image_shape,
+                           num_classes=10, mean=fed.mean, std=fed.std,
+                           hidden=4)
+  cfg = engine.EngineConfig(rounds=2, eval_every=1, epochs=1, batch_size=8,
+                            cohort_size=1, client_mapping="map",
+                            progress=False, eval_batch_size=8,
+                            ood_eval_max=16)
+  engine.run(fedavg(model, make_optimizer("sgd", 0.01),
+                    objectives.cross_entropy(model)), fed, model, cfg)
+  return ds.images.nbytes
+
+decoded = streamed_run()
+assert decoded == 1200 * 512 * 512, decoded
+mapped = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status")
+              if l.startswith("VmSize"))
+cap = mapped + decoded // 2
+resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+streamed_run()
+print("STREAMED OK", flush=True)
+try:
+  sources.load("rotated_fashion_mnist", streaming="off", **kw)
+  print("IN-MEMORY OK")
+except MemoryError:
+  print("IN-MEMORY MemoryError")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"),
+                    reason="RLIMIT_AS and /proc/self/status")
+def test_streaming_runs_under_a_memory_cap_the_in_memory_load_exceeds(
+    tmp_path):
+  tests = os.path.dirname(os.path.abspath(__file__))
+  script = CAPPED.format(root=os.path.dirname(tests), tests=tests,
+                         tmp=str(tmp_path))
+  out = subprocess.run([sys.executable, "-c", script], capture_output=True,
+                       text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "STREAMED OK" in out.stdout
+  assert "IN-MEMORY MemoryError" in out.stdout, out.stdout
 
 
 # ---------------------------------------------------------------------------

@@ -167,6 +167,8 @@ def is_streamed(images) -> bool:
 
 
 MIN_STD = 0.5 / 255  # a channel whose std is below this is constant
+STATS_BLOCK_BYTES = 1 << 22  # `channel_stats` reads this many bytes at a time
+# (np.bincount counts them as int64: 8x that transiently)
 
 
 def channel_stats(
@@ -176,14 +178,15 @@ def channel_stats(
   x [n, H, W, ch] (an array or `RecordImages`).
 
   Exact, from per-channel histograms of the uint8 values, read in blocks of
-  512 examples, so memory stays small. A constant channel (std below half a
+  at most STATS_BLOCK_BYTES (at least one example), so memory stays small. A constant channel (std below half a
   grey level) gets std 1: normalized, it is 0 everywhere instead of a
   division by zero (NaN from the first step).
   """
   ch = x.shape[-1]
   hist = np.zeros((ch, 256), np.float64)
-  for start in range(0, x.shape[0], 512):
-    chunk = x[start:start + 512]
+  block = max(1, STATS_BLOCK_BYTES // max(1, int(np.prod(x.shape[1:]))))
+  for start in range(0, x.shape[0], block):
+    chunk = x[start:start + block]
     for k in range(ch):
       hist[k] += np.bincount(chunk[..., k].ravel(), minlength=256)
   values = np.arange(256) / 255.0

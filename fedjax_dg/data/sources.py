@@ -35,8 +35,8 @@ import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
-from fedjax_dg.data.images import (Concat, RecordImages, channel_stats,
-                                   decode_image, read_records)
+from fedjax_dg.data.images import (STATS_BLOCK_BYTES, Concat, RecordImages,
+                                   channel_stats, decode_image, read_records)
 from fedjax_dg.errors import ConfigError, DataError
 
 ENV_DATA_DIR = "FEDJAX_DG_DATA_DIR"
@@ -94,9 +94,13 @@ class DomainDataset:
     and ~1,000 evenly spaced images (a resumed run refuses other data)."""
     h = hashlib.sha1(repr((self.name, self.images.shape, self.domain_names,
                            self.class_names)).encode())
-    for a in (self.labels, self.domains,
-              self.images[::max(1, len(self.images) // 1024)]):
+    for a in (self.labels, self.domains):
       h.update(np.ascontiguousarray(a).tobytes())
+    rows = np.arange(0, len(self.images), max(1, len(self.images) // 1024))
+    block = max(1, STATS_BLOCK_BYTES // max(1, int(np.prod(self.image_shape))))
+    for start in range(0, len(rows), block):  # streamed: read in blocks
+      h.update(np.ascontiguousarray(
+          self.images[rows[start:start + block]]).tobytes())
     return h.hexdigest()[:16]
 
   @property
