@@ -95,6 +95,33 @@ def test_streamed_load_gives_the_in_memory_examples_in_order(data_dir, subset,
   np.testing.assert_array_equal(again.labels, off.labels)
 
 
+def test_a_streamed_catalog_dataset_gives_its_in_memory_examples(
+    tmp_path, monkeypatch):
+  """TFDS catalog datasets (fake data sources, as in test_data_sources):
+  several splits per domain, a seeded subset, the same examples."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  from test_data_sources import FakeSource
+
+  def fake_data_source(name, data_dir=None, decoders=None):
+    rng = np.random.default_rng(sources.DOMAINNET_DOMAINS.index(
+        name.split("/")[1]))
+    split = lambda n: [{"image": rng.integers(0, 255, (6, 6, 3), np.uint8),
+                        "label": int(rng.integers(3))} for _ in range(n)]
+    names = [f"class{i}" for i in range(3)]
+    return {"train": FakeSource(split(4), names),
+            "test": FakeSource(split(3), names)}
+
+  monkeypatch.setattr(tfds, "data_source", fake_data_source)
+  for subset in ({}, dict(max_per_domain=5, seed=1)):
+    kw = dict(data_dir=str(tmp_path), image_size=4, **subset)
+    off = sources.load("domainnet", streaming="off", **kw)
+    on = sources.load("domainnet", streaming="on", **kw)
+    assert on.streamed and len(on.labels) == 6 * (5 if subset else 7)
+    np.testing.assert_array_equal(_all(on.images), off.images)
+    np.testing.assert_array_equal(on.labels, off.labels)
+    np.testing.assert_array_equal(on.domains, off.domains)
+
+
 def test_auto_streams_beyond_a_quarter_of_host_memory(data_dir, monkeypatch):
   """image_size 7 has no npz cache: "auto" compares the decoded bytes
   N x 7 x 7 x 3 with AUTO_STREAM_SHARE of host_memory()."""
