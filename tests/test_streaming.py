@@ -169,6 +169,31 @@ def test_a_streamed_run_equals_the_in_memory_run(data_dir, tmp_path,
   assert off["final"]["ood_acc"] == on["final"]["ood_acc"]
 
 
+def test_personalized_models_score_the_streamed_target_in_blocks(
+    data_dir, monkeypatch):
+  """Local-only (a model per client: the target split scored per client
+  block, `eval_blocks`) in blocks of 8 target examples: the in-memory run's
+  per-client accuracies."""
+  from fedjax_dg.algorithms.local_only import local_only
+  monkeypatch.setattr(engine, "OOD_BLOCK_BYTES", 8 * SIZE * SIZE * 3)
+  spec = partition.PartitionSpec(name="domain_split", num_partitions=4, d=1)
+  feds = [federated.build(_load(data_dir, s), spec, target_domain="c",
+                          val_fraction=0.25) for s in ("off", "on")]
+  model = models.get_model("mlp", input_shape=feds[0].image_shape,
+                           num_classes=3, hidden=4)
+  alg = local_only(model, make_optimizer("sgd", 0.1),
+                   objectives.cross_entropy(model), num_clients=4)
+  cfg = engine.EngineConfig(rounds=1, epochs=1, batch_size=4, cohort_size=2,
+                            client_mapping="map", progress=False,
+                            placement="host", eval_batch_size=4)
+  off, on = (engine.run(alg, f, model, cfg) for f in feds)
+  assert len(feds[1].target_y) > 2 * 8  # three blocks
+  assert on.final["ood_acc"] == off.final["ood_acc"]
+  for key in ("ood_acc_per_client", "id_acc_per_client"):
+    assert on.final[key] == off.final[key], key
+  assert len(set(off.final["ood_acc_per_client"])) > 1  # 4 models
+
+
 # ---------------------------------------------------------------------------
 # Only the cohorts' rows are read.
 
