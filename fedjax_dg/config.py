@@ -110,6 +110,12 @@ def base_config() -> ConfigDict:
       server_fraction=0.0,
       normalization="dataset",  # input stats: "dataset" (all images) | "train"
                                # | "imagenet" (pretrained weights; RGB)
+      # "auto" | "on" | "off": "on" leaves the images in their prepared
+      # array_record files and reads each chunk's cohorts from them (a
+      # dataset larger than host memory; the "host" placement); "auto": "on"
+      # when the images would take more than sources.AUTO_STREAM_SHARE of the
+      # host's memory (docs/scale.md)
+      streaming="auto",
       data_dir="",             # prepared data ("": sources.data_dir_default())
       manual_dir="",           # folder with manually downloaded data
   ))

@@ -66,6 +66,7 @@ from fedjax_dg.algorithms.base import (Algorithm, ClientContext, ClientData,
                                       ClientResult, with_frozen)
 from fedjax_dg.client.lanes import packed_update
 from fedjax_dg.client.update import local_steps, local_training, train_client
+from fedjax_dg.data.images import is_streamed
 from fedjax_dg.errors import ConfigError, DataError, NonFiniteError
 
 PyTree = Any
@@ -76,6 +77,10 @@ PLACEMENTS = ("auto", "device", "host")
 # on CPU): the rest is for the round's activations, the cohort's gathered
 # copies, the carry's donated copy and evaluation.
 AUTO_DEVICE_SHARE = 0.25
+# A streamed target split (data.streaming) is scored in blocks of at most
+# this many bytes of images, read at each evaluation; an in-memory one (or a
+# streamed one that fits in one block) is read and placed once.
+OOD_BLOCK_BYTES = 1 << 28
 # The final weight divergence of personalized models (all client pairs, an
 # [n, n] Gram matrix per tensor) over at most this many clients: a seeded
 # sample of them in larger federations.
@@ -689,7 +694,24 @@ def device_placement_bytes(alg: Algorithm, train, val) -> int:
 
 def resolve_placement(placement: str, alg: Algorithm, train, val) -> str:
   """"auto": "device" while `device_placement_bytes` is at most
-  AUTO_DEVICE_SHARE of `device_capacity()`, else "host"."""
+  AUTO_DEVICE_SHARE of `device_capacity()`, else "host". Streamed data
+  (`data.images.RecordImages`) always run on the host: "device" would hold
+  every example."""
+  if is_streamed(train.x):
+    if placement == "device":
+      raise ConfigError(
+          "train.placement='device' holds every client's examples on the "
+          "device for the whole run, but the data are streamed "
+          "(data.streaming: read per chunk of rounds, never all at once): use "
+          "train.placement='host' (or 'auto'), or data.streaming='off' if "
+          "the data fit in memory")
+    if alg.pooled:
+      raise ConfigError(
+          f"{alg.name} trains one client holding every training example, so "
+          "each of its rounds would read the whole streamed dataset "
+          "(data.streaming) into memory: leave it out of a streamed run, or "
+          "use data.streaming='off' if the data fit in memory")
+    return "host"
   if placement != "auto":
     return placement
   need = device_placement_bytes(alg, train, val)
@@ -929,7 +951,7 @@ def target_features(alg: Algorithm, model, carry, frozen, data,
                     cfg: EngineConfig) -> dict | None:
   """Features of up to `cfg.features_max` target examples (a seeded pick) under
   the evaluated model: `RunResult.features`."""
-  tx, ty = np.asarray(data.target_x), np.asarray(data.target_y)
+  tx, ty = data.target_x, np.asarray(data.target_y)  # tx: read at `pick`
   if cfg.features_max == 0 or tx.shape[0] == 0 or alg.personalized:
     return None
   n = min(cfg.features_max, tx.shape[0])
@@ -1032,20 +1054,47 @@ def _eval_batch(cfg: EngineConfig, n: int) -> int:
   return max(1, min(cfg.eval_batch_size, n))
 
 
+class _Ood:
+  """Target examples `rows` of (x, y) to score, in blocks of at most `block`
+  examples, each padded to a multiple of `batch` (`evaluate.pad_to_multiple`)
+  and placed as (x, y, mask) device arrays. One block is read and placed
+  once; more (a streamed target split, `OOD_BLOCK_BYTES`) are read at each
+  iteration, and their scores add up (`_make_eval`)."""
+
+  def __init__(self, x, y, rows, batch: int, block: int):
+    self.x, self.y, self.rows, self.batch = x, y, rows, batch
+    self.starts = range(0, len(rows), block)
+    self.block = block
+    self.kept = [self._read(rows)] if len(self.starts) == 1 else None
+
+  def _read(self, rows):
+    return tuple(map(jnp.asarray, evaluate.pad_to_multiple(
+        self.x[rows], self.y[rows], self.batch)))
+
+  def __iter__(self):
+    if self.kept is not None:
+      return iter(self.kept)
+    return (self._read(self.rows[s:s + self.block]) for s in self.starts)
+
+
 def _ood_sets(data, cfg: EngineConfig):
-  tx, ty = np.asarray(data.target_x), np.asarray(data.target_y)
-  if tx.shape[0] == 0:
+  """(every target example, the `ood_eval_max` scored between chunks) as
+  `_Ood`; (None, None) without a target split."""
+  tx, ty = data.target_x, np.asarray(data.target_y)
+  n = len(ty)
+  if n == 0:
     return None, None
-  on_device = lambda arrays: tuple(map(jnp.asarray, arrays))
-  full = on_device(evaluate.pad_to_multiple(tx, ty, _eval_batch(cfg, tx.shape[0])))
-  if cfg.ood_eval_max and tx.shape[0] > cfg.ood_eval_max:
-    pick = np.random.default_rng(cfg.seed).choice(tx.shape[0], cfg.ood_eval_max,
+  block = n
+  if is_streamed(tx):
+    per_block = OOD_BLOCK_BYTES // max(1, int(np.prod(tx.shape[1:])))
+    batch = _eval_batch(cfg, n)
+    block = max(batch, per_block // batch * batch)
+  full = _Ood(tx, ty, np.arange(n), _eval_batch(cfg, n), block)
+  if cfg.ood_eval_max and n > cfg.ood_eval_max:
+    pick = np.random.default_rng(cfg.seed).choice(n, cfg.ood_eval_max,
                                                   replace=False)
-    sub = on_device(evaluate.pad_to_multiple(tx[pick], ty[pick],
-                                             _eval_batch(cfg, cfg.ood_eval_max)))
-  else:
-    sub = full
-  return full, sub
+    return full, _Ood(tx, ty, pick, _eval_batch(cfg, cfg.ood_eval_max), block)
+  return full, full
 
 
 def divergence_ids(num_clients: int) -> np.ndarray:
@@ -1113,6 +1162,17 @@ def _make_eval(alg: Algorithm, model, eval_batch_size: int):
   batch = lambda arrays, axis: (None if arrays is None else
                                 min(eval_batch_size, arrays[0].shape[axis]))
 
+  def over_blocks(score, val, ood):
+    """score(val, ood block, ood batch) -> host scores, over every block of
+    `ood` (an `_Ood`, or None): val scored with the first, the blocks' "ood"
+    scores added up."""
+    blocks = iter(ood) if ood is not None else iter(())
+    bs_ood = None if ood is None else ood.batch
+    s = score(val, next(blocks, None), bs_ood)
+    for block in blocks:
+      s["ood"] = jax.tree.map(np.add, s["ood"], score(None, block, bs_ood)["ood"])
+    return s
+
   def summary(s, details, personal, extras):
     """The evaluation's dict from host scores `s`; `personal()` the
     evaluated models of `divergence_ids(N)` (weight divergence), `extras()`
@@ -1138,8 +1198,8 @@ def _make_eval(alg: Algorithm, model, eval_batch_size: int):
     return out
 
   def run_eval(carry, frozen, val, ood, details=False):
-    s = jax.device_get(scores(carry, frozen, (val, ood), batch(val, 1),
-                              batch(ood, 0)))
+    s = over_blocks(lambda v, o, bs: jax.device_get(scores(
+        carry, frozen, (v, o), batch(v, 1), bs)), val, ood)
     server, clients = carry
 
     def personal():
@@ -1162,15 +1222,15 @@ def _make_eval(alg: Algorithm, model, eval_batch_size: int):
       for ids in blocks_of(blocks.num_clients, blocks.size):
         val = (None if blocks.val is None else tuple(map(jnp.asarray, _pad_clients(
             blocks.val.gather(ids), blocks.multiple))))
-        parts.append(jax.device_get(block_scores(
-            server, jax.device_put(_take_rows(clients, ids)), jnp.asarray(ids),
-            frozen, (val, per_client_ood), batch(val, 1),
-            batch(per_client_ood, 0))))
+        rows = jax.device_put(_take_rows(clients, ids))
+        parts.append(over_blocks(lambda v, o, bs: jax.device_get(block_scores(
+            server, rows, jnp.asarray(ids), frozen, (v, o), batch(v, 1), bs)),
+                                 val, per_client_ood))
     n = blocks.num_clients
     s = jax.tree.map(lambda *a: np.concatenate(a)[:n], *parts) if parts else {}
     if ood is not None and not alg.personalized:
-      s["ood"] = jax.device_get(scores((server, None), frozen, (None, ood),
-                                       None, batch(ood, 0)))["ood"]
+      s["ood"] = over_blocks(lambda v, o, bs: jax.device_get(scores(
+          (server, None), frozen, (v, o), None, bs)), None, ood)["ood"]
 
     def personal():
       pick = divergence_ids(n)

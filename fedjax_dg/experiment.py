@@ -100,14 +100,21 @@ def validate(cfg: ConfigDict) -> None:
     raise ConfigError(f"data.num_clients={cfg.data.num_clients}: allowed values "
                      "are 0 (one client per source domain) or a positive count")
   engine_config(cfg).validate(cfg.data.num_clients or None)
-  check_algorithms(cfg)
+  if cfg.data.streaming not in sources.STREAMING:
+    raise ConfigError(f"data.streaming={cfg.data.streaming!r}: allowed "
+                      f"{sources.STREAMING} (auto: stream when the images would "
+                      f"take more than {sources.AUTO_STREAM_SHARE:.0%} of the "
+                      "host's memory)")
+  probes = check_algorithms(cfg)
+  if cfg.data.streaming == "on":
+    check_streaming(cfg, probes)
 
 
-def check_algorithms(cfg: ConfigDict) -> None:
+def check_algorithms(cfg: ConfigDict) -> dict:
   """Every algorithm's settings (its section, its clients' optimizer) checked
   before any data is read: each is built once on a tiny stand-in model (those
   that derive something from the data stop at it with NeedsDataError, their
-  settings checked)."""
+  settings checked). Returns {name: the stand-in Algorithm, or None}."""
   from fedjax_dg import models
   probe = models.get_model("mlp", input_shape=(4, 4, 1), num_classes=2,
                            hidden=2)
@@ -115,14 +122,47 @@ def check_algorithms(cfg: ConfigDict) -> None:
                                num_classes=2, patch=2, dim=8, depth=1,
                                heads=1, mlp_dim=8)
   n = cfg.data.num_clients or 4
+  built = {}
   for name in cfg.algorithms:
     algorithms.client_optimizer(cfg, name)
     runs_on = getattr(algorithms.spec(name).module, "MODELS", ())
     on_vit = "vit_tiny" in runs_on or cfg.model.name.startswith("vit_")
     try:
-      algorithms.build(name, vit_probe if on_vit else probe, n, cfg)
+      built[name] = algorithms.build(name, vit_probe if on_vit else probe, n,
+                                     cfg)
     except NeedsDataError:
-      pass
+      built[name] = None
+  return built
+
+
+def check_streaming(cfg: ConfigDict, probes: dict | None = None) -> None:
+  """A streamed run (data.streaming: examples read per chunk of rounds,
+  never all at once) needs the "host" placement and algorithms that neither
+  read every client's examples when built nor pool them (Central): else a
+  ConfigError naming each. `probes`: `check_algorithms`' stand-ins."""
+  from fedjax_dg.data import sources
+  probes = check_algorithms(cfg) if probes is None else probes
+  why = []
+  if cfg.train.placement == "device":
+    why.append("train.placement='device' holds every client's examples on "
+               "the device (use 'host' or 'auto')")
+  readers = [a for a in cfg.algorithms if algorithms.reads_client_data(a, cfg)]
+  if readers:
+    why.append(f"{', '.join(readers)} read(s) every client's examples when "
+               "built (style pools, amplitude bank or autoencoder embeddings; "
+               "leave them out)")
+  pooled = [a for a, alg in probes.items() if alg is not None and alg.pooled]
+  if pooled:
+    why.append(f"{', '.join(pooled)} train(s) one client holding every "
+               "example (leave it out)")
+  if why:
+    raise ConfigError(
+        f"the data are streamed (data.streaming={cfg.data.streaming!r}"
+        + (": the images would take more than "
+           f"{sources.AUTO_STREAM_SHARE:.0%} of the host's memory"
+           if cfg.data.streaming == "auto" else "") + "), but "
+        + "; ".join(why) + ". Or load the data in memory "
+        "(data.streaming='off') if they fit")
 
 
 def target_domains(cfg: ConfigDict, domain_names) -> list:
@@ -144,11 +184,18 @@ def target_domains(cfg: ConfigDict, domain_names) -> list:
 
 
 def load_dataset(cfg: ConfigDict):
+  """The dataset of `cfg.data`, in memory or streamed (`data.streaming`;
+  streamed: `check_streaming`)."""
   from fedjax_dg.data import sources
   d = cfg.data
-  return sources.load(d.name, image_size=d.image_size or None,
-                      data_dir=d.data_dir or None, manual_dir=d.manual_dir or None,
-                      max_per_domain=d.max_per_domain or None, seed=cfg.seed)
+  dataset = sources.load(d.name, image_size=d.image_size or None,
+                         data_dir=d.data_dir or None,
+                         manual_dir=d.manual_dir or None,
+                         max_per_domain=d.max_per_domain or None, seed=cfg.seed,
+                         streaming=d.streaming)
+  if dataset.streamed:
+    check_streaming(cfg)
+  return dataset
 
 
 def federate(cfg: ConfigDict, dataset, target):
@@ -200,8 +247,7 @@ def normalization(cfg: ConfigDict, dataset, fed) -> tuple[tuple, tuple]:
           f"data.normalization='imagenet' needs RGB images, but data.name="
           f"{cfg.data.name!r} has {ch} channel(s): use 'dataset' or 'train'")
     return IMAGENET_MEAN, IMAGENET_STD
-  from fedjax_dg.data.federated import channel_stats
-  return channel_stats(dataset.images)
+  return dataset.channel_stats()
 
 
 def model_fields(cfg: ConfigDict) -> dict:

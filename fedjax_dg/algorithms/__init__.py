@@ -11,8 +11,9 @@
                         arrows against FedAvg in the tables)
     VARIANTS            optional: {name: (display name, hyperparameter
                         overrides)}, more algorithm names built by this module
-    uses_data(hparams)  optional: whether `build` derives something from the
-                        run's data (then its Algorithm is built per federation)
+    uses_data(hparams)  optional: whether `build` derives something from every
+                        client's data (then its Algorithm is built per
+                        federation, and a streamed federation is refused)
     diagnose(round_metrics)
                         optional: warnings (sentences) about a finished run
                         whose numbers do not mean what its name says (e.g. a
@@ -78,8 +79,12 @@ class Spec:
     return [f"{self.name}: {w}" for w in fn(round_metrics)] if fn else []
 
   def uses_data(self, hparams: Mapping[str, Any]) -> bool:
-    if self.needs_server_data:
-      return True
+    return self.needs_server_data or self.reads_client_data(hparams)
+
+  def reads_client_data(self, hparams: Mapping[str, Any]) -> bool:
+    """Whether `build` reads every client's examples (the module's
+    `uses_data`: FedCCRL's and CCST's style pools, ELCFS's amplitude bank,
+    hFedF's autoencoder embeddings)."""
     fn = getattr(self.module, "uses_data", None)
     return bool(fn({**hparams, **self.overrides})) if fn else False
 
@@ -215,6 +220,13 @@ def uses_data(name: str, cfg) -> bool:
   return s.uses_data(dict(cfg[s.section]))
 
 
+def reads_client_data(name: str, cfg) -> bool:
+  """Whether `build(name, ...)` reads every client's training examples (the
+  padded view), which a streamed federation never holds."""
+  s = spec(name)
+  return s.reads_client_data(dict(cfg[s.section]))
+
+
 def create(name: str, model, *, optimizer, hparams: Mapping[str, Any],
            num_clients: int, data=None, seed: int = 0) -> Algorithm:
   """Algorithm `name` from keyword hyperparameters (a variant's overrides on
@@ -258,4 +270,5 @@ def build(name: str, model, num_clients: int, cfg, data=None) -> Algorithm:
 __all__ = ["Algorithm", "ClientContext", "ClientData", "ClientResult",
            "ServerState", "Spec", "available", "build", "client_defaults", "describe",
            "client_optimizer", "client_settings", "create", "hyperparameters",
-           "modules", "needs_server_data", "spec", "uses_data"]
+           "modules", "needs_server_data", "reads_client_data", "spec",
+           "uses_data"]

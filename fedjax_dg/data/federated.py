@@ -7,7 +7,7 @@ its id-validation split, optionally injects `few_shot_k` target examples into ea
 client's training data, and stores each split packed (`PackedClients`: every
 client's examples back to back, no padding)
 
-    packed_train.x       uint8 [total, H, W, ch]
+    packed_train.x       uint8 [total, H, W, ch]   (streamed: RecordImages)
     packed_train.y       int32 [total]
     packed_train.offsets int64 [C + 1]   client c: rows offsets[c]:offsets[c+1]
 
@@ -25,6 +25,12 @@ server's split `server_x` uint8 [S, H, W, ch] / `server_y` int32 [S] (the
 unlabeled transfer set of FedDF / FedBE, the labeled proxy set of FedLAW); no
 client ever sees those examples.
 
+A streamed dataset (`sources.load(..., streaming=...)`: images that stay in
+their TFDS records) gives a streamed federation (`streamed`): `packed_train.x`,
+`packed_val.x` and `target_x` are views of the records, read when gathered
+(`PackedClients.gather`, a chunk's cohorts); the server's split is read at
+build; the padded view is refused (it would hold every example).
+
 Arrays stay on the host (numpy; jitted functions accept them as they are); the
 engine places them (`engine.Layout`).
 """
@@ -40,6 +46,7 @@ import jax
 import numpy as np
 
 from fedjax_dg.data import partition
+from fedjax_dg.data.images import channel_stats, is_streamed, take
 from fedjax_dg.data.sources import DomainDataset
 from fedjax_dg.errors import ConfigError
 
@@ -67,7 +74,8 @@ class PackedClients:
   `offsets[c]:offsets[c + 1]` of `x` / `y`. `width` is the per-client length
   of the padded view (`padded`, `gather`): at least the largest client."""
 
-  x: np.ndarray        # uint8 [total, H, W, ch]
+  x: Any              # uint8 [total, H, W, ch]: an array, or RecordImages
+                      # (streamed: rows read on demand, `gather`)
   y: np.ndarray        # int32 [total]
   offsets: np.ndarray  # int64 [C + 1], offsets[0] = 0, non-decreasing
   width: int = -1      # padded length per client; -1: the largest client
@@ -97,19 +105,18 @@ class PackedClients:
 
   def gather(self, ids) -> ClientArrays:
     """Clients `ids` (an int array of any shape [...]) padded to `width`:
-    x [..., width, H, W, ch], y [..., width], n [...]."""
+    x [..., width, H, W, ch], y [..., width], n [...]. Only the clients'
+    own rows of `x` are read (from records, for streamed data: each once)."""
     ids = np.asarray(ids)
     n = self.n[ids]
     valid = np.arange(self.width) < n[..., None]
-    rows = np.where(valid, self.offsets[ids][..., None] + np.arange(self.width),
-                    0)
-    if len(self.y) == 0:  # no examples at all (e.g. val_fraction = 0)
-      x = np.zeros(rows.shape + self.x.shape[1:], self.x.dtype)
-      return ClientArrays(x=x, y=np.zeros(rows.shape, np.int32), n=n)
-    x = self.x[rows]
-    x[~valid] = 0
-    return ClientArrays(x=x, y=np.where(valid, self.y[rows], 0).astype(np.int32),
-                        n=n)
+    rows = self.offsets[ids][..., None] + np.arange(self.width)
+    x = np.zeros(rows.shape + self.x.shape[1:], self.x.dtype)
+    y = np.zeros(rows.shape, np.int32)
+    if valid.any():
+      x[valid] = self.x[rows[valid]]
+      y[valid] = self.y[rows[valid]]
+    return ClientArrays(x=x, y=y, n=n)
 
   def padded(self) -> ClientArrays:
     """Every client, padded: x [C, width, ...]."""
@@ -124,12 +131,13 @@ class PackedClients:
 
 def pack_clients(images: np.ndarray, labels: np.ndarray,
                  parts: Sequence[np.ndarray]) -> PackedClients:
-  """The examples of `parts` (index arrays into `images` / `labels`), packed."""
+  """The examples of `parts` (index arrays into `images` / `labels`), packed
+  (streamed images: a view of their records, nothing read)."""
   index = (np.concatenate([np.asarray(p, np.int64) for p in parts]) if parts
            else np.zeros(0, np.int64))
   offsets = np.concatenate([[0], np.cumsum([len(p) for p in parts])])
-  return PackedClients(x=images[index], y=labels[index].astype(np.int32),
-                       offsets=offsets)
+  return PackedClients(x=take(images, index),
+                       y=labels[index].astype(np.int32), offsets=offsets)
 
 
 def pack_padded(arrays: ClientArrays) -> PackedClients:
@@ -142,41 +150,14 @@ def pack_padded(arrays: ClientArrays) -> PackedClients:
                        width=x.shape[1])
 
 
-MIN_STD = 0.5 / 255  # a channel whose std is below this is constant
-
-
-def channel_stats(
-    x: np.ndarray,
-) -> tuple[tuple[float, ...], tuple[float, ...]]:
-  """Per-channel mean and (population) std in [0, 1] units of uint8 examples
-  x [n, H, W, ch].
-
-  Exact, from per-channel histograms of the uint8 values, so memory stays small.
-  A constant channel (std below half a grey level) gets std 1: normalized, it is
-  0 everywhere instead of a division by zero (NaN from the first step).
-  """
-  ch = x.shape[-1]
-  hist = np.zeros((ch, 256), np.float64)
-  for start in range(0, x.shape[0], 512):
-    chunk = x[start:start + 512]
-    for k in range(ch):
-      hist[k] += np.bincount(chunk[..., k].ravel(), minlength=256)
-  values = np.arange(256) / 255.0
-  total = np.maximum(hist.sum(1), 1)
-  mean = hist @ values / total
-  var = np.maximum(hist @ values**2 / total - mean**2, 0.0)
-  std = np.sqrt(var)
-  std = np.where(std < MIN_STD, 1.0, std)
-  return tuple(mean.tolist()), tuple(std.tolist())
-
-
 @dataclasses.dataclass(frozen=True, eq=False)
 class FederatedData:
   """A federation: per-client train / id-val examples and the ood target split."""
 
   packed_train: PackedClients
   packed_val: PackedClients  # Each client's id-validation split.
-  target_x: Any  # uint8 [N_t, H, W, ch]; N_t = 0 without a target domain.
+  target_x: Any  # uint8 [N_t, H, W, ch]; N_t = 0 without a target domain
+                 # (streamed: RecordImages, read in blocks)
   target_y: Any  # int32 [N_t]
   num_classes: int
   class_names: tuple[str, ...]
@@ -184,8 +165,6 @@ class FederatedData:
   target_domain: str | None
   source_domains: tuple[str, ...]
   client_domains: tuple[tuple[str, ...], ...]  # Domains in each client's train.
-  mean: tuple[float, ...]  # Per channel, [0, 1] units, over the train examples.
-  std: tuple[float, ...]
   # Provenance: indices into the DomainDataset.
   train_indices: tuple[np.ndarray, ...] = ()
   val_indices: tuple[np.ndarray, ...] = ()
@@ -202,15 +181,48 @@ class FederatedData:
     """Examples held by the server (0: none)."""
     return 0 if self.server_y is None else int(np.shape(self.server_y)[0])
 
+  @property
+  def streamed(self) -> bool:
+    """Whether the examples stay in their records (`data.streaming`): read
+    per chunk of rounds, never all at once."""
+    return is_streamed(self.packed_train.x)
+
+  @functools.cached_property
+  def _stats(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    return channel_stats(self.packed_train.x)
+
+  @property
+  def mean(self) -> tuple[float, ...]:
+    """Per channel, [0, 1] units, over the training examples (computed on
+    first use: streamed, a pass over them)."""
+    return self._stats[0]
+
+  @property
+  def std(self) -> tuple[float, ...]:
+    return self._stats[1]
+
+  def _padded(self, packed: PackedClients, what: str) -> ClientArrays:
+    if self.streamed:
+      raise ConfigError(
+          f"the {what} examples of every client at once (the padded view "
+          f"[C, N_max, ...], {packed.nbytes(padded=True) / 2**30:.2f} GiB) were "
+          "asked for, but this federation is streamed (data.streaming): its "
+          "examples are read per chunk of rounds, never all at once. Run with "
+          "train.placement='host' (or 'auto'), and algorithms that do not read "
+          "every client's data when built (not fedccrl, ccst, elcfs, hfedf "
+          "with embeddings='autoencoder'), or load the data in memory "
+          "(data.streaming='off') if it fits")
+    return packed.padded()
+
   @functools.cached_property
   def train(self) -> ClientArrays:
     """The training examples padded, [C, N_max, ...] (built on first use)."""
-    return self.packed_train.padded()
+    return self._padded(self.packed_train, "training")
 
   @functools.cached_property
   def val(self) -> ClientArrays:
     """The id-validation examples padded, [C, V_max, ...] (built on first use)."""
-    return self.packed_val.padded()
+    return self._padded(self.packed_val, "id-validation")
 
   @property
   def num_clients(self) -> int:
@@ -379,7 +391,6 @@ def build(
     train_parts = [rng.permutation(np.concatenate([t, s]))
                    for t, s in zip(train_parts, shots)]
   train = pack_clients(dataset.images, dataset.labels, train_parts)
-  mean, std = channel_stats(train.x)
   names = dataset.domain_names
   client_domains = tuple(
       tuple(names[j] for j in np.unique(domains[p])) for p in train_parts
@@ -387,7 +398,7 @@ def build(
   return FederatedData(
       packed_train=train,
       packed_val=pack_clients(dataset.images, dataset.labels, val_parts),
-      target_x=dataset.images[target_idx],
+      target_x=take(dataset.images, target_idx),
       target_y=dataset.labels[target_idx].astype(np.int32),
       num_classes=dataset.num_classes,
       class_names=dataset.class_names,
@@ -395,12 +406,10 @@ def build(
       target_domain=None if target is None else names[target],
       source_domains=tuple(names[j] for j in source_ids),
       client_domains=client_domains,
-      mean=mean,
-      std=std,
       train_indices=tuple(train_parts),
       val_indices=tuple(val_parts),
       target_indices=target_idx,
-      server_x=dataset.images[server_idx],
+      server_x=dataset.images[server_idx],  # read (streamed: from records)
       server_y=dataset.labels[server_idx].astype(np.int32),
       server_indices=server_idx,
   )
