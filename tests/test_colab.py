@@ -65,7 +65,7 @@ def test_there_are_the_tutorials():
   assert NOTEBOOKS == sorted(["quickstart.ipynb", "hfedf_walkthrough.ipynb",
                               "hypergenfl_label_skew.ipynb",
                               "fedccrl_fedsdaf.ipynb", "your_own_algorithm.ipynb",
-                              "your_own_data.ipynb"])
+                              "your_own_data.ipynb", "scale.ipynb"])
   assert set(TUTORIALS) == set(CHECKS)
 
 
@@ -220,11 +220,50 @@ def check_your_own_data(ns):
   assert ns["result"].final["id_acc"] > 0.35    # 4 classes: chance 0.25
 
 
+def check_scale(ns):
+  rows, feds, clients = ns["rows"], ns["feds"], ns["CLIENTS"]
+  assert len(clients) >= 2 and min(clients) >= 1000
+  assert [f.num_clients for f in feds.values()] == list(clients)
+  for name in ns["ALGORITHMS"]:
+    mine = [r for r in rows if r["algorithm"] == name]
+    assert [r["clients"] for r in mine] == list(clients)
+    # The host placement holds no more at the largest N than at the smallest
+    # (the "device" placement holds every client's examples: it would grow).
+    assert 0 < mine[-1]["held"] <= mine[0]["held"]
+    assert all(r["acc"] > 0.15 for r in mine), name          # chance 0.1
+    assert all(r["round_ms"] > 0 for r in mine)
+  # What the device placement would hold: the padded examples of every client
+  # and, for SCAFFOLD, N control variates the size of the model.
+  params = sum(np.size(x) * np.dtype(x.dtype).itemsize for x in
+               ns["jax"].tree.leaves(ns["model"].init(ns["jax"].random.key(0))))
+  for r in rows:
+    n = feds[r["clients"]].packed_train.n   # no id-val split: val holds none
+    padded = len(n) * n.max() * (28 * 28 + 4)   # uint8 image + int32 label
+    # FedAvg: the server's model; SCAFFOLD: the server's model and control
+    # variate, and one control variate per client.
+    models = r["clients"] + 2 if r["algorithm"] == "scaffold" else 1
+    assert r["device_need"] == padded + models * params, r
+  # "auto": this machine's choices by the stated rule.
+  cap = ns["engine"].device_capacity()
+  for r in rows:
+    assert ns["auto"][r["algorithm"], r["clients"]] == (
+        "device" if r["device_need"] <= cap / 4 else "host")
+  assert ns["mapping"] == ("shard" if ns["jax"].device_count() > 1 else "map")
+  # vmap lanes: one per client with equal local steps; with 1 epoch
+  # ceil(g * mean / max) of the clients' ceil(n_i / B) steps.
+  n = feds[clients[-1]].packed_train.n
+  steps = np.ceil(n / ns["by_epochs"].batch_size)
+  assert ns["lanes"] == {"local_steps": ns["COHORT"], "epochs": math.ceil(
+      ns["COHORT"] * steps.mean() / steps.max())}
+  assert ns["lanes"]["epochs"] < ns["COHORT"]
+
+
 CHECKS = {"hfedf_walkthrough.ipynb": check_hfedf_walkthrough,
           "hypergenfl_label_skew.ipynb": check_hypergenfl_label_skew,
           "fedccrl_fedsdaf.ipynb": check_fedccrl_fedsdaf,
           "your_own_algorithm.ipynb": check_your_own_algorithm,
-          "your_own_data.ipynb": check_your_own_data}
+          "your_own_data.ipynb": check_your_own_data,
+          "scale.ipynb": check_scale}
 
 
 def test_quickstart_runs(tmp_path, monkeypatch):
