@@ -3,13 +3,18 @@ against the number of clients N at a fixed cohort, per placement
 (`train.placement`); and (`--flower`) the same FedAvg workload as a Flower
 simulation.
 
-Two federations (`--data`), both 28x28x1 uint8 random images (the cost is the
-point), a cohort of m clients per round, FedAvg and Local-only (a model per
-client: the largest per-client state):
+Three federations (`--data`) of 28x28x1 uint8 images, a cohort of m clients
+per round, FedAvg and Local-only (a model per client: the largest per-client
+state):
 
-  random     every client holds `--per-client` examples, `--epochs` epochs:
-             a round does the same work at every N
-  synthetic  `--synthetic-total` (1 M) examples over N clients, log-normal
+  random     every client holds `--per-client` random examples, `--epochs`
+             epochs: a round does the same work at every N
+  fmnist     Dir(`--fmnist-alpha`) label skew of the 60,000 Fashion-MNIST
+             training images (`fedjax-dg prepare fashion_mnist`), at least
+             one example per client (alpha 0.5 cannot give 10,000 non-empty
+             clients: 6 images each on average); as many local steps as a
+             random client
+  synthetic  `--synthetic-total` (1 M) random examples over N clients, log-normal
              sizes (`_data.synthetic_federation`: one packed array shared by
              every N, per-client offsets); every client takes as many local
              steps as a random one (same compute per round), but the cohort
@@ -50,10 +55,12 @@ training, the host's gathers and the state's trips).
     .venv/bin/python benchmarks/scale.py --flower --clients 1000 --rounds 4 \
         --reps 2                                           # after `make bench`
 """
+
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import gc
 import json
 import os
@@ -80,6 +87,28 @@ def federation(num_clients: int, per_client: int, seed: int = 0):
                                  seed=seed)
   return federated.build(ds, spec, target_domain=None, val_fraction=0.0,
                          seed=seed)
+
+
+@functools.lru_cache(maxsize=1)
+def fmnist_train():
+  """The 60,000 Fashion-MNIST training images as one domain (`fedjax-dg
+  prepare fashion_mnist`'s data)."""
+  from fedjax_dg.data import sources
+  ds = sources.load("fashion_mnist")
+  keep = ds.domains == ds.domain_names.index("train")
+  return dataclasses.replace(
+      ds, images=ds.images[keep], labels=ds.labels[keep],
+      domains=np.zeros(int(keep.sum()), np.int32), domain_names=("train",))
+
+
+def fmnist_federation(num_clients: int, alpha: float, seed: int = 0):
+  """Dir(`alpha`) label skew of the Fashion-MNIST training images over
+  `num_clients` clients, each with at least one example."""
+  from fedjax_dg.data import federated, partition
+  spec = partition.PartitionSpec(name="dirichlet", num_partitions=num_clients,
+                                 alpha=alpha, min_partition_size=1, seed=seed)
+  return federated.build(fmnist_train(), spec, target_domain=None,
+                         val_fraction=0.0, seed=seed)
 
 
 def _live_bytes() -> int:
@@ -160,6 +189,8 @@ def feds_for(args) -> dict:
   for n in args.clients:
     if "random" in args.data:
       feds[("random", n)] = federation(n, args.per_client)
+    if "fmnist" in args.data:
+      feds[("fmnist", n)] = fmnist_federation(n, args.fmnist_alpha)
     if "synthetic" in args.data:
       feds[("synthetic", n)] = synthetic_federation(
           n, args.synthetic_total, skew=args.synthetic_skew)
@@ -222,10 +253,13 @@ def main(argv=None):
   p.add_argument("--clients", type=int, nargs="+", default=[100, 1000, 10000])
   p.add_argument("--cohort", type=int, default=100)
   p.add_argument("--data", nargs="+", default=["random", "synthetic"],
-                 choices=("random", "synthetic"),
-                 help="random: --per-client examples per client; synthetic: "
-                 "--synthetic-total examples over N clients (log-normal "
-                 "sizes), as many local steps as a random client")
+                 choices=("random", "fmnist", "synthetic"),
+                 help="random: --per-client examples per client; fmnist: "
+                 "Dir(--fmnist-alpha) label skew of the 60,000 Fashion-MNIST "
+                 "training images; synthetic: --synthetic-total examples over "
+                 "N clients (log-normal sizes); fmnist and synthetic clients "
+                 "take as many local steps as a random client")
+  p.add_argument("--fmnist-alpha", type=float, default=0.5)
   p.add_argument("--per-client", type=int, default=64)
   p.add_argument("--synthetic-total", type=int, default=1_000_000)
   p.add_argument("--synthetic-skew", type=float, default=0.3)
@@ -268,8 +302,8 @@ def main(argv=None):
                              epochs=args.epochs, batch_size=args.batch,
                              cohort_size=args.cohort, client_mapping="map",
                              progress=False)
-  steps = dict(random=0, synthetic=args.epochs * -(-args.per_client //
-                                                   args.batch))
+  fixed = args.epochs * -(-args.per_client // args.batch)
+  steps = dict(random=0, fmnist=fixed, synthetic=fixed)
   cases = {(d, a, n, pl): (build[a](n), dataclasses.replace(
       base, placement=pl, local_steps=steps[d]))
            for d in args.data for a in args.algorithms for n in args.clients
@@ -296,10 +330,11 @@ def main(argv=None):
       rows[key]["live"] = max(rows[key]["live"], got["live"])
       print(".", end="", flush=True)
   print(f"\ncohort {args.cohort}; random: {args.per_client} examples per "
-        f"client, {args.epochs} epoch(s) of batch {args.batch}; synthetic: "
+        f"client, {args.epochs} epoch(s) of batch {args.batch}; fmnist: "
+        f"Dir({args.fmnist_alpha}) over 60,000 images; synthetic: "
         f"{args.synthetic_total:,} examples over N clients (log-normal sizes, "
-        f"sigma {args.synthetic_skew}), {steps['synthetic']} local steps of "
-        f"batch {args.batch}; 28x28x1 uint8; MLP hidden {args.hidden}; "
+        f"sigma {args.synthetic_skew}), {fixed} local steps (fmnist, "
+        f"synthetic) of batch {args.batch}; 28x28x1 uint8; MLP hidden {args.hidden}; "
         f"{args.eval_every} round(s) per chunk, {args.rounds} rounds x "
         f"{args.reps} reps (median of the chunks after the first); "
         f"{platform.processor() or platform.machine()}, "
