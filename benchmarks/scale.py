@@ -180,7 +180,7 @@ def placements(args, data: str) -> list[str]:
   """The synthetic federation runs on the host only: "device" would hold
   its padded [N, N_max] view (1.2-2.4 GiB at 1 M examples) on the host and
   the device."""
-  return [pl for pl in args.placements if data == "random" or pl == "host"]
+  return [pl for pl in args.placements if data != "synthetic" or pl == "host"]
 
 
 def feds_for(args) -> dict:
