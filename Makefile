@@ -51,8 +51,13 @@ test-notebooks: data
 
 # Benchmarks (not part of `make test`): installs the CPU PyTorch build for the reference
 # loop, and the torchvision and timm that the weights tests compare with (MobileNetV3, ViT).
+# Flower (benchmarks/scale.py --flower) goes to its own folder, $(FLWR_DIR): its pins
+# (protobuf < 7, packaging < 26, rich < 15) conflict with requirements.lock, so only
+# the Flower worker process puts it on its path.
+FLWR_DIR := $(VENV)/flwr
 bench: setup
 	$(PY) -m pip install -q 'torch==2.13.0' 'torchvision==0.28.0' 'timm==1.0.31'
+	$(PY) -m pip install -q --target $(FLWR_DIR) 'flwr[simulation]==1.42.0'
 	$(PY) benchmarks/round_time.py
 
 clean:
