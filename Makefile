@@ -41,8 +41,12 @@ data: setup fashion-mnist
 demo: data
 	$(PY) -m fedjax_dg.cli demo
 
+# The default suite (not `slow`, not `notebooks`) on TEST_WORKERS processes
+# (pytest-xdist; a test file stays on one worker, so its module fixtures are
+# built once): most tests compile, and XLA compiles on one thread.
+TEST_WORKERS ?= 2
 test: data
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The colab/ tutorials, executed at their tiny settings (colab/README.md has
 # their times); they prepare fashion_mnist / styled_fashion_mnist on first use.

@@ -76,7 +76,14 @@ def _host_placement_rows(alg):
                 take(jax.jit(alg.eval_params)(server, clients)))
 
 
-@pytest.mark.parametrize("name", algorithms.available())
+# FedSDAF's ablation names build the same round with parts switched off
+# (tests/test_fedsdaf.py checks their parameters): slow here.
+SLOW = ("fedsdaf_no_bkd", "fedsdaf_no_mhsa")
+
+
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n
+    for n in algorithms.available()])
 def test_algorithm_contract(setup, name):
   fed, _, cfg = setup
   model = model_for(name, fed, hidden=8)

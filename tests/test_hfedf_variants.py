@@ -361,7 +361,10 @@ def test_presets_skip_missing_sections_and_rfmnist_is_pacs():
     presets.apply(cfg, "domainnet")
 
 
-@pytest.mark.parametrize("over", ["joint", "theta"])
+# joint (arXiv v1) slow: its weights are checked against brute force in
+# tests/test_server.py::test_joint_gradalign_matches_brute_force.
+@pytest.mark.parametrize("over", [pytest.param("joint", marks=pytest.mark.slow),
+                                  "theta"])
 def test_gradalign_over_reaches_the_server_step(few_shot_fed, over):
   """`hfedf.gradalign_over` is wired to the server step: "joint" reports one
   weight per client for theta and the embeddings, "theta" unweighted rows."""
