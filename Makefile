@@ -4,12 +4,16 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-stamp
+# Where `nvidia-smi` works, setup also installs JAX's CUDA 12 build (the cuda12
+# extra, pinned to the locked jax) under its own stamp, so a .venv made before
+# the GPU was visible gets it too. Elsewhere nothing changes.
+GPU := $(shell nvidia-smi >/dev/null 2>&1 && echo cuda12)
+STAMP := $(VENV)/.installed-stamp$(if $(GPU),-$(GPU))
 FMNIST_DIR ?= /usr/share/datasets/fashion-mnist
 export FEDJAX_DG_DATA_DIR ?= $(abspath .data)
 export FEDJAX_DG_FASHION_MNIST_DIR ?= $(FMNIST_DIR)
 
-.PHONY: setup fashion-mnist data demo test bench clean
+.PHONY: setup fashion-mnist data demo test test-notebooks bench clean
 
 setup: $(STAMP)
 
@@ -17,6 +21,7 @@ $(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -r requirements.lock
 	$(PY) -m pip install -q --no-deps -e .
+	$(if $(GPU),$(PY) -m pip install -q -e ".[$(GPU)]")
 	touch $@
 
 # Fashion-MNIST ships as a Debian package (IDX files under $(FMNIST_DIR)).
@@ -39,10 +44,20 @@ demo: data
 test: data
 	$(PY) -m pytest -q
 
+# The colab/ tutorials, executed at their tiny settings (colab/README.md has
+# their times); they prepare fashion_mnist / styled_fashion_mnist on first use.
+test-notebooks: data
+	$(PY) -m pytest -q -m notebooks tests/test_colab.py
+
 # Benchmarks (not part of `make test`): installs the CPU PyTorch build for the reference
 # loop, and the torchvision and timm that the weights tests compare with (MobileNetV3, ViT).
+# Flower (benchmarks/scale.py --flower) goes to its own folder, $(FLWR_DIR): its pins
+# (protobuf < 7, packaging < 26, rich < 15) conflict with requirements.lock, so only
+# the Flower worker process puts it on its path.
+FLWR_DIR := $(VENV)/flwr
 bench: setup
 	$(PY) -m pip install -q 'torch==2.13.0' 'torchvision==0.28.0' 'timm==1.0.31'
+	$(PY) -m pip install -q --target $(FLWR_DIR) 'flwr[simulation]==1.42.0'
 	$(PY) benchmarks/round_time.py
 
 clean:

@@ -18,10 +18,12 @@ def emit(result: dict) -> None:
   print("@@" + json.dumps(result), flush=True)
 
 
-def run_worker(script: str, spec: dict) -> tuple[dict | None, str]:
-  """Parent side: (the worker's result, "") or (None, why it failed)."""
+def run_worker(script: str, spec: dict,
+               env: dict | None = None) -> tuple[dict | None, str]:
+  """Parent side: (the worker's result, "") or (None, why it failed); `env`:
+  the worker's environment (default: this process's)."""
   proc = subprocess.run([sys.executable, script, "--worker", json.dumps(spec)],
-                        capture_output=True, text=True)
+                        capture_output=True, text=True, env=env)
   line = [l for l in proc.stdout.splitlines() if l.startswith("@@")]
   if proc.returncode == 0 and line:
     return json.loads(line[-1][2:]), ""

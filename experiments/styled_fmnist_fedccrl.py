@@ -26,24 +26,16 @@ data.max_per_domain=0` (all 14,000 per domain).
 """
 
 from fedjax_dg.config import base_config
+from fedjax_dg.configs.fedccrl_protocol import styled_fmnist
 
 
 def get_config():
   c = base_config()
   c.name = "styled_fmnist_fedccrl"
   c.algorithms = ("fedccrl", "fedavg")
-  c.data.name = "styled_fashion_mnist"
-  c.data.image_size = 28
-  c.data.max_per_domain = 2000
-  c.data.targets = "all"
-  c.data.partition = "domain_split"
-  c.data.d = 1
-  c.model.name = "small_cnn"
+  styled_fmnist(c, max_per_domain=2000)
   c.train.rounds = 10
-  c.train.eval_every = 2
   c.train.epochs = 2
-  c.train.batch_size = 64
-  c.train.ood_eval_max = 0
   c.client.optimizer = "adam"
   c.client.lr = 1e-3
   c.client.weight_decay = 0.0

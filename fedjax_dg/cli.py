@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 
+from fedjax_dg import distributed
 from fedjax_dg.errors import ConfigError
 
 # The demo's configs live in the package (`fedjax_dg.configs`), not in a path.
@@ -13,15 +15,17 @@ DEMO = "fedjax_dg.configs.demo"
 FULL = "fedjax_dg.configs.rfmnist_hfedf"
 
 
-def setup_jax() -> str:
+def setup_jax(processes=None) -> str:
   """Sets up JAX for runs: one XLA:CPU device per core (`engine.use_cpu_devices`;
-  clients then run on the cores concurrently), and a persistent XLA compilation
-  cache: runs with the same shapes (another target domain, a second `make demo`)
-  reuse compiled programs instead of recompiling."""
+  clients then run on the cores concurrently), a persistent XLA compilation
+  cache (runs with the same shapes, e.g. another target domain or a second
+  `make demo`, reuse compiled programs instead of recompiling), and with
+  `processes` (`distributed.Settings`) joins a multi-process run."""
   import jax
-  from fedjax_dg import engine
+  from fedjax_dg import distributed, engine
   from fedjax_dg.data import sources
   engine.use_cpu_devices()
+  distributed.initialize(processes or distributed.Settings())
   path = os.environ.get("FEDJAX_DG_JAX_CACHE") or os.path.join(
       sources.data_dir_default(), "jax_cache")
   jax.config.update("jax_compilation_cache_dir", path)
@@ -29,19 +33,31 @@ def setup_jax() -> str:
   return path
 
 
-def _run(config_path: str | None, overrides: list[str], resume: str | None,
-         module: str | None = None) -> int:
-  """Runs an experiment file (`config_path`) or a packaged config (`module`)."""
+def _config(config_path: str | None, overrides: list[str],
+            module: str | None = None):
+  """An experiment file's (`config_path`) or a packaged config's (`module`)
+  config with the `--set` overrides."""
   import importlib
-  from fedjax_dg import config as config_lib, experiment, presets, report
-  setup_jax()
+  from fedjax_dg import config as config_lib
   cfg = (importlib.import_module(module).get_config() if module
          else config_lib.load(config_path))
   cfg = config_lib.apply_overrides(cfg, overrides)
-  presets.check_explicit(cfg, overrides)
+  return cfg
+
+
+def _run(config_path: str | None, overrides: list[str], resume: str | None,
+         module: str | None = None, processes=None) -> int:
+  """Runs an experiment file (`config_path`) or a packaged config (`module`)."""
+  from fedjax_dg import experiment, report
+  setup_jax(processes)
+  cfg = _config(config_path, overrides, module)
   results = experiment.run(cfg, run_dir=resume, resume=resume is not None)
+  if not distributed.is_main():  # process 0 reports and writes
+    return 0
   print()
   print(report.text_table(results))
+  if report.warnings_text(results):
+    print(report.warnings_text(results), file=sys.stderr)
   paths = report.write_all(results, results["run_dir"])
   print(f"\nwrote {os.path.join(results['run_dir'], 'results.json')}, "
         + ", ".join(paths))
@@ -53,11 +69,11 @@ def main(argv: list[str] | None = None) -> int:
   sub = parser.add_subparsers(dest="command", required=True)
   p_run = sub.add_parser("run", help="run an experiment config")
   p_run.add_argument("--config", required=True, help="experiments/<file>.py")
-  p_run.add_argument("--resume", help="continue an interrupted run directory")
   p_demo = sub.add_parser("demo", help="hFedF vs FedAvg on Rotated Fashion-MNIST")
   p_demo.add_argument("--full", action="store_true",
                       help=f"the paper-scale protocol ({FULL})")
   for p in (p_run, p_demo):
+    p.add_argument("--resume", help="continue an interrupted run directory")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. --set train.rounds=50")
   p_prep = sub.add_parser(
@@ -72,7 +88,16 @@ def main(argv: list[str] | None = None) -> int:
                       help="with `prepare folder`: the new dataset's name")
   sub.add_parser("datasets", help="list the datasets (built-in and prepared "
                  "folders) and whether each is prepared")
-  sub.add_parser("algorithms", help="list the algorithms and their settings")
+  p_algs = sub.add_parser(
+      "algorithms", help="list the algorithms and their settings; with "
+      "--config, the MiB of one checkpoint of each on that config's model and "
+      "federation (a markdown table)")
+  p_algs.add_argument("--config", action="append", default=[],
+                      help="experiments/<file>.py (repeat: a column each)")
+  p_algs.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                      help="override a field of every --config, as for run")
+  p_algs.add_argument("--all", action="store_true", help="with --config: every "
+                      "registered algorithm, not only the configs' own")
   p_part = sub.add_parser(
       "partition", help="the federation a run would build (no training): "
       "per-client counts by domain or class, as a table and a plot")
@@ -106,17 +131,25 @@ def main(argv: list[str] | None = None) -> int:
   p_sweep.add_argument("--dry-run", action="store_true",
                        help="validate and list the cells, compute nothing")
   p_report = sub.add_parser(
-      "report", help="paper-shaped tables (markdown + CSV) of a sweep directory")
-  p_report.add_argument("sweep_dir")
-  p_report.add_argument("--out", help="output folder (default: SWEEP_DIR/report)")
+      "report", help="paper-shaped tables (markdown + CSV) of a sweep or run "
+      "directory; of several: one comparison table, a column group per directory")
+  p_report.add_argument("dirs", nargs="+", metavar="DIR",
+                        help="a sweep or run directory; several: compared "
+                        "(one dataset, the same held-out targets)")
+  p_report.add_argument("--out", help="output folder (default: DIR/report; "
+                        "several DIRs: a new compare-<time> beside the first)")
   p_report.add_argument("--d", type=int, action="append", default=None,
-                        help="d of the per-domain tables (default: every d)")
+                        help="d of the per-domain tables (default: every d; "
+                        "one DIR only)")
+  for p in (p_run, p_demo, p_sweep):
+    distributed.add_flags(p)
   args = parser.parse_args(argv)
   try:
     if args.command == "prepare":
       import tensorflow_datasets as tfds
       from fedjax_dg.data import sources
       tfds.disable_progress_bar()
+      print(sources.data_dir_line())
       print(sources.prepare(args.name, manual_dir=args.manual_dir,
                             dataset_name=args.dataset_name))
       return 0
@@ -131,28 +164,54 @@ def main(argv: list[str] | None = None) -> int:
       from fedjax_dg import doctor
       return doctor.main()
     if args.command == "algorithms":
-      from fedjax_dg import algorithms
-      print(algorithms.describe())
+      from fedjax_dg import algorithms, experiment
+      if not args.config:
+        print(algorithms.describe())
+        return 0
+      cfgs = [_config(path, args.set) for path in args.config]
+      print(experiment.checkpoint_table(
+          cfgs, algorithms.available() if args.all else None))
       return 0
     if args.command == "demo":
-      return _run(None, args.set, None, module=FULL if args.full else DEMO)
+      return _run(None, args.set, args.resume,
+                  module=FULL if args.full else DEMO,
+                  processes=distributed.from_args(args))
     if args.command in ("sweep", "report"):
       from fedjax_dg import sweep
       if args.command == "report":
         return sweep.main_report(args)
-      setup_jax()
+      setup_jax(distributed.from_args(args))
       return sweep.main_sweep(args)
-    return _run(args.config, args.set, args.resume)
+    return _run(args.config, args.set, args.resume,
+                processes=distributed.from_args(args))
   except ConfigError as e:  # a setting or input to fix; anything else is a bug
     print(f"fedjax-dg: error: {e}", file=sys.stderr)
     return 2
-  except KeyboardInterrupt:
-    where = getattr(args, "resume", None)
-    print("\nfedjax-dg: stopped. Finished runs are in results.json and every "
-          "unfinished one has its last checkpoint: continue with the same command "
-          + ("(it resumes)" if where else "and --resume RUN_DIR (the directory "
-             "printed at the start)") + ".", file=sys.stderr)
+  except KeyboardInterrupt as e:
+    run_dir = getattr(e, "run_dir", None)  # errors.Stopped
+    if run_dir is None:
+      print("\nfedjax-dg: stopped before a run directory was made: nothing to "
+            "continue; run the same command again.", file=sys.stderr)
+    else:
+      print(f"\nfedjax-dg: stopped. Finished runs are in {run_dir} and every "
+            "unfinished one has its last checkpoint; continue with:\n  "
+            + resume_command(args, run_dir), file=sys.stderr)
     return 130
+
+
+def resume_command(args, run_dir: str) -> str:
+  """The command line (shell-quoted) that continues `run_dir` with the same
+  config and --set values as the parsed `args` of run / demo / sweep."""
+  if args.command == "sweep":  # its settings are in the sweep's manifest
+    return shlex.join(["fedjax-dg", "sweep", "--resume", run_dir])
+  words = ["fedjax-dg", args.command]
+  if args.command == "run":
+    words += ["--config", args.config]
+  if getattr(args, "full", False):
+    words.append("--full")
+  for item in args.set:
+    words += ["--set", item]
+  return shlex.join(words + ["--resume", run_dir])
 
 
 if __name__ == "__main__":

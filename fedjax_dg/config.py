@@ -29,6 +29,33 @@ from fedjax_dg.errors import ConfigError
 ConfigDict = ml_collections.ConfigDict
 
 
+class Config(ConfigDict):
+  """A ConfigDict that remembers which of its fields were set once it was
+  locked (`explicit`): `base_config` locks its sections when built, so every
+  value an experiment file, the Python API or `--set` gives is recorded, even
+  one equal to the default. Copies (`copy_and_resolve_references`, deepcopy,
+  pickle) keep the record."""
+
+  def __setitem__(self, key, value):
+    super().__setitem__(key, value)
+    if self.is_locked:
+      self.__dict__.setdefault("_explicit", set()).add(key)
+
+  def copy_and_resolve_references(self, visit_map=None):
+    out = super().copy_and_resolve_references(visit_map)
+    out.__dict__["_explicit"] = set(explicit(self))
+    return out
+
+  def __setstate__(self, state):
+    super().__setstate__(state)
+    self.__dict__["_explicit"] = set(state.get("_explicit", ()))
+
+
+def explicit(node: ConfigDict) -> frozenset:
+  """The keys of `node` set after `base_config` built it (`Config`); none for
+  a plain ConfigDict."""
+  return frozenset(node.__dict__.get("_explicit", ()))
+
 
 
 def train_defaults() -> dict:
@@ -44,12 +71,14 @@ def algorithm_section(section: str) -> ConfigDict:
   """Algorithm `section`'s hyperparameters (its `build` defaults) and `client`
   overrides of the run's client optimizer (None: the run's value)."""
   from fedjax_dg import algorithms
-  return ConfigDict(dict(algorithms.hyperparameters(section),
-                         client=ConfigDict(algorithms.client_defaults(section))))
+  return Config(dict(algorithms.hyperparameters(section),
+                     client=Config(algorithms.client_defaults(section))))
 
 
 def base_config() -> ConfigDict:
-  c = ConfigDict()
+  """Every field with its default, locked: from here on, what is set is
+  recorded as given (`Config`, `explicit`)."""
+  c = Config()
   c.name = "experiment"
   c.seed = 0
   c.algorithms = ("hfedf", "fedavg")
@@ -58,10 +87,10 @@ def base_config() -> ConfigDict:
   # none): sets data.num_clients, train.cohort_size and data.alpha (only those;
   # presets.resolve_scenario), so a sweep can grid over it: --grid
   # scenario=standard,advanced,extreme. Giving one of the three fields another
-  # value as well is an error.
+  # value as well is an error, even the default's (`explicit`).
   c.scenario = ""
 
-  c.data = ConfigDict(dict(
+  c.data = Config(dict(
       name="rotated_fashion_mnist",
       image_size=32,
       max_per_domain=0,        # 0: every example; else a seeded subset per domain
@@ -81,21 +110,29 @@ def base_config() -> ConfigDict:
       server_fraction=0.0,
       normalization="dataset",  # input stats: "dataset" (all images) | "train"
                                # | "imagenet" (pretrained weights; RGB)
-      data_dir="",             # TFDS data dir ("" = $FEDJAX_DG_DATA_DIR or ~/.cache)
+      # "auto" | "on" | "off": "on" leaves the images in their prepared
+      # array_record files and reads each chunk's cohorts from them (a
+      # dataset larger than host memory; the "host" placement); "auto": "on"
+      # when the images would take more than sources.AUTO_STREAM_SHARE of the
+      # host's memory (docs/scale.md)
+      streaming="auto",
+      data_dir="",             # prepared data ("": sources.data_dir_default())
       manual_dir="",           # folder with manually downloaded data
   ))
-  c.model = ConfigDict(dict(
+  c.model = Config(dict(
       name="inception_cnn",
       conv_impl="auto",
       weights="",              # pretrained file (.pth / .safetensors; ViTs also .npz)
       skip_head=False,         # with weights: the last Linear starts fresh (other classes)
       # ViT sizes (vit_b16 / vit_tiny only; 0: the released size's own).
-      vit=ConfigDict(dict(patch=0, dim=0, depth=0, heads=0, mlp_dim=0)),
+      vit=Config(dict(patch=0, dim=0, depth=0, heads=0, mlp_dim=0)),
   ))
-  c.train = ConfigDict(train_defaults())
+  c.train = Config(train_defaults())
   # The clients' optimizer; an algorithm section's `client` overrides fields.
-  c.client = ConfigDict(dict(optimizer="adam", lr=1e-3, weight_decay=1e-4,
-                             momentum=0.0))
+  # schedule: "constant" or "cosine" (over the run's local epochs, the
+  # optimizer state still fresh every round: `optim.cosine_over_run`).
+  c.client = Config(dict(optimizer="adam", lr=1e-3, weight_decay=1e-4,
+                         momentum=0.0, schedule="constant"))
   from fedjax_dg import algorithms
   for section in algorithms.modules():
     c[section] = algorithm_section(section)

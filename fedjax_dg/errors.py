@@ -19,6 +19,15 @@ class NonFiniteError(ConfigError):
   the quantity, and the settings that usually cause it."""
 
 
+class Stopped(KeyboardInterrupt):
+  """Ctrl-C once a run (or sweep) directory exists: `run_dir`, what
+  `--resume` continues (its finished runs and last checkpoints are kept)."""
+
+  def __init__(self, run_dir: str):
+    super().__init__(run_dir)
+    self.run_dir = run_dir
+
+
 class NeedsDataError(ConfigError):
   """An algorithm derives something from the run's data and was built without
   it. Raised after its settings are checked, so validation before any data is

@@ -18,10 +18,10 @@ import time
 
 import numpy as np
 
-from fedjax_dg import algorithms, engine, metrics_log
+from fedjax_dg import algorithms, distributed, engine, metrics_log
 from fedjax_dg import config as config_lib
 from fedjax_dg.config import ConfigDict
-from fedjax_dg.errors import ConfigError, NeedsDataError
+from fedjax_dg.errors import ConfigError, NeedsDataError, Stopped
 
 
 def make_run_dir(root: str, name: str) -> str:
@@ -100,14 +100,21 @@ def validate(cfg: ConfigDict) -> None:
     raise ConfigError(f"data.num_clients={cfg.data.num_clients}: allowed values "
                      "are 0 (one client per source domain) or a positive count")
   engine_config(cfg).validate(cfg.data.num_clients or None)
-  check_algorithms(cfg)
+  if cfg.data.streaming not in sources.STREAMING:
+    raise ConfigError(f"data.streaming={cfg.data.streaming!r}: allowed "
+                      f"{sources.STREAMING} (auto: stream when the images would "
+                      f"take more than {sources.AUTO_STREAM_SHARE:.0%} of the "
+                      "host's memory)")
+  probes = check_algorithms(cfg)
+  if cfg.data.streaming == "on":
+    check_streaming(cfg, probes)
 
 
-def check_algorithms(cfg: ConfigDict) -> None:
+def check_algorithms(cfg: ConfigDict) -> dict:
   """Every algorithm's settings (its section, its clients' optimizer) checked
   before any data is read: each is built once on a tiny stand-in model (those
   that derive something from the data stop at it with NeedsDataError, their
-  settings checked)."""
+  settings checked). Returns {name: the stand-in Algorithm, or None}."""
   from fedjax_dg import models
   probe = models.get_model("mlp", input_shape=(4, 4, 1), num_classes=2,
                            hidden=2)
@@ -115,14 +122,47 @@ def check_algorithms(cfg: ConfigDict) -> None:
                                num_classes=2, patch=2, dim=8, depth=1,
                                heads=1, mlp_dim=8)
   n = cfg.data.num_clients or 4
+  built = {}
   for name in cfg.algorithms:
     algorithms.client_optimizer(cfg, name)
     runs_on = getattr(algorithms.spec(name).module, "MODELS", ())
     on_vit = "vit_tiny" in runs_on or cfg.model.name.startswith("vit_")
     try:
-      algorithms.build(name, vit_probe if on_vit else probe, n, cfg)
+      built[name] = algorithms.build(name, vit_probe if on_vit else probe, n,
+                                     cfg)
     except NeedsDataError:
-      pass
+      built[name] = None
+  return built
+
+
+def check_streaming(cfg: ConfigDict, probes: dict | None = None) -> None:
+  """A streamed run (data.streaming: examples read per chunk of rounds,
+  never all at once) needs the "host" placement and algorithms that neither
+  read every client's examples when built nor pool them (Central): else a
+  ConfigError naming each. `probes`: `check_algorithms`' stand-ins."""
+  from fedjax_dg.data import sources
+  probes = check_algorithms(cfg) if probes is None else probes
+  why = []
+  if cfg.train.placement == "device":
+    why.append("train.placement='device' holds every client's examples on "
+               "the device (use 'host' or 'auto')")
+  readers = [a for a in cfg.algorithms if algorithms.reads_client_data(a, cfg)]
+  if readers:
+    why.append(f"{', '.join(readers)} read(s) every client's examples when "
+               "built (style pools, amplitude bank or autoencoder embeddings; "
+               "leave them out)")
+  pooled = [a for a, alg in probes.items() if alg is not None and alg.pooled]
+  if pooled:
+    why.append(f"{', '.join(pooled)} train(s) one client holding every "
+               "example (leave it out)")
+  if why:
+    raise ConfigError(
+        f"the data are streamed (data.streaming={cfg.data.streaming!r}"
+        + (": the images would take more than "
+           f"{sources.AUTO_STREAM_SHARE:.0%} of the host's memory"
+           if cfg.data.streaming == "auto" else "") + "), but "
+        + "; ".join(why) + ". Or load the data in memory "
+        "(data.streaming='off') if they fit")
 
 
 def target_domains(cfg: ConfigDict, domain_names) -> list:
@@ -144,11 +184,18 @@ def target_domains(cfg: ConfigDict, domain_names) -> list:
 
 
 def load_dataset(cfg: ConfigDict):
+  """The dataset of `cfg.data`, in memory or streamed (`data.streaming`;
+  streamed: `check_streaming`)."""
   from fedjax_dg.data import sources
   d = cfg.data
-  return sources.load(d.name, image_size=d.image_size or None,
-                      data_dir=d.data_dir or None, manual_dir=d.manual_dir or None,
-                      max_per_domain=d.max_per_domain or None, seed=cfg.seed)
+  dataset = sources.load(d.name, image_size=d.image_size or None,
+                         data_dir=d.data_dir or None,
+                         manual_dir=d.manual_dir or None,
+                         max_per_domain=d.max_per_domain or None, seed=cfg.seed,
+                         streaming=d.streaming)
+  if dataset.streamed:
+    check_streaming(cfg)
+  return dataset
 
 
 def federate(cfg: ConfigDict, dataset, target):
@@ -194,14 +241,13 @@ def normalization(cfg: ConfigDict, dataset, fed) -> tuple[tuple, tuple]:
   if cfg.data.normalization == "train":
     return fed.mean, fed.std
   if cfg.data.normalization == "imagenet":
-    ch = fed.train.x.shape[-1]
+    ch = fed.image_shape[-1]
     if ch != 3:
       raise ConfigError(
           f"data.normalization='imagenet' needs RGB images, but data.name="
           f"{cfg.data.name!r} has {ch} channel(s): use 'dataset' or 'train'")
     return IMAGENET_MEAN, IMAGENET_STD
-  from fedjax_dg.data.federated import channel_stats
-  return channel_stats(dataset.images[None], np.array([len(dataset.images)]))
+  return dataset.channel_stats()
 
 
 def model_fields(cfg: ConfigDict) -> dict:
@@ -221,7 +267,7 @@ def model_fields(cfg: ConfigDict) -> dict:
 
 def make_model(cfg: ConfigDict, fed, mean, std):
   from fedjax_dg import models
-  return models.get_model(cfg.model.name, input_shape=fed.train.x.shape[2:],
+  return models.get_model(cfg.model.name, input_shape=fed.image_shape,
                           num_classes=fed.num_classes, mean=mean, std=std,
                           conv_impl=cfg.model.conv_impl,
                           weights=cfg.model.weights,
@@ -254,19 +300,88 @@ def check_resume(cfg: ConfigDict, run_dir: str, data: dict) -> None:
           "new run")
 
 
-def check_disk(name: str, alg, run_dir: str, echo) -> None:
+def check_disk(name: str, alg, run_dir: str, echo, *, keep: int = 1,
+               runs: int = 1) -> None:
   """Says how much disk the algorithm's checkpoints take, and refuses to start
-  when the run directory's disk has less than two of them free (the latest is
-  kept while the next one is written; finished runs' are deleted)."""
+  when the run directory's disk has less free than their peak: `keep` per run
+  (`train.checkpoints_to_keep`) and the one being written
+  (`engine.checkpoints_held`); `runs` > 1 when finished runs keep theirs
+  (`train.keep_checkpoints=True`: this algorithm's runs still to do)."""
   size = engine.checkpoint_bytes(alg)
+  count = keep * (runs - 1) + engine.checkpoints_held(keep)
+  need = count * size
   free = shutil.disk_usage(run_dir).free
-  echo(f"{name}: checkpoints of {size / 2**20:.1f} MiB (at most 2 at a time: "
-       f"{2 * size / 2**20:.1f} MiB); {free / 2**30:.1f} GiB free")
-  if free < 2 * size + 2**26:
+  echo(f"{name}: checkpoints of {size / 2**20:.1f} MiB (at most {count} at a "
+       f"time: {need / 2**20:.1f} MiB); {free / 2**30:.1f} GiB free")
+  if free < need + 2**26:
     raise ConfigError(
-        f"{name}: its checkpoints need {2 * size / 2**20:.0f} MiB but only "
-        f"{free / 2**20:.0f} MiB are free at {run_dir}: free space or set "
-        "output_dir to another disk (--set output_dir=...)")
+        f"{name}: its checkpoints need {need / 2**20:.0f} MiB ({count} of "
+        f"{size / 2**20:.1f} MiB) but only {free / 2**20:.0f} MiB are free at "
+        f"{run_dir}: free space, keep fewer (--set train.checkpoints_to_keep="
+        "1) or set output_dir to another disk (--set output_dir=...)")
+
+
+# The server's share for checkpoint_sizes of an algorithm that trains on it
+# when the config gives it none (FedLAW's reference proxy share).
+SIZE_SERVER_FRACTION = 0.02
+
+
+def checkpoint_sizes(cfg: ConfigDict, names=None) -> tuple[str, dict]:
+  """(a description of the setting, {name: bytes of one checkpoint}) of the
+  algorithms `names` (default `cfg.algorithms`) on `cfg`'s model and
+  federation of its first target domain; in place of the bytes, a string
+  says why one cannot run there. An algorithm training on the server's split
+  gets `SIZE_SERVER_FRACTION` of it where the config gives none (its
+  checkpoint does not hold that split)."""
+  cfg = resolve(cfg)
+  validate(cfg)
+  dataset = load_dataset(cfg)
+  target = target_domains(cfg, dataset.domain_names)[0]
+  fed = federate(cfg, dataset, target)
+  model = make_model(cfg, fed, *normalization(cfg, dataset, fed))
+  with_server = None
+  sizes = {}
+  for name in names or cfg.algorithms:
+    runs_on = getattr(algorithms.spec(name).module, "MODELS", None)
+    if runs_on and cfg.model.name not in runs_on:
+      sizes[name] = f"runs on {' / '.join(runs_on)}"
+      continue
+    data = fed
+    if algorithms.needs_server_data(name) and not fed.server_size:
+      if with_server is None:
+        other = cfg.copy_and_resolve_references()
+        other.data.server_fraction = SIZE_SERVER_FRACTION
+        with_server = federate(other, dataset, target)
+      data = with_server
+    alg = algorithms.build(name, model, data.num_clients, cfg, data=data)
+    sizes[name] = engine.checkpoint_bytes(alg)
+  shape = "x".join(str(v) for v in fed.image_shape)
+  return (f"{cfg.name}: {cfg.model.name} {shape}, {fed.num_clients} clients, "
+          f"{fed.num_classes} classes", sizes)
+
+
+def mib(size) -> str:
+  """A checkpoint_sizes entry as printed: MiB to 3 significant digits (whole
+  MiB from 100 on), or the reason it has none."""
+  if not isinstance(size, int):
+    return str(size)
+  value = size / 2**20
+  return f"{value:.0f}" if value >= 100 else f"{value:.3g}"
+
+
+def checkpoint_table(cfgs, names=None) -> str:
+  """Markdown: MiB of one checkpoint of each algorithm (`names`, default the
+  configs' own) on each config's model and federation (`checkpoint_sizes`),
+  one column per config (`fedjax-dg algorithms --config ...`)."""
+  names = list(names or dict.fromkeys(n for c in cfgs for n in c.algorithms))
+  columns = [checkpoint_sizes(c, names) for c in cfgs]
+  lines = ["| MiB per checkpoint | " + " | ".join(h for h, _ in columns) + " |",
+           "|---|" + "---:|" * len(columns)]
+  for name in names:
+    cells = [mib(sizes[name]) for _, sizes in columns]
+    lines.append(f"| {name} ({algorithms.spec(name).display_name}) | "
+                 + " | ".join(cells) + " |")
+  return "\n".join(lines)
 
 
 def run(cfg: ConfigDict, run_dir: str | None = None, *, resume: bool = False,
@@ -295,12 +410,19 @@ def run(cfg: ConfigDict, run_dir: str | None = None, *, resume: bool = False,
       resume or os.path.exists(os.path.join(run_dir, "config.json")))
   if resume:
     check_resume(cfg, run_dir, data)
-  run_dir = run_dir or make_run_dir(cfg.output_dir, cfg.name)
-  os.makedirs(run_dir, exist_ok=True)
-  with open(os.path.join(run_dir, "config.json"), "w") as f:
-    f.write(cfg.to_json(indent=2))
-  with open(os.path.join(run_dir, "data.json"), "w") as f:
-    json.dump(data, f)
+  # Several processes: process 0 names a new directory and alone writes the run
+  # directory (checkpoints: every process, through orbax); every process has
+  # read the directory before process 0 writes (the broadcast waits for all).
+  main = distributed.is_main()
+  echo = distributed.main_only(echo)
+  run_dir = distributed.same_everywhere(
+      run_dir or (make_run_dir(cfg.output_dir, cfg.name) if main else ""))
+  if main:
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, "config.json"), "w") as f:
+      f.write(cfg.to_json(indent=2))
+    with open(os.path.join(run_dir, "data.json"), "w") as f:
+      json.dump(data, f)
   results = dict(name=cfg.name, run_dir=run_dir, dataset=dataset.name,
                  domains=list(dataset.domain_names), targets=[str(t) for t in targets],
                  algorithms=list(cfg.algorithms), runs=[])
@@ -309,12 +431,14 @@ def run(cfg: ConfigDict, run_dir: str | None = None, *, resume: bool = False,
       results["runs"] = json.load(f)["runs"]
   done = {(r["algorithm"], r["target"]) for r in results["runs"]}
   echo(f"run directory: {run_dir}" + (" (resuming)" if resume else ""))
-  log = metrics_log.RunLog(run_dir)
+  log = metrics_log.RunLog(run_dir) if main else metrics_log.NoLog()
   try:
     for r in results["runs"]:  # kept from results.json: their lines as well
       log.sync(r["algorithm"], r["target"], r["history"])
     _run_all(cfg, dataset, targets, feds, ecfg, run_dir, results, done, log,
              echo)
+  except KeyboardInterrupt as e:  # says which directory --resume continues
+    raise Stopped(run_dir) from e
   finally:  # a stopped run keeps its metrics up to its last evaluation
     log.close()
   return results
@@ -328,7 +452,7 @@ def _run_all(cfg, dataset, targets, feds, ecfg, run_dir, results, done, log,
   # One model and one Algorithm object per client count: runs with equal shapes
   # (other target domains, seeds) reuse the same traced and compiled programs.
   model, built = None, {}
-  for target, fed in zip(targets, feds):
+  for i, (target, fed) in enumerate(zip(targets, feds)):
     if model is None:
       model = make_model(cfg, fed, *normalization(cfg, dataset, fed))
     elif cfg.data.normalization == "train":
@@ -336,7 +460,7 @@ def _run_all(cfg, dataset, targets, feds, ecfg, run_dir, results, done, log,
     holding = [list(c) for c in fed.client_domains]
     echo(f"target {target}: {fed.num_clients} clients holding "
          f"{holding if len(holding) <= 12 else str(holding[:12])[:-1] + ', ...]'}, "
-         f"{int(np.sum(np.asarray(fed.train.n)))} training examples, "
+         f"{int(np.sum(fed.packed_train.n))} training examples, "
          f"server split {fed.server_size} examples")
     for name in cfg.algorithms:
       if (name, str(target)) in done:
@@ -346,26 +470,38 @@ def _run_all(cfg, dataset, targets, feds, ecfg, run_dir, results, done, log,
              id(fed) if algorithms.uses_data(name, cfg) else None)
       if key not in built:
         built[key] = algorithms.build(name, model, fed.num_clients, cfg, data=fed)
-        check_disk(name, built[key], run_dir, echo)
+        # Finished runs keep their checkpoints (keep_checkpoints): every run
+        # of this algorithm still to do adds its own.
+        later = [t for t in targets[i:] if (name, str(t)) not in done]
+        check_disk(name, built[key], run_dir, echo,
+                   keep=ecfg.checkpoints_to_keep,
+                   runs=len(later) if cfg.train.keep_checkpoints else 1)
       alg = built[key]
       ckpt = os.path.join(run_dir, "checkpoints", f"{name}--{target}")
       res = engine.run(alg, fed, model, ecfg, checkpoint_dir=ckpt,
                        on_eval=log.callback(name, target))
       log.sync(name, target, res.history)
-      if not cfg.train.keep_checkpoints:
+      distributed.barrier("fedjax_dg: checkpoints closed")
+      main = distributed.is_main()
+      if main and not cfg.train.keep_checkpoints:
         shutil.rmtree(ckpt, ignore_errors=True)
-      if res.features is not None:
+      if main and res.features is not None:
         save_features(run_dir, name, target, res.features)
+      warnings = algorithms.spec(name).diagnose(res.round_metrics)
+      for w in warnings:
+        echo(f"WARNING ({target}): {w}")
       results["runs"].append(dict(
           algorithm=name, target=str(target), seconds=res.seconds,
+          warnings=warnings,
           server_examples=fed.server_size,
           final=res.final, history=res.history,
           round_metrics={k: v for k, v in res.round_metrics.items()
                          if k != "cohort"}))
-      _write(run_dir, results)
+      if main:
+        _write(run_dir, results)
   results["seconds"] = time.perf_counter() - t0
-  _write(run_dir, results)
-
+  if distributed.is_main():
+    _write(run_dir, results)
 
 def features_path(run_dir: str, name: str, target) -> str:
   return os.path.join(run_dir, "features", f"{name}--{target}.npz")

@@ -152,3 +152,16 @@ class RunLog:
     for w in self._writers.values():
       w.close()
     self._writers = {}
+
+
+class NoLog:
+  """RunLog's calls, writing nothing: the log of processes other than 0."""
+
+  def callback(self, algorithm: str, target) -> None:
+    return None
+
+  def sync(self, algorithm: str, target, history: list[dict]) -> None:
+    pass
+
+  def close(self) -> None:
+    pass

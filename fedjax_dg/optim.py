@@ -9,6 +9,8 @@ from fedjax_dg.client.update import RunProgress
 from fedjax_dg.errors import ConfigError
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
+# The clients' learning-rate schedules (`client.schedule`).
+SCHEDULES = ("constant", "cosine")
 
 
 def make_optimizer(name: str, lr: float, weight_decay: float = 0.0,
@@ -54,3 +56,13 @@ def cosine_over_run(base: optax.GradientTransformation) -> RunProgress:
     return optax.tree.scale(0.5 * (1.0 + jnp.cos(jnp.pi * progress)), out), state
 
   return RunProgress(base.init, update)
+
+
+def with_schedule(base: optax.GradientTransformation,
+                  schedule: str) -> optax.GradientTransformation:
+  """`base` under the run's learning-rate `schedule`: "constant" (as is) or
+  "cosine" (`cosine_over_run`)."""
+  if schedule not in SCHEDULES:
+    raise ConfigError(f"schedule={schedule!r} is not supported; allowed: "
+                      f"{SCHEDULES}")
+  return cosine_over_run(base) if schedule == "cosine" else base

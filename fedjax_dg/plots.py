@@ -15,11 +15,33 @@ from fedjax_dg import tables
 from fedjax_dg.data.sources import eval_label
 
 
-def _plt():
+def pyplot():
+  """matplotlib.pyplot for figures drawn into files: the Agg backend (no
+  window), except inside a Jupyter / Colab kernel, whose inline backend stays
+  so that the notebook's own figures still show (ours are closed once saved)."""
+  import sys
   import matplotlib
-  matplotlib.use("Agg")
+  if "ipykernel" not in sys.modules:
+    matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   return plt
+
+
+def show(*paths: str | None, width: float = 11.0) -> None:
+  """Draws saved PNG files in a notebook (the figures `report.write_all` or
+  `federation_view.plot` wrote), one figure each, `width` inches wide; None
+  (a figure that had nothing to draw) is skipped."""
+  plt = pyplot()
+  for path in paths:
+    if path is None:
+      continue
+    image = plt.imread(path)
+    fig, ax = plt.subplots(figsize=(width, width * image.shape[0] / image.shape[1]))
+    ax.imshow(image)
+    ax.set_axis_off()
+    fig.subplots_adjust(0, 0, 1, 1)
+    plt.show()
+    plt.close(fig)
 
 
 def _runs(results: dict, algorithm: str | None = None) -> list[dict]:
@@ -34,7 +56,7 @@ def _note(ax, text: str) -> None:
 
 def learning_curves(results: dict, path: str) -> str | None:
   """id / ood accuracy and training loss per eval (mean over targets; thin: each)."""
-  plt = _plt()
+  plt = pyplot()
   lab = eval_label(results.get("targets", ()))
   metrics = [("id_acc", "id accuracy"), ("ood_acc", f"{lab} accuracy"),
              ("train_loss", "training loss")]
@@ -78,7 +100,7 @@ def gradalign_weights(results: dict, path: str,
           if r.get("round_metrics", {}).get("gradalign_theta")]
   if not runs:
     return None
-  plt = _plt()
+  plt = pyplot()
   fig, axes = plt.subplots(1, 2, figsize=(13, 4), constrained_layout=True,
                            gridspec_kw=dict(width_ratios=[3, 2]))
   for r in runs:
@@ -110,7 +132,7 @@ def weight_divergence(results: dict, path: str) -> str | None:
       per_alg.setdefault(r["algorithm"], []).append(div)
   if not per_alg:
     return None
-  plt = _plt()
+  plt = pyplot()
   layers = list(next(iter(per_alg.values()))[0])
   fig, ax = plt.subplots(figsize=(max(8, 0.6 * len(layers)), 4),
                          constrained_layout=True)
@@ -134,7 +156,7 @@ def embeddings(results: dict, path: str, algorithm: str = "hfedf") -> str | None
           if r["final"].get("extras", {}).get("embeddings")]
   if not runs:
     return None
-  plt = _plt()
+  plt = pyplot()
   fig, axes = plt.subplots(1, len(runs), figsize=(3.2 * len(runs), 3),
                            constrained_layout=True, squeeze=False)
   for ax, r in zip(axes[0], runs):
@@ -164,7 +186,7 @@ def confidence(results: dict, path: str) -> str | None:
           if any(r["final"].get("calibration") for r in _runs(results, a))]
   if not algs:
     return None
-  plt = _plt()
+  plt = pyplot()
   fig, axes = plt.subplots(2, 2, figsize=(11, 7), constrained_layout=True)
   for alg in algs:
     for col, split in enumerate(("id", "ood")):
@@ -208,7 +230,7 @@ def tsne(results: dict, path: str, max_points: int = 1000) -> str | None:
   if not found:
     return None
   from sklearn.manifold import TSNE
-  plt = _plt()
+  plt = pyplot()
   fig, axes = plt.subplots(1, len(found), figsize=(3.6 * len(found), 3.4),
                            constrained_layout=True, squeeze=False)
   for ax, (alg, f) in zip(axes[0], found.items()):
@@ -235,7 +257,7 @@ def sweep_curves(records: list[dict], path: str) -> str:
   """A sweep's curves (`fedjax-dg report`): id / ood accuracy vs round, mean
   over targets and seeds, per (variant, d); with HyperGenFL scenarios one row
   of panels per scenario. `records` are `tables` records."""
-  plt = _plt()
+  plt = pyplot()
   scenarios = sorted({r.get("scenario") for r in records}, key=lambda s: (
       s is not None, tables.SCENARIO_ORDER.index(s)
       if s in tables.SCENARIO_ORDER else len(tables.SCENARIO_ORDER), s or ""))
@@ -285,7 +307,7 @@ def domain_examples(dataset, path: str, per_domain: int = 10,
   """A grid of examples of a `DomainDataset`: one row per domain, one column
   per class (the first `per_domain` classes; a class repeats when there are
   fewer), `scale` inches per image."""
-  plt = _plt()
+  plt = pyplot()
   idx = example_indices(dataset.labels, dataset.domains, dataset.num_domains,
                         dataset.num_classes, per_domain, seed)
   rows, cols = idx.shape

@@ -230,10 +230,14 @@ SCENARIO_FIELDS = {"data.num_clients": ("num_clients", 0),
 def resolve_scenario(cfg: ConfigDict) -> list[str]:
   """Applies `cfg.scenario` (in place): Table 1's clients, cohort and beta.
 
-  A field that already holds a value other than its default and the scenario's
-  is a conflict (`--set scenario=extreme --set data.alpha=0.3`): an error
-  naming both, never a silent choice. Idempotent. Returns the applied values.
+  A field given a value other than the scenario's is a conflict, never a
+  silent choice: an error naming both. Given means set in the experiment
+  file, by `--set` / `--grid` or from Python (`config.explicit`, so a value
+  equal to the base default counts: `scenario=extreme` with `data.alpha=0.5`),
+  or holding a value other than the default (a config not built on
+  `base_config`). Idempotent. Returns the applied values.
   """
+  from fedjax_dg import config as config_lib
   name = cfg.get("scenario", "")
   if not name:
     return []
@@ -245,36 +249,13 @@ def resolve_scenario(cfg: ConfigDict) -> list[str]:
   for path, (field, default) in SCENARIO_FIELDS.items():
     section, leaf = path.split(".")
     want, have = SCENARIOS[key][field], cfg[section][leaf]
-    if have != default and have != want:
+    given = leaf in config_lib.explicit(cfg[section]) or have != default
+    if given and have != want:
       raise ConfigError(f"scenario={name!r} sets {path}={want!r}, but {path}="
                        f"{have!r} was given too: drop one of the two")
     cfg[section][leaf] = type(default)(want)
     applied.append(f"{path}={want!r}")
   return applied
-
-
-def check_explicit(cfg: ConfigDict, overrides: list[str]) -> None:
-  """Refuses a `key=value` the user gave that `cfg.scenario` would replace.
-
-  `resolve_scenario` can only see values other than the default; a value
-  given explicitly that equals the default (`--set scenario=extreme --set
-  data.alpha=0.5`) would silently become the scenario's. The command line and
-  sweeps pass their overrides here."""
-  if not cfg.get("scenario", ""):
-    return
-  key = SCENARIO_ALIASES.get(cfg.scenario.lower(), cfg.scenario.lower())
-  if key not in SCENARIOS:
-    return  # resolve_scenario names the unknown scenario
-  for item in overrides or ():
-    path = item.split("=", 1)[0].strip()
-    if path in SCENARIO_FIELDS:
-      field, default = SCENARIO_FIELDS[path]
-      want = SCENARIOS[key][field]
-      section, leaf = path.split(".")
-      if cfg[section][leaf] != type(default)(want):
-        raise ConfigError(
-            f"scenario={cfg.scenario!r} sets {path}={want!r}, but {item!r} was "
-            "given too: drop one of the two")
 
 
 def apply_scenario(cfg: ConfigDict, scenario: str, *, dataset: str | None = None,
@@ -317,4 +298,4 @@ def apply_scenario(cfg: ConfigDict, scenario: str, *, dataset: str | None = None
 __all__ = ["ALIASES", "HYPERGENFL_BASELINES", "HYPERGENFL_COMMON",
            "HYPERGENFL_DATASETS", "SAME_AS", "SCENARIOS", "SCENARIO_FIELDS",
            "TABLE10", "apply", "apply_scenario", "available",
-           "resolve_scenario", "scenario_values", "values", "check_explicit"]
+           "resolve_scenario", "scenario_values", "values"]

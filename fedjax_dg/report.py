@@ -90,6 +90,13 @@ def text_table(results: dict) -> str:
   return "\n".join([fmt(header), rule] + [fmt(r) for r in rows])
 
 
+def warnings_text(results: dict) -> str:
+  """The runs' warnings (`algorithms.Spec.diagnose`), one line each with its
+  target; empty when there are none."""
+  return "\n".join(f"WARNING ({r['target']}): {w}" for r in results["runs"]
+                   for w in r.get("warnings", []))
+
+
 def calibration_table(results: dict) -> str:
   """Markdown: ECE of id and ood predictions per algorithm (mean over targets)."""
   lines = []
@@ -122,6 +129,9 @@ def write_all(results: dict, run_dir: str) -> list[str]:
             f"HyperGenFL paper's reported number; optimistic: it picks the round "
             f"on the evaluation data).\n\n")
     f.write(markdown_table(results) + "\n")
+    if warnings_text(results):
+      f.write("\n" + "\n\n".join(f"**{w}**" for w in
+                                   warnings_text(results).splitlines()) + "\n")
     lines = best_rounds(results)
     if lines:
       f.write("\n" + "\n".join(f"- {line}" for line in lines) + "\n")

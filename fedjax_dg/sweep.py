@@ -19,7 +19,9 @@ seeds=(0, 1, 2))`: the grid and seeds used when the command line gives none
 
 `fedjax-dg report DIR` reads every cell and writes the paper-shaped tables of
 `fedjax_dg/tables.py` as markdown and CSV, a long CSV of every run and the
-averaged learning curves (see docs/protocol.md).
+averaged learning curves (see docs/protocol.md). `fedjax-dg report DIR DIR...`
+(run or sweep directories of one dataset and the same targets) puts them side
+by side instead: one comparison table per metric, columns per directory.
 """
 
 from __future__ import annotations
@@ -35,10 +37,11 @@ import re
 import time
 
 from fedjax_dg import config as config_lib
+from fedjax_dg import distributed
 from fedjax_dg import plots
 from fedjax_dg import presets
 from fedjax_dg import tables
-from fedjax_dg.errors import ConfigError, DataError
+from fedjax_dg.errors import ConfigError, DataError, Stopped
 
 MANIFEST = "sweep.json"
 REPORT_DIR = "report"
@@ -178,7 +181,7 @@ def plan(config_path: str, sets=(), grid=(), seeds=None, *,
       names.add(name)
       cfg = config_lib.apply_overrides(copy.deepcopy(base), overrides)
       try:
-        presets.check_explicit(cfg, list(sets) + overrides)
+        presets.resolve_scenario(cfg.copy_and_resolve_references())
       except ConfigError as e:
         raise ConfigError(f"sweep cell {cell_name(settings)}: {e}") from None
       cells.append(Cell(name, settings, overrides))
@@ -246,6 +249,8 @@ def read_manifest(sweep_dir: str) -> dict:
 
 
 def write_manifest(sweep_dir: str, manifest: dict) -> None:
+  if not distributed.is_main():  # several processes: process 0 writes
+    return
   tmp = os.path.join(sweep_dir, MANIFEST + ".tmp")
   with open(tmp, "w") as f:
     json.dump(manifest, f, indent=1)
@@ -284,6 +289,7 @@ def run_sweep(config_path: str | None = None, sets=(), grid=(), seeds=None, *,
               echo=print) -> tuple[str | None, int]:
   """Runs (or resumes) a sweep; returns (sweep directory, number of failed cells)."""
   from fedjax_dg import experiment
+  echo = distributed.main_only(echo)
   if resume:
     manifest = read_manifest(resume)
     p = plan(manifest["config"], manifest["sets"],
@@ -316,10 +322,12 @@ def run_sweep(config_path: str | None = None, sets=(), grid=(), seeds=None, *,
       echo(f"  cell {k}/{len(p.cells)} {c.name}: {' '.join(c.overrides)}")
     return None, 0
 
-  if not resume:
-    sweep_dir = out or experiment.make_run_dir(p.base.output_dir,
-                                               f"sweep-{p.base.name}")
-    os.makedirs(sweep_dir, exist_ok=True)
+  if not resume:  # process 0 names it (several processes)
+    sweep_dir = distributed.same_everywhere(out or (
+        experiment.make_run_dir(p.base.output_dir, f"sweep-{p.base.name}")
+        if distributed.is_main() else ""))
+    if distributed.is_main():
+      os.makedirs(sweep_dir, exist_ok=True)
     manifest = dict(
         version=1, name=p.base.name, config=p.config_path, sets=p.sets,
         grid=[[k, v] for k, v in p.grid], seeds=p.seeds,
@@ -353,6 +361,8 @@ def run_sweep(config_path: str | None = None, sets=(), grid=(), seeds=None, *,
     t0 = time.perf_counter()
     try:
       results = experiment.run(cfg, run_dir=cell_dir, echo=echo)
+    except KeyboardInterrupt as e:  # the sweep continues, not the cell
+      raise Stopped(sweep_dir) from e
     except Exception as e:  # noqa: BLE001 -- recorded; the next cell still runs
       failures += 1
       entry.update(status="failed", error=f"{type(e).__name__}: {e}")
@@ -360,7 +370,8 @@ def run_sweep(config_path: str | None = None, sets=(), grid=(), seeds=None, *,
       echo(f"[sweep] cell {k}/{n} {cell.name}: FAILED: {entry['error']}")
       continue
     dt = time.perf_counter() - t0
-    _cell_outputs(results, cell_dir, echo)
+    if distributed.is_main():
+      _cell_outputs(results, cell_dir, echo)
     spent, spent_work = spent + dt, spent_work + work[k - 1]
     entry.update(status="done", seconds=dt,
                  finished=datetime.datetime.now().isoformat(timespec="seconds"))
@@ -369,7 +380,8 @@ def run_sweep(config_path: str | None = None, sets=(), grid=(), seeds=None, *,
   echo(f"[sweep] {sum(c['status'] == 'done' for c in manifest['cells'])}/{n} cells "
        f"done, {failures} failed, {_hms(time.perf_counter() - t_start)}; "
        f"manifest {os.path.join(sweep_dir, MANIFEST)}")
-  if report and any(c["status"] == "done" for c in manifest["cells"]):
+  if (report and distributed.is_main()
+      and any(c["status"] == "done" for c in manifest["cells"])):
     paths = write_report(sweep_dir)
     echo(f"[sweep] report: {os.path.dirname(paths[0])} "
          f"(fedjax-dg report {sweep_dir} rewrites it)")
@@ -416,6 +428,8 @@ def load_records(sweep_dir: str) -> tuple[dict, list[dict]]:
     name = os.path.basename(cell_dir) if cell["name"] == "." else cell["name"]
     records += tables.records_from_cell(name, cell["settings"], config, results)
     manifest.setdefault("dataset", results.get("dataset"))
+    held = manifest.setdefault("targets", [])
+    held += [str(t) for t in results.get("targets", ()) if str(t) not in held]
   return manifest, records
 
 
@@ -484,6 +498,80 @@ def write_report(sweep_dir: str, out: str | None = None, ds=None) -> list[str]:
   return paths
 
 
+def column_labels(dirs: list[str]) -> list[str]:
+  """One label per directory: its name, or its path below the directories'
+  common folder where two names coincide."""
+  paths = [os.path.abspath(d) for d in dirs]
+  if len(set(paths)) < len(paths):
+    raise ConfigError(f"report: a directory is given twice in {list(dirs)}")
+  names = [os.path.basename(p) for p in paths]
+  if len(set(names)) == len(names):
+    return names
+  root = os.path.commonpath(paths)
+  return [os.path.relpath(p, root) for p in paths]
+
+
+def check_comparable(labels: list[str], manifests: list[dict]) -> None:
+  """One dataset and the same held-out targets in every directory, else a
+  ConfigError naming each directory's."""
+  seen = [(m.get("dataset"), sorted(m.get("targets", []))) for m in manifests]
+  if len(set((d, tuple(t)) for d, t in seen)) > 1:
+    held = "; ".join(f"{label}: {d}, targets {', '.join(t)}"
+                     for label, (d, t) in zip(labels, seen))
+    raise ConfigError(
+        f"report: these runs are not comparable ({held}): one table needs one "
+        "dataset and the same held-out targets in every directory; report "
+        "them separately (fedjax-dg report DIR)")
+
+
+COMPARED = (("comparison_ood", "ood_acc"), ("comparison_id", "id_acc"),
+            ("comparison_ood_best", "best_ood_acc"))
+
+
+def compare(dirs: list[str], out: str | None = None) -> list[str]:
+  """`fedjax-dg report DIR DIR...`: one comparison table per metric (rows =
+  algorithms, columns = each directory's targets, mean ± std over seeds) as
+  markdown and CSV, every run in runs.csv and the curves, labelled by
+  directory; written to `out` (default: a new `compare-<time>` folder beside
+  the first directory). Returns the paths, report.md first."""
+  from fedjax_dg import experiment
+  labels = column_labels(dirs)
+  loaded = [load_records(d) for d in dirs]
+  for d, (_, records) in zip(dirs, loaded):
+    if not records:
+      raise ConfigError(f"{d}: no finished run yet, nothing to compare")
+  check_comparable(labels, [m for m, _ in loaded])
+  groups = [(label, records) for label, (_, records) in zip(labels, loaded)]
+  out = out or experiment.make_run_dir(
+      os.path.dirname(os.path.abspath(dirs[0])), "compare")
+  os.makedirs(out, exist_ok=True)
+  written = {}
+  parts = [(stem, table) for stem, table in (
+      (stem, tables.comparison(groups, metric)) for stem, metric in COMPARED)
+      if table.rows]   # no id accuracy without an id split (val_fraction=0)
+  for stem, table in parts:
+    written[f"{stem}.md"] = table.markdown()
+    written[f"{stem}.csv"] = table.csv()
+  tagged = [dict(r, cell=f"{label}/{r['cell']}", variant=f"{r['variant']} "
+                 f"({label})", row=f"{r['row']} ({label})")
+            for label, records in groups for r in records]
+  written["runs.csv"] = tables.long_table(tagged).csv()
+  manifest = loaded[0][0]
+  head = [f"# Comparison of {len(dirs)} runs ({manifest.get('dataset')}, "
+          f"targets {', '.join(manifest.get('targets', []))})", ""]
+  head += [f"- `{label}`: `{os.path.abspath(d)}` ({m.get('name')}; "
+           f"{len(records)} runs)" for label, d, (m, records)
+           in zip(labels, dirs, loaded)]
+  written["report.md"] = "\n".join(head + [""] + [t.markdown() for _, t in parts])
+  paths = []
+  for name in ["report.md"] + [n for n in written if n != "report.md"]:
+    paths.append(os.path.join(out, name))
+    with open(paths[-1], "w") as f:
+      f.write(written[name])
+  paths.append(plots.sweep_curves(tagged, os.path.join(out, "curves.png")))
+  return paths
+
+
 # ------------------------------------------------------------------------ cli
 
 
@@ -499,8 +587,14 @@ def main_sweep(args) -> int:
 
 
 def main_report(args) -> int:
-  paths = write_report(args.sweep_dir, args.out, args.d)
-  with open(paths[0]) as f:   # the first table (scenarios.md or table2.md)
+  if len(args.dirs) > 1:
+    if args.d:
+      raise ConfigError("--d selects the per-domain tables of one sweep "
+                        "directory; a comparison of several has none")
+    paths = compare(args.dirs, args.out)       # report.md first
+  else:
+    paths = write_report(args.dirs[0], args.out, args.d)  # its first table
+  with open(paths[0]) as f:
     print(f.read())
   print("wrote " + ", ".join(paths))
   return 0

@@ -520,6 +520,55 @@ def table3(records: list[dict], which: str = "final") -> Table | None:
                csv_header, csv_rows, notes)
 
 
+def comparison(groups: list[tuple[str, list[dict]]],
+               metric: str = "ood_acc") -> Table:
+  """Runs of several directories side by side (`fedjax-dg report DIR DIR...`):
+  rows = algorithms (variants), one column group per (label, records) group
+  (split per d where a group holds several: "label d=2"), each the group's
+  targets then μ. A cell is the mean ± sample std over seeds of `metric` (a
+  record field), μ the mean over targets of those means (as every table
+  here). The groups are expected to share their held-out targets
+  (`sweep.compare` refuses others)."""
+  split = []
+  for label, recs in groups:
+    ds = _sorted_ds(recs)
+    split += [(label + (f" d={d}" if len(ds) > 1 else ""),
+               [r for r in recs if r["d"] == d], d) for d in ds]
+  every = [r for _, recs in groups for r in recs]
+  targets = _first_seen(r["target"] for r in every)
+  aggs = [(label, aggregate(recs, metric), d) for label, recs, d in split]
+  rows_meta = [v for v in _variants(every)
+               if any((v["variant"], d) in agg for _, agg, d in aggs)]
+  header = ["algorithm"] + [f"{label} {t}" for label, _, _ in aggs
+                            for t in targets + ["μ"]]
+  csv_header = ["variant", "algorithm"] + [
+      f"{label}:{t}_{x}" for label, _, _ in aggs for t in targets
+      for x in ("mean", "std", "seeds")] + [f"{label}:mu" for label, _, _ in aggs]
+  rows, csv_rows = [], []
+  for v in rows_meta:
+    line, stats, mus = [v["variant"]], [], []
+    for _, agg, d in aggs:
+      a = agg.get((v["variant"], d))
+      for t in targets:
+        s = a.per_target.get(t) if a else None
+        line.append("-" if s is None else pct(s.mean) + (
+            "" if s.std is None else f" ± {pct(s.std)}"))
+        stats += ["", "", 0] if s is None else [
+            100 * s.mean, "" if s.std is None else 100 * s.std, s.seeds]
+      line.append(pct(a.mu if a else None))
+      mus.append(_num(a.mu if a else None))
+    rows.append(line)
+    csv_rows.append([v["variant"], v["algorithm"]] + stats + mus)
+  lab = eval_label(every)
+  what = {"id_acc": "id", "ood_acc": lab, "best_id_acc": "best id",
+          "best_ood_acc": f"best {lab}"}.get(metric, metric)
+  notes = (f"{what} accuracy (%) per held-out target, one column group per "
+           "directory: mean ± sample std over seeds (no std with one seed); μ = "
+           "mean over targets.")
+  return Table(f"Comparison: {what} accuracy", header, rows, csv_header,
+               csv_rows, notes)
+
+
 SUMMARY_METRICS = ("id_acc", "ood_acc", "best_id_acc", "best_ood_acc",
                    "ood_at_best_id")
 

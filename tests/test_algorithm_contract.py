@@ -9,7 +9,10 @@ For each name of `algorithms.available()`, built from the registry on a tiny mod
 * `client_start` gives [m, ...] parameters for a cohort of m;
 * one engine round keeps the carry's structure, shapes and dtypes (it is the
   `lax.scan` carry) and reports the training loss and the cohort;
-* `eval_params` is [N, ...] for personalized algorithms, one model otherwise.
+* `eval_params` is [N, ...] for personalized algorithms, one model otherwise;
+* the "host" placement's pieces: `init_rows(key, ids)` equals rows `ids` of
+  `init(key)`'s client state and `eval_rows` rows `ids` of `eval_params`
+  (values, bit for bit); a global model's `eval_params` reads no client state.
 """
 
 import inspect
@@ -17,6 +20,7 @@ import inspect
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from conftest import model_for, synthetic_domains
@@ -45,6 +49,31 @@ def setup():
 
 def _typed(state) -> bool:
   return state is None or hasattr(state, "_fields")
+
+
+def _rows_equal(a, b):
+  assert jax.tree.structure(a) == jax.tree.structure(b)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def _host_placement_rows(alg):
+  """Rows built or evaluated for a block of ids are the rows of the whole."""
+  key, ids = jax.random.key(3), jnp.array([2, 0, 2])
+  server, clients = jax.eval_shape(alg.init, key)
+  if not alg.personalized:
+    params = jax.eval_shape(alg.eval_params, server, None)
+    chex.assert_trees_all_equal_shapes(
+        params, jax.eval_shape(alg.eval_params, server, clients))
+  if clients is None and not alg.personalized:
+    return
+  server, clients = jax.jit(alg.init)(key)
+  take = lambda t: jax.tree.map(lambda a: a[ids], t)
+  rows = jax.jit(alg.init_rows)(key, ids)
+  _rows_equal(rows, take(clients))
+  if alg.personalized:
+    _rows_equal(jax.jit(alg.eval_rows)(server, rows, ids),
+                take(jax.jit(alg.eval_params)(server, clients)))
 
 
 @pytest.mark.parametrize("name", algorithms.available())
@@ -96,6 +125,7 @@ def test_algorithm_contract(setup, name):
   merged = with_frozen(frozen, params)
   chex.assert_trees_all_equal_shapes({k: merged[k] for k in target if k in
                                       merged}, target)
+  _host_placement_rows(alg)
 
 
 def test_every_build_hyperparameter_has_a_default_and_no_context_clash():

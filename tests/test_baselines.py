@@ -123,6 +123,28 @@ def test_fedsr_evaluates_the_mean_with_the_plain_client_model(fed3):
   assert not np.allclose(sampled, at_mu)
 
 
+def test_fedsr_and_fedadg_take_a_vit_through_its_head(fed3):
+  """A ViT's last layer is `head`, not `fc2` (Model.head_name): FedSR folds
+  its mean into that layer (the folded ViT gives cls(mu)) and FedADG's
+  generator works in its feature width (both crashed with KeyError 'fc2')."""
+  from conftest import TINY_VIT
+  vit = models.get_model("vit_tiny", input_shape=fed3.image_shape,
+                         num_classes=fed3.num_classes, mean=fed3.mean,
+                         std=fed3.std, **TINY_VIT)
+  prob = ProbabilisticModel(vit)
+  assert prob.feature_width == TINY_VIT["dim"]
+  params = prob.init(jax.random.key(0))
+  assert "head" not in params["body"] and set(params["body"]) < set(
+      vit.init(jax.random.key(0)))
+  x = fed3.train.x[0, :5]
+  folded, at_mu = jax.jit(lambda p: (
+      vit.apply(prob.to_model_params(p), x), prob.apply(p, x)))(params)
+  np.testing.assert_allclose(folded, at_mu, rtol=1e-5, atol=1e-5)
+  from fedjax_dg.models.fedadg import FedADGNets
+  nets = FedADGNets(vit)
+  assert nets.feature_width == nets.noise_dim == TINY_VIT["dim"]
+
+
 def test_fedsr_reference_parameters_stay_local(fed3):
   model = mlp(fed3)
   cfg = base_config()

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from fedjax_dg import cli, metrics_log
+from fedjax_dg import cli, config, metrics_log
 
 TINY = '''
 from fedjax_dg.config import base_config
@@ -147,8 +147,25 @@ def test_a_value_the_scenario_would_replace_is_refused(tiny_config, capsys):
   before = set(os.listdir(out)) if os.path.isdir(out) else set()
   assert cli.main(["run", "--config", path, "--set", "scenario=extreme",
                    "--set", "data.alpha=0.5"]) == 2
-  assert "'data.alpha=0.5' was given too" in capsys.readouterr().err
+  assert "data.alpha=0.5 was given too" in capsys.readouterr().err
   assert (set(os.listdir(out)) if os.path.isdir(out) else set()) == before
+
+
+def test_algorithms_lists_every_algorithm_with_its_settings(capsys):
+  from fedjax_dg import algorithms
+  assert cli.main(["algorithms"]) == 0
+  lines = capsys.readouterr().out.splitlines()
+  heads = {l.split()[0]: i for i, l in enumerate(lines) if not l.startswith(" ")}
+  assert list(heads) == list(algorithms.available())
+  for name, i in heads.items():
+    spec = algorithms.spec(name)
+    assert f" {spec.display_name} (section {spec.section}" in lines[i], lines[i]
+    assert ("needs data.server_fraction > 0" in lines[i]) == spec.needs_server_data
+    hp = algorithms.hyperparameters(spec.section)
+    if name == spec.section and hp:  # the section's settings, on the next line
+      assert lines[i + 1] == "    " + ", ".join(f"{k}={v!r}" for k, v in hp.items())
+    for k, v in spec.overrides.items():  # a variant: what it fixes
+      assert f"{k}={v!r}" in lines[i]
 
 
 def test_a_bug_is_not_dressed_as_a_config_error(tiny_config, monkeypatch):
@@ -166,13 +183,64 @@ def test_a_bug_is_not_dressed_as_a_config_error(tiny_config, monkeypatch):
 
 
 def test_ctrl_c_says_how_to_continue(tiny_config, monkeypatch, capsys):
-  from fedjax_dg import experiment
-  path, _ = tiny_config
+  """Ctrl-C prints the run directory and the command that continues it (same
+  config and --set values, shell-quoted)."""
+  import shlex
+  from fedjax_dg import experiment, sweep
+  path, out = tiny_config
+  real_run, real_run_all = experiment.run, experiment._run_all
 
   def interrupted(*args, **kwargs):
     raise KeyboardInterrupt
 
-  monkeypatch.setattr(experiment, "run", interrupted)
+  monkeypatch.setattr(experiment, "run", interrupted)  # before any directory
   assert cli.main(["run", "--config", path]) == 130
   err = capsys.readouterr().err
-  assert "stopped" in err and "--resume RUN_DIR" in err and "Traceback" not in err
+  assert "nothing to continue" in err and "Traceback" not in err
+  monkeypatch.setattr(experiment, "run", real_run)
+
+  calls = []
+
+  def stop_in_the_first_run(*args, **kwargs):  # the run directory exists
+    calls.append(1)
+    if len(calls) == 1:
+      raise KeyboardInterrupt
+    return real_run_all(*args, **kwargs)
+
+  monkeypatch.setattr(experiment, "_run_all", stop_in_the_first_run)
+  sets = ["--set", "name=ctrl c", "--set", "algorithms=fedavg",
+          "--set", "data.targets=0"]
+  before = set(os.listdir(out)) if os.path.isdir(out) else set()
+  assert cli.main(["run", "--config", path] + sets) == 130
+  err = capsys.readouterr().err
+  (new,) = set(os.listdir(out)) - before
+  run_dir = os.path.join(out, new)
+  assert f"Finished runs are in {run_dir} " in err and "Traceback" not in err
+  command = err.strip().splitlines()[-1].strip()
+  assert command == shlex.join(["fedjax-dg", "run", "--config", path] + sets
+                               + ["--resume", run_dir])
+  # Pasted, it resumes that directory with the settings it was run with.
+  words = shlex.split(command)
+  assert words[0] == "fedjax-dg"
+  monkeypatch.setattr(experiment, "_run_all", real_run_all)
+  resumed = []
+
+  def resume(cfg, run_dir=None, resume=False, **kwargs):
+    stored = json.load(open(os.path.join(run_dir, "config.json")))
+    now = json.loads(experiment.resolve(cfg).to_json())
+    resumed.append((run_dir, resume, config.drift(stored, now)))
+    raise KeyboardInterrupt
+
+  monkeypatch.setattr(experiment, "run", resume)
+  assert cli.main(words[1:]) == 130
+  assert resumed == [(run_dir, True, [])]
+  capsys.readouterr()
+
+  # A sweep is continued as a whole: `fedjax-dg sweep --resume SWEEP_DIR`.
+  monkeypatch.setattr(experiment, "run", interrupted)
+  sweep_dir = os.path.join(os.path.dirname(out), "sweep")
+  assert cli.main(["sweep", "--config", path, "--out", sweep_dir]) == 130
+  err = capsys.readouterr().err
+  assert err.strip().splitlines()[-1].strip() == shlex.join(
+      ["fedjax-dg", "sweep", "--resume", sweep_dir])
+  assert os.path.exists(os.path.join(sweep_dir, sweep.MANIFEST))

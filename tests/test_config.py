@@ -105,3 +105,75 @@ def test_every_section_is_known_to_the_tables():
     own, general = tables.split_settings("fedavg", {f"{section}.x": "1"})
     assert general == {}, section
     assert (own == {"fedavg.x": "1"}) == (section == "fedavg")
+
+
+SCENARIO_FILE = """
+from fedjax_dg.config import base_config
+
+def get_config():
+  c = base_config()
+  c.scenario = "extreme"
+  c.data.alpha = 0.5          # = base_config's default, given explicitly
+  return c
+"""
+
+
+def test_a_value_the_scenario_would_replace_is_refused_on_every_path(tmp_path):
+  """scenario=extreme sets data.alpha=0.1: an alpha given explicitly, even
+  the base default 0.5, is an error from a config file and from Python, never
+  silently replaced (`config.explicit`)."""
+  import copy
+  import pickle
+  from fedjax_dg import presets
+  from fedjax_dg.errors import ConfigError
+  needle = r"sets data\.alpha=0\.1, but data\.alpha=0\.5 was given too"
+  path = tmp_path / "extreme.py"
+  path.write_text(SCENARIO_FILE)
+  from_file = config.load(str(path))
+  with pytest.raises(ConfigError, match=needle):
+    experiment.validate(from_file)
+  cfg = config.base_config()  # the Python API
+  cfg.scenario = "extreme"
+  cfg.data.alpha = 0.5
+  for c in (cfg, copy.deepcopy(cfg), pickle.loads(pickle.dumps(cfg)),
+            cfg.copy_and_resolve_references()):  # copies keep the record
+    with pytest.raises(ConfigError, match=needle):
+      presets.resolve_scenario(c)
+  with pytest.raises(ConfigError, match=needle):  # before any data or directory
+    experiment.run(cfg, run_dir=str(tmp_path / "never"))
+  assert not (tmp_path / "never").exists()
+  # Not given (or given the scenario's own value): the scenario's values.
+  cfg = config.base_config()
+  cfg.scenario = "extreme"
+  cfg.train.cohort_size = 20
+  resolved = experiment.resolve(cfg)
+  assert (resolved.data.num_clients, resolved.train.cohort_size,
+          resolved.data.alpha) == (100, 20, 0.1)
+  assert experiment.resolve(resolved).data.alpha == 0.1  # idempotent
+  assert config.explicit(config.base_config().data) == frozenset()
+
+
+def test_client_schedule_wraps_any_algorithms_optimizer_or_is_refused():
+  """`client.schedule="cosine"` (run-wide or per section) makes the clients'
+  optimizer a schedule over the run; FedCCRL has it by default (Sec. 4.2),
+  FedAvg not; an unknown schedule, and an algorithm whose wrapper would drop
+  the run's progress (FedSAM's SAM step), are ConfigErrors."""
+  from conftest import synthetic_federation
+  from fedjax_dg import models
+  from fedjax_dg.client.update import RunProgress
+  c = config.base_config()
+  assert isinstance(algorithms.client_optimizer(c, "fedccrl"), RunProgress)
+  assert not isinstance(algorithms.client_optimizer(c, "fedavg"), RunProgress)
+  c.fedccrl.client.schedule = "constant"
+  assert not isinstance(algorithms.client_optimizer(c, "fedccrl"), RunProgress)
+  c.client.schedule = "cosine"
+  assert isinstance(algorithms.client_optimizer(c, "fedavg"), RunProgress)
+  fed = synthetic_federation(num_clients=2, per_domain=8)
+  model = models.get_model("mlp", input_shape=fed.image_shape,
+                           num_classes=fed.num_classes, hidden=4)
+  assert algorithms.build("fedprox", model, 2, c).needs_rounds
+  with pytest.raises(ValueError, match="fedsam: client.schedule='cosine'"):
+    algorithms.build("fedsam", model, 2, c)
+  c.client.schedule = "linear"
+  with pytest.raises(ValueError, match=r"schedule='linear'.*'constant', 'cosine'"):
+    algorithms.client_optimizer(c, "fedavg")

@@ -70,7 +70,8 @@ def test_pooled_sums_counts_and_keeps_val():
   assert pooled.num_clients == 1
   assert int(pooled.train.n[0]) == int(fd.train.n.sum())
   assert pooled.train.x.shape[1] == int(fd.train.n.sum())
-  assert pooled.val is fd.val
+  assert pooled.packed_val is fd.packed_val
+  assert pooled.packed_train.x is fd.packed_train.x  # no copy
   assert pooled.client_domains == (("dom0", "dom2", "dom3"),)
   x = np.concatenate([_real(fd.train, c)[0] for c in range(6)])
   np.testing.assert_array_equal(pooled.train.x[0], x)
@@ -121,15 +122,44 @@ def test_build_errors_are_explicit():
     federated.build(tiny, PartitionSpec("iid", num_partitions=4), target_domain=1)
 
 
-def test_client_arrays_is_a_pytree_and_device_put():
+def test_client_arrays_is_a_pytree():
   ds = make_dataset()
   fd = federated.build(ds, PartitionSpec("iid", num_partitions=2), target_domain=0,
                        val_fraction=0.0)
-  assert int(fd.val.n.sum()) == 0
+  assert int(fd.val.n.sum()) == 0 and fd.val.x.shape[:2] == (2, 0)
   leaves = jax.tree.leaves(fd.train)
   assert len(leaves) == 3
-  on_device = fd.device_put()
-  assert isinstance(on_device.train.x, jax.Array)
-  total = jax.jit(lambda a: a.n.sum())(on_device.train)
+  total = jax.jit(lambda a: a.n.sum())(fd.train)
   assert int(total) == 55 + 30 + 25
   assert "2 clients" in fd.summary()
+
+
+def test_packed_storage_has_no_padding_and_gathers_the_padded_view():
+  """Packed: the examples back to back (the partition's order); `gather`
+  (any id shape, repeats allowed) equals the padded view's rows, which equal
+  a per-client loop over the indices."""
+  ds = make_dataset()
+  fd = federated.build(ds, PartitionSpec(num_partitions=5, d=2, seed=1),
+                       target_domain="dom2", seed=4)
+  packed = fd.packed_train
+  order = np.concatenate(fd.train_indices)
+  np.testing.assert_array_equal(packed.x, ds.images[order])
+  np.testing.assert_array_equal(packed.y, ds.labels[order])
+  np.testing.assert_array_equal(packed.n, [len(p) for p in fd.train_indices])
+  assert packed.width == max(len(p) for p in fd.train_indices)
+  assert packed.nbytes() == len(order) * (6 * 5 * 3 + 4)
+  assert packed.nbytes(padded=True) == 5 * packed.width * (6 * 5 * 3 + 4)
+  ids = np.array([[3, 0], [3, 4]])
+  got = packed.gather(ids)
+  assert got.x.shape == (2, 2, packed.width, 6, 5, 3)
+  for (i, j), c in np.ndenumerate(ids):
+    np.testing.assert_array_equal(got.x[i, j], fd.train.x[c])
+    np.testing.assert_array_equal(got.y[i, j], fd.train.y[c])
+    assert got.n[i, j] == len(fd.train_indices[c])
+  # Packing a padded view keeps its width (and so the engine's numbers).
+  wide = federated.pack_padded(fd.train.replace(n=fd.train.n // 2))
+  assert wide.width == packed.width and wide.n.sum() == (fd.train.n // 2).sum()
+  np.testing.assert_array_equal(wide.padded().x[1, :3], fd.train.x[1, :3])
+  assert not wide.padded().x[1, fd.train.n[1] // 2:].any()
+  with pytest.raises(ValueError, match="width=2 is below"):
+    federated.PackedClients(packed.x, packed.y, packed.offsets, width=2)

@@ -553,8 +553,11 @@ def test_real_rotated_fashion_mnist(tmp_path):
       "0": 11667, "15": 11667, "30": 11667, "45": 11667, "60": 11666, "75": 11666}
 
 
-def _write_own_folder(root, domains, classes, missing=()):
-  """A user's folder: mixed sizes, grayscale and RGB, blue constant at 77."""
+def _write_own_folder(root, domains, classes, missing=(), gray=True):
+  """A user's folder: mixed sizes, grayscale and RGB files (RGB ones with blue
+  77). Grayscale files load as RGB with three equal channels, so blue varies
+  over the dataset; `gray=False`: every file RGB, blue constant over the whole
+  dataset."""
   rng = np.random.default_rng(0)
   for d_i, d in enumerate(domains):
     for c_i, c in enumerate(classes):
@@ -564,7 +567,7 @@ def _write_own_folder(root, domains, classes, missing=()):
       os.makedirs(folder)
       for i in range(2):
         h, w = 10 + 2 * i + d_i, 9 + c_i
-        if (c_i + i) % 2:  # grayscale
+        if gray and (c_i + i) % 2:  # grayscale
           Image.fromarray(rng.integers(0, 255, (h, w), np.uint8), "L").save(
               os.path.join(folder, f"{i}.png"))
         else:
@@ -598,13 +601,20 @@ def test_a_folder_of_your_own_becomes_a_named_dataset(tmp_path, n_domains,
     assert (ds.labels == c).sum() == 2 * (n_domains - (c == 0))
 
 
-def test_a_folder_dataset_trains_end_to_end(tmp_path):
+def test_a_folder_dataset_with_a_constant_channel_trains_end_to_end(tmp_path):
+  """Blue is 77 in every image of the dataset: its std is 0, guarded
+  (`channel_stats`: std 1, so it normalizes to 0, not 0 / 0 = NaN)."""
   from fedjax_dg import config, experiment
   root = _write_own_folder(str(tmp_path / "mine"),
-                           ["a", "b", "c"], ["x", "y"])
+                           ["a", "b", "c"], ["x", "y"], gray=False)
   data_dir = str(tmp_path / "data")
   sources.prepare("folder", data_dir=data_dir, manual_dir=root,
                   dataset_name="abc")
+  ds = sources.load("abc", data_dir=data_dir, image_size=8)
+  assert np.all(ds.images[..., 2] == 77) and ds.images[..., 0].std() > 0
+  cfg = config.base_config()
+  mean, std = experiment.normalization(cfg, ds, None)  # data.normalization
+  assert std[2] == 1.0 and abs(mean[2] - 77 / 255) < 1e-9 and std[0] < 1.0
   cfg = config.apply_overrides(config.base_config(), [
       "data.name=abc", f"data.data_dir={data_dir}", "data.image_size=8",
       "data.targets=c", "model.name=mlp", "algorithms=fedavg",
@@ -614,6 +624,38 @@ def test_a_folder_dataset_trains_end_to_end(tmp_path):
   results = experiment.run(cfg, echo=lambda *a: None)
   (run,) = results["runs"]
   assert run["target"] == "c" and math.isfinite(run["history"][-1]["train_loss"])
+  assert 0.0 <= run["final"]["ood_acc"] <= 1.0  # a number, not NaN
+
+
+def test_prepare_folder_and_datasets_from_the_command_line(tmp_path, monkeypatch,
+                                                          capsys):
+  from fedjax_dg import cli
+  data_dir = tmp_path / "data"
+  monkeypatch.setenv("FEDJAX_DG_DATA_DIR", str(data_dir))
+  root = _write_own_folder(str(tmp_path / "mine"), ["north", "south", "east"],
+                           ["cat", "dog", "owl"])
+  assert cli.main(["datasets"]) == 0
+  before = capsys.readouterr().out
+  assert "my_sites" not in before and "rotated_fashion_mnist" in before
+  assert cli.main(["prepare", "folder", "--manual-dir", root, "--name",
+                   "my_sites"]) == 0
+  assert "18 images" in capsys.readouterr().out.splitlines()[-1]
+  assert cli.main(["datasets"]) == 0
+  out = capsys.readouterr().out.splitlines()
+  assert out[0].startswith(f"data directory: {data_dir} ")
+  (line,) = [l for l in out if l.split()[0] == "my_sites"]
+  assert line.split(None, 1)[1] == ("your folder, domains ['east', 'north', "
+                                    "'south']: prepared")
+  for name in sources.available():  # every built-in dataset is listed too
+    assert any(l.split()[0] == name for l in out[1:]), name
+  ds = sources.load("my_sites", image_size=8)
+  assert ds.class_names == ("cat", "dog", "owl") and len(ds.images) == 18
+  # Errors: a one-line message and exit code 2, no traceback.
+  assert cli.main(["prepare", "folder", "--manual-dir", root]) == 2
+  assert "--name NAME" in capsys.readouterr().err
+  assert cli.main(["prepare", "folder", "--manual-dir", str(tmp_path / "no"),
+                   "--name", "other"]) == 2
+  assert str(tmp_path / "no") in capsys.readouterr().err
 
 
 def test_folder_dataset_errors_name_what_to_fix(tmp_path):
@@ -641,3 +683,30 @@ def test_one_data_dir_rule(monkeypatch, tmp_path):
   want = (os.path.abspath(checkout) if os.path.isdir(checkout)
           else os.path.expanduser("~/.cache/fedjax_dg/tfds"))
   assert os.path.abspath(sources.data_dir_default()) == want
+
+
+def test_prepare_prints_the_data_dir_and_the_rule_that_chose_it(
+    monkeypatch, tmp_path, capsys):
+  from fedjax_dg import cli
+  rule = "; the rule: fedjax_dg.data.sources.data_dir_default)"
+  monkeypatch.setenv("HOME", str(tmp_path / "home"))
+  monkeypatch.delenv("FEDJAX_DG_DATA_DIR", raising=False)
+  checkout = tmp_path / "checkout" / ".data"
+  monkeypatch.setattr(sources, "_checkout_data_dir", lambda: str(checkout))
+  home = tmp_path / "home" / ".cache" / "fedjax_dg" / "tfds"
+  assert sources.data_dir_line() == (
+      f"data directory: {home} (the default (no $FEDJAX_DG_DATA_DIR, no "
+      "checkout .data/)" + rule)
+  checkout.mkdir(parents=True)
+  assert sources.data_dir_line() == (
+      f"data directory: {checkout} (the checkout's .data/ (no "
+      "$FEDJAX_DG_DATA_DIR)" + rule)
+  assert sources.data_dir_line("/x") == "data directory: /x (given)"
+  monkeypatch.setenv("FEDJAX_DG_DATA_DIR", str(tmp_path / "env"))
+  root = _write_own_folder(str(tmp_path / "mine"), ["a", "b"], ["x", "y"])
+  assert cli.main(["prepare", "folder", "--manual-dir", root, "--name",
+                   "mine"]) == 0
+  lines = capsys.readouterr().out.splitlines()
+  assert lines[0] == (f"data directory: {tmp_path / 'env'} ($FEDJAX_DG_DATA_DIR "
+                      "is set" + rule)
+  assert "8 images" in lines[-1] and str(tmp_path / "env") in lines[-1]

@@ -464,3 +464,38 @@ def test_an_initialization_cannot_start_dead(seed):
       hg_alg.init_alive(module, k0, 128, jnp.ones((10, 128))),
       init_attention_scores(module, k0, 128))
   assert all(jax.tree.leaves(same))
+
+
+def test_diagnose_names_the_round_the_hypernetwork_died():
+  """`diagnose` warns when hg_dead is 1 at the end, naming the first round of
+  that dead stretch; a hypernetwork alive at the end (or one dead only for a
+  while) gives no warning."""
+  from fedjax_dg.algorithms import hypergenfl as hg_alg
+  assert hg_alg.diagnose({"hg_dead": [0.5, 1.0, 0.5, 0.5]}) == []
+  assert hg_alg.diagnose({}) == []
+  (w,) = hg_alg.diagnose({"hg_dead": [0.5, 1.0, 0.4, 1.0, 1.0]})
+  assert "dead at round 3" in w and "2 of 5 rounds" in w
+  (w,) = hg_alg.diagnose({"hg_dead": [1.0, 1.0]})
+  assert "dead at round 0" in w and "unweighted FedAvg" in w
+
+
+def test_a_run_whose_hypernetwork_dies_is_warned_about(fed3):
+  """A server learning rate of 1 kills the hypernetwork of a small MLP after
+  round 0 (every decoder ReLU off: weights 1/m from then on). The registry's
+  diagnose says so and the run's report prints it."""
+  from fedjax_dg import report
+  model = models.get_model("mlp", input_shape=fed3.image_shape,
+                           num_classes=fed3.num_classes, mean=fed3.mean,
+                           std=fed3.std, hidden=6)
+  cfg = base_config()
+  cfg.hypergenfl.server_lr = 1.0
+  alg = algorithms.build("hypergenfl", model, fed3.num_clients, cfg)
+  res = engine.run(alg, fed3, model, engine.EngineConfig(
+      rounds=4, eval_every=4, epochs=1, batch_size=16, progress=False))
+  assert res.round_metrics["hg_dead"][0] < 1.0
+  (w,) = algorithms.spec("hypergenfl").diagnose(res.round_metrics)
+  assert w.startswith("hypergenfl: the attention hypernetwork went dead at "
+                      "round 1")
+  results = dict(runs=[dict(target="0", warnings=[w]),
+                       dict(target="1", warnings=[])])
+  assert report.warnings_text(results) == f"WARNING (0): {w}"

@@ -105,7 +105,7 @@ def test_the_cycle_finder_finds_a_planted_cycle():
 
 
 LOW = ("fedjax_dg.server", "fedjax_dg.client", "fedjax_dg.models",
-       "fedjax_dg.data", "fedjax_dg.tree")
+       "fedjax_dg.data", "fedjax_dg.tree", "fedjax_dg.distributed")
 HIGH = ("fedjax_dg.experiment", "fedjax_dg.sweep", "fedjax_dg.cli",
         "fedjax_dg.report", "fedjax_dg.plots", "fedjax_dg.tables",
         "fedjax_dg.config", "fedjax_dg.engine", "fedjax_dg.algorithms")

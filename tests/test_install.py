@@ -82,3 +82,76 @@ def test_colab_install_cell_outside_the_repository_says_what_to_do(
   with pytest.raises(RuntimeError, match="not inside its repository"):
     exec(compile(install_cell(), "cell", "exec"), {"__name__": "__main__"})
   assert not not_installed
+
+
+def make_dry_run(tmp_path, target: str, nvidia_smi: int | None) -> list[str]:
+  """`make -n -B TARGET` (what it would run from scratch) with a fake
+  `nvidia-smi` exiting `nvidia_smi` on PATH, or none (None)."""
+  fake = tmp_path / "bin"
+  fake.mkdir(exist_ok=True)
+  if nvidia_smi is not None:
+    (fake / "nvidia-smi").write_text(f"#!/bin/sh\nexit {nvidia_smi}\n")
+    (fake / "nvidia-smi").chmod(0o755)
+  real = [d for d in os.environ["PATH"].split(os.pathsep)
+          if not os.path.exists(os.path.join(d, "nvidia-smi"))]
+  venv = str(tmp_path / "venv")
+  out = subprocess.run(
+      ["make", "-n", "-B", "-C", ROOT, "--no-print-directory", target,
+       f"VENV={venv}", "PYTHON=python3"],
+      env=dict(os.environ, PATH=os.pathsep.join([str(fake)] + real)),
+      capture_output=True, text=True, check=True).stdout
+  return out.replace(venv, "V").splitlines()
+
+
+CPU_SETUP = ["python3 -m venv V",
+             "V/bin/python -m pip install -q -r requirements.lock",
+             "V/bin/python -m pip install -q --no-deps -e ."]
+
+
+@pytest.mark.parametrize("nvidia_smi", [None, 9], ids=["absent", "failing"])
+def test_make_setup_without_a_working_gpu_is_the_cpu_install(tmp_path,
+                                                             nvidia_smi):
+  assert make_dry_run(tmp_path, "setup", nvidia_smi) == CPU_SETUP + [
+      "touch V/.installed-stamp"]
+
+
+def test_make_setup_and_demo_with_a_gpu_install_the_cuda12_extra(tmp_path):
+  gpu = CPU_SETUP + ['V/bin/python -m pip install -q -e ".[cuda12]"',
+                     "touch V/.installed-stamp-cuda12"]
+  assert make_dry_run(tmp_path, "setup", 0) == gpu
+  demo = make_dry_run(tmp_path, "demo", 0)
+  assert demo[:len(gpu)] == gpu
+  assert demo[-1] == "V/bin/python -m fedjax_dg.cli demo"
+
+
+def _slug(heading: str) -> str:
+  """GitHub's anchor of a markdown heading."""
+  text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+  return text.replace(" ", "-")
+
+
+def test_readme_links_resolve_to_files_and_headings():
+  readme = open(os.path.join(ROOT, "README.md")).read()
+  links = re.findall(r"\]\(([^)\s]+)\)", readme)
+  local = [l for l in links if not l.startswith("http")]
+  assert len(local) >= 8
+  for link in local:
+    path, _, anchor = link.partition("#")
+    target = os.path.join(ROOT, path) if path else os.path.join(ROOT, "README.md")
+    assert os.path.exists(target), link
+    if anchor:
+      headings = re.findall(r"^#+ (.+)$", open(target).read(), re.M)
+      assert anchor in {_slug(h) for h in headings}, link
+
+
+def test_readme_algorithm_table_has_every_algorithm_systems_first():
+  from fedjax_dg import algorithms
+  readme = open(os.path.join(ROOT, "README.md")).read()
+  table = readme[readme.index("## Algorithms and their papers"):]
+  table = table[:table.index("\n## ")]
+  rows = [l for l in table.splitlines() if l.startswith("| ") and "`" in l]
+  names = [re.findall(r"`(\w+)`", l.split("|")[2])[0] for l in rows]
+  assert names[:4] == ["hfedf", "hypergenfl", "fedccrl", "fedsdaf"]
+  assert set(algorithms.modules()) <= set(names)
+  assert set(names) <= set(algorithms.available())
+  assert len(names) == len(set(names))

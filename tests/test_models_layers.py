@@ -50,7 +50,7 @@ def _compare(impl, x, w, cases):
                                  err_msg=f"{impl} {case} {name}")
 
 
-@pytest.mark.parametrize("impl", ["im2col", "custom_vjp"])
+@pytest.mark.parametrize("impl", ["im2col", "custom_vjp", "taps"])
 @pytest.mark.parametrize("k", [1, 3, 5])
 @pytest.mark.parametrize("cin", [1, 3])
 def test_conv_matches_lax_conv(impl, k, cin):
@@ -60,6 +60,12 @@ def test_conv_matches_lax_conv(impl, k, cin):
 
 def test_custom_vjp_padding_larger_than_kernel():
   _compare("custom_vjp", _normal(2, 6, 6, 2), _normal(3, 3, 2, 3), [(1, 4)])
+
+
+def test_taps_where_auto_picks_it():
+  """A wide input to a few channels (AdaIN's decoder's last conv, 64 -> 3)."""
+  _compare("taps", _normal(2, 6, 5, 64), _normal(3, 3, 64, 3),
+           [(1, "SAME"), (2, (1, 2)), (1, "VALID")])
 
 
 def _client_loop(impl, k):
@@ -81,7 +87,7 @@ def _client_loop(impl, k):
   return jax.jit(lambda ws, xs, ts: lax.map(client, (ws, xs, ts)))
 
 
-@pytest.mark.parametrize("impl", ["im2col", "custom_vjp"])
+@pytest.mark.parametrize("impl", ["im2col", "custom_vjp", "taps"])
 def test_conv_inside_scan_and_map_matches_xla(impl):
   for k, cin in ((3, 3), (5, 1)):
     ws = _normal(3, k, k, cin, 4) * 0.3  # 3 clients
@@ -111,6 +117,8 @@ def test_auto_resolution():
     assert layers.resolve_conv_impl("auto", (3, 3, 3, 32)) == "im2col"
     assert layers.resolve_conv_impl("auto", (1, 1, 176, 32)) == "im2col"
     assert layers.resolve_conv_impl("auto", (3, 3, 176, 64)) == "custom_vjp"
+    assert layers.resolve_conv_impl("auto", (3, 3, 64, 3)) == "taps"
+    assert layers.resolve_conv_impl("auto", (3, 3, 64, 8)) == "custom_vjp"
   else:
     assert layers.resolve_conv_impl("auto", (3, 3, 3, 32)) == "xla"
   with pytest.raises(ValueError):

@@ -330,8 +330,7 @@ def test_config_keys_reach_get_model(tmp_path):
   assert (cfg.model.weights, cfg.model.skip_head) == (str(path), True)
   with pytest.raises(ConfigError, match="model.skip_head"):
     config.apply_overrides(config.base_config(), ["model.skiphead=True"])
-  fed = type("Fed", (), {"num_classes": 7})
-  fed.train = type("Train", (), {"x": np.zeros((1, 1, 32, 32, 3), np.uint8)})
+  fed = type("Fed", (), {"num_classes": 7, "image_shape": (32, 32, 3)})
   model = experiment.make_model(cfg, fed, (0.5,) * 3, (0.5,) * 3)
   assert (model.weights, model.skip_head, model.module.norm) == (
       str(path), True, "affine")

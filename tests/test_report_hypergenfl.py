@@ -169,11 +169,10 @@ def test_scenario_field_sets_table1_values_and_rejects_conflicts():
     experiment.resolve(bad)
   # An explicit value equal to the base default is not silently replaced.
   given = ["scenario=extreme", "data.alpha=0.5"]
-  with pytest.raises(ValueError, match=r"sets data\.alpha=0\.1.*'data\.alpha=0\.5'"):
-    presets.check_explicit(config.apply_overrides(config.base_config(), given),
-                           given)
+  with pytest.raises(ValueError, match=r"sets data\.alpha=0\.1.*data\.alpha=0\.5"):
+    experiment.resolve(config.apply_overrides(config.base_config(), given))
   same = ["data.alpha=0.1", "train.cohort_size=20", "scenario=extreme"]
-  presets.check_explicit(config.apply_overrides(config.base_config(), same), same)
+  experiment.resolve(config.apply_overrides(config.base_config(), same))
   with pytest.raises(ValueError, match="scenario='hard'.*standard"):
     experiment.validate(config.apply_overrides(config.base_config(),
                                                ["scenario=hard"]))

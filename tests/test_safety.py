@@ -27,6 +27,15 @@ def _mlp(fed):
                           num_classes=fed.num_classes, mean=fed.mean, std=fed.std)
 
 
+@pytest.fixture(scope="module")
+def fedavg_mlp(fed3):
+  """FedAvg on an MLP, one object: the tests running it share its compiled
+  programs (the engine caches them per algorithm and model)."""
+  model = _mlp(fed3)
+  return fedavg(model, make_optimizer("adam", 1e-2),
+                objectives.cross_entropy(model)), model
+
+
 def test_nan_loss_stops_the_run_naming_round_and_keeping_the_last_checkpoint(
     fed3, tmp_path):
   model = _mlp(fed3)
@@ -125,12 +134,11 @@ def test_a_bool_is_not_an_int():
     config.apply_overrides(config.base_config(), ["hfedf.ema=1"])
 
 
-def test_a_damaged_checkpoint_is_a_clear_error(fed3, tmp_path):
+def test_a_damaged_checkpoint_is_a_clear_error(fed3, fedavg_mlp, tmp_path):
   import glob
   import os
   from fedjax_dg.errors import DataError
-  model = _mlp(fed3)
-  alg = fedavg(model, make_optimizer("adam", 1e-2), objectives.cross_entropy(model))
+  alg, model = fedavg_mlp
   ckpt = str(tmp_path / "ckpt")
   engine.run(alg, fed3, model, dataclasses.replace(CFG, rounds=2),
              checkpoint_dir=ckpt)
@@ -164,22 +172,68 @@ def test_an_unwritable_output_dir_is_named(monkeypatch):
     experiment.make_run_dir("/read-only/runs", "x")
 
 
-def test_checkpoint_size_is_the_carry_and_a_full_disk_is_refused(fed3, monkeypatch):
+def test_checkpoint_size_is_the_carry_and_a_full_disk_is_refused(fedavg_mlp,
+                                                                 monkeypatch):
   import collections
   from fedjax_dg import tree
-  model = _mlp(fed3)
-  alg = fedavg(model, make_optimizer("adam", 1e-2), objectives.cross_entropy(model))
+  alg, model = fedavg_mlp
   # FedAvg's carry: the model (float32) only.
-  assert engine.checkpoint_bytes(alg) == 4 * tree.num_params(
+  size = engine.checkpoint_bytes(alg)
+  assert size == 4 * tree.num_params(
       model.init(__import__("jax").random.key(0)))
   lines = []
   experiment.check_disk("fedavg", alg, "/", lines.append)
-  assert "MiB" in lines[0] and "free" in lines[0]
+  assert "MiB" in lines[0] and "free" in lines[0] and "at most 2 at a time" in lines[0]
+  # 3 kept + 1 being written; finished runs keeping theirs add 3 each.
+  experiment.check_disk("fedavg", alg, "/", lines.append, keep=3)
+  assert f"at most 4 at a time: {4 * size / 2**20:.1f} MiB" in lines[1]
+  experiment.check_disk("fedavg", alg, "/", lines.append, keep=3, runs=2)
+  assert "at most 7 at a time" in lines[2]
   usage = collections.namedtuple("usage", "total used free")
   monkeypatch.setattr(experiment.shutil, "disk_usage",
                       lambda path: usage(1, 1, 1000))
-  with pytest.raises(ConfigError, match="checkpoints need .* MiB but only 0 MiB"):
+  with pytest.raises(ConfigError, match="checkpoints need .* MiB .* but only 0 MiB"):
     experiment.check_disk("fedavg", alg, "/", lines.append)
+  # The need grows with `keep`: free space for 2 checkpoints is not enough for 3.
+  monkeypatch.setattr(experiment.shutil, "disk_usage",
+                      lambda path: usage(1, 1, 2 * size + 2**26 + 1))
+  experiment.check_disk("fedavg", alg, "/", lines.append, keep=1)
+  with pytest.raises(ConfigError, match="checkpoints_to_keep"):
+    experiment.check_disk("fedavg", alg, "/", lines.append, keep=2)
+
+
+def test_checkpoints_to_keep_is_what_stays_and_the_peak_is_one_more(
+    fed3, fedavg_mlp, tmp_path, monkeypatch):
+  """orbax's max_to_keep = train.checkpoints_to_keep; while the next one is
+  written, one more is on disk (engine.checkpoints_held, what check_disk
+  asks for)."""
+  import os
+  alg, model = fedavg_mlp
+  steps = lambda d: sorted(int(f) for f in os.listdir(d) if f.isdigit())
+  peaks = []
+  init = engine._Checkpointer.__init__
+
+  def counting_init(self, directory, keep=1):
+    init(self, directory, keep)
+    deleter = self.manager._checkpoint_deleter  # orbax deletes after writing
+    delete = deleter.delete_steps
+
+    def delete_steps(to_delete):
+      peaks.append(len(steps(directory)))
+      delete(to_delete)
+
+    deleter.delete_steps = delete_steps
+
+  monkeypatch.setattr(engine._Checkpointer, "__init__", counting_init)
+  for keep in (1, 2):
+    ckpt = str(tmp_path / f"keep{keep}")
+    cfg = dataclasses.replace(CFG, checkpoints_to_keep=keep)  # 3 chunks
+    engine.run(alg, fed3, model, cfg, checkpoint_dir=ckpt)
+    assert steps(ckpt) == [2, 4, 6][-keep:], keep
+    assert max(peaks) == engine.checkpoints_held(keep) == keep + 1
+    peaks.clear()
+  with pytest.raises(ConfigError, match="train.checkpoints_to_keep=0"):
+    dataclasses.replace(CFG, checkpoints_to_keep=0).validate(3)
 
 
 def test_imagenet_normalization_gives_torchvision_constants_for_rgb_only():
@@ -198,3 +252,84 @@ def test_imagenet_normalization_gives_torchvision_constants_for_rgb_only():
     experiment.normalization(cfg, ds, grey)
   cfg.data.normalization = "dataset"  # the dataset's own statistics differ
   assert experiment.normalization(cfg, ds, grey)[0] != mean[:1]
+
+
+def _documented_sizes() -> list[tuple[list[str], dict[str, list[str]]]]:
+  """docs/architecture.md's checkpoint-size tables: (column heads, {algorithm:
+  cells})."""
+  import os
+  path = os.path.join(os.path.dirname(__file__), "..", "docs", "architecture.md")
+  lines = open(path).read().splitlines()
+  tables = []
+  for i, line in enumerate(lines):
+    if line.startswith("| MiB per checkpoint |"):
+      heads = [c.strip() for c in line.strip("|").split("|")][1:]
+      rows = {}
+      for row in lines[i + 2:]:
+        if not row.startswith("|"):
+          break
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        rows[cells[0].split()[0]] = cells[1:]
+      tables.append((heads, rows))
+  return tables
+
+
+def _check_documented(path: str, names) -> None:
+  import os
+  cfg = config.load(os.path.join(os.path.dirname(__file__), "..", path))
+  head, sizes = experiment.checkpoint_sizes(cfg, names)
+  (heads, rows), = [t for t in _documented_sizes() if head in t[0]]
+  col = heads.index(head)
+  for name in names:
+    assert rows[name][col] == experiment.mib(sizes[name]), (path, name)
+  assert set(rows) >= set(names)
+
+
+def test_documented_checkpoint_sizes_are_what_the_code_computes(capsys):
+  """docs/architecture.md's first table lists every registered algorithm, and
+  its numbers are `fedjax-dg algorithms --config ...`'s (recomputed here for
+  the demo's rows that need no data-derived state; the Inception CNN's in the
+  slow test); the ViT table is the command's output verbatim."""
+  import os
+  from fedjax_dg import algorithms, cli
+  from fedjax_dg.data import sources
+  (_, rows), _ = _documented_sizes()
+  assert list(rows) == list(algorithms.available())
+  _check_documented("experiments/demo.py",
+                    ("fedavg", "hfedf", "hfedf_no_ema", "pfedhn", "moon",
+                     "local_only", "scaffold", "fedsdaf"))
+  if sources.is_prepared("styled_fashion_mnist"):  # fedsdaf_offline's data
+    path = os.path.join(os.path.dirname(__file__), "..", "experiments",
+                        "fedsdaf_offline.py")
+    assert cli.main(["algorithms", "--config", path]) == 0
+    printed = capsys.readouterr().out.strip()
+    assert printed.count("\n") == 7  # its six algorithms
+    doc = os.path.join(os.path.dirname(__file__), "..", "docs", "architecture.md")
+    assert printed in open(doc).read()
+
+
+@pytest.mark.slow
+def test_documented_checkpoint_sizes_of_the_paper_model():
+  _check_documented("experiments/rfmnist_hfedf.py", ("fedavg", "hfedf"))
+
+
+def test_a_checkpoint_keeps_the_history_of_its_round(tmp_path, monkeypatch):
+  """The write is asynchronous: the meta orbax gets is a copy, so entries the
+  engine appends after `save` (the next round's) never reach the checkpoint
+  (they did: a resume then held that round twice)."""
+  import orbax.checkpoint as ocp
+  given = []
+  real = ocp.args.JsonSave
+  monkeypatch.setattr(ocp.args, "JsonSave",
+                      lambda item: given.append(item) or real(item))
+  ckpt = engine._Checkpointer(str(tmp_path / "c"))
+  history, metrics = [dict(round=1, id_acc=0.5)], dict(loss=[1.0])
+  ckpt.save(1, [np.zeros(2)], dict(round=1, history=history,
+                                    round_metrics=metrics))
+  history.append(dict(round=2, id_acc=0.6))  # the next chunk, before the write
+  metrics["loss"].append(0.5)
+  ckpt.close()
+  assert given[0]["history"] == [dict(round=1, id_acc=0.5)]
+  assert given[0]["round_metrics"] == dict(loss=[1.0])
+  _, meta = engine._Checkpointer(str(tmp_path / "c")).restore(1, [np.zeros(2)])
+  assert meta["history"] == [dict(round=1, id_acc=0.5)]

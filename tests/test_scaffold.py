@@ -18,6 +18,7 @@ from fedjax_dg.client import objectives
 from fedjax_dg.client.update import (Batch, ClientContext, ClientData,
                                      batch_at, epoch_permutations, local_steps,
                                      num_steps)
+from fedjax_dg.data import federated
 from fedjax_dg.errors import ConfigError
 from fedjax_dg.optim import make_optimizer
 
@@ -29,8 +30,8 @@ LR = 0.1
 
 @pytest.fixture(scope="module")
 def setup(fed3):
-  fed = dataclasses.replace(fed3, train=fed3.train.replace(
-      n=np.asarray(SIZES, np.int32)))
+  fed = dataclasses.replace(fed3, packed_train=federated.pack_padded(
+      fed3.train.replace(n=np.asarray(SIZES, np.int32))))
   assert fed.train.x.shape[1] >= max(SIZES)
   model = models.get_model("mlp", input_shape=fed.image_shape,
                            num_classes=fed.num_classes, mean=fed.mean,
@@ -86,10 +87,13 @@ def _batches(client_key, n, n_max, batch_size, epochs):
       jnp.arange(num_steps(n_max, batch_size, epochs)))
 
 
-def numpy_scaffold(fed, x, variant, rounds, cfg, server_lr, weighting):
+def numpy_scaffold(fed, x, variant, rounds, cfg, server_lr, weighting,
+                   grad=None, sizes=SIZES):
   """Algorithm 1 as a Python loop, with the engine's key schedule (cohort and
-  batch order); returns per round (x, c, [c_i])."""
-  n_clients, m = len(SIZES), cfg.cohort_size
+  batch order); returns per round (x, c, [c_i]). `grad(p, x, y)`: the mean
+  gradient of the loss at parameters p (default the MLP's, by hand)."""
+  grad = grad or functools.partial(_grad, fed)
+  n_clients, m = len(sizes), cfg.cohort_size
   c = _map(np.zeros_like, x)
   ci = [c] * n_clients
   root = jax.random.key(cfg.seed)
@@ -101,7 +105,7 @@ def numpy_scaffold(fed, x, variant, rounds, cfg, server_lr, weighting):
     steps, deltas, weights = [], [], []
     new_ci = list(ci)
     for i in ids:
-      n = SIZES[i]
+      n = sizes[i]
       xi, yi = np.asarray(fed.train.x[i]), np.asarray(fed.train.y[i])
       batches = _batches(jax.random.fold_in(client_key, i), n, xi.shape[0],
                          cfg.batch_size, cfg.epochs)
@@ -109,12 +113,12 @@ def numpy_scaffold(fed, x, variant, rounds, cfg, server_lr, weighting):
       for idx, valid, active in zip(*map(np.asarray, batches)):
         if not active:
           continue
-        g = _grad(fed, y, xi[idx[valid]], yi[idx[valid]])
+        g = grad(y, xi[idx[valid]], yi[idx[valid]])
         y = _map(lambda w, g_, a, b: w - LR * (g_ + a - b), y, g, c, ci[i])
         k += 1
       assert k == cfg.epochs * -(-n // cfg.batch_size)
       if variant == "I":
-        c_plus = _grad(fed, x, xi[:n], yi[:n])
+        c_plus = grad(x, xi[:n], yi[:n])
       else:
         c_plus = _map(lambda a, b, x0, y0: a - b + (x0 - y0) / (k * LR),
                       ci[i], c, x, y)
@@ -148,20 +152,28 @@ def _close(got, want, what, rtol=2e-4, atol=2e-6):
 def test_rounds_equal_a_numpy_scaffold(setup, variant, server_lr, weighting):
   fed, model = setup
   alg = _build(model, variant, server_lr=server_lr, weighting=weighting)
-  round_fn = jax.jit(engine.make_round(alg, CFG, len(SIZES)))
+  _engine_equals_numpy(alg, fed, variant, server_lr, weighting)
+
+
+def _engine_equals_numpy(alg, fed, variant, server_lr, weighting, frozen=None,
+                         grad=None):
+  """CFG.rounds rounds of `alg` in the engine against `numpy_scaffold` from
+  the same initial x: x, c and every c_i after every round."""
+  sizes = tuple(int(n) for n in np.asarray(fed.train.n))
+  round_fn = jax.jit(engine.make_round(alg, CFG, len(sizes)))
   root = jax.random.key(CFG.seed)
   carry = alg.init(jax.random.fold_in(root, 2**31 - 1))
   train = jax.tree.map(jnp.asarray, fed.train)
   want = numpy_scaffold(fed, _np(carry[0].params), variant, CFG.rounds, CFG,
-                        server_lr, weighting)
+                        server_lr, weighting, grad=grad, sizes=sizes)
   for r, (ids, x, c, ci) in enumerate(want):
     before = carry[1]
-    carry, metrics = round_fn(carry, jnp.int32(r), train, root, None)
+    carry, metrics = round_fn(carry, jnp.int32(r), train, root, frozen)
     server, clients = carry
     assert sorted(np.asarray(metrics["cohort"]).tolist()) == sorted(ids)
     _close(server.params, x, f"round {r} x")
     _close(server.control, c, f"round {r} c", atol=2e-5)
-    for i in range(len(SIZES)):
+    for i in range(len(sizes)):
       row = tree.take(clients, jnp.asarray([i]))
       if i in ids:
         _close(row, _map(lambda a: a[None], ci[i]), f"round {r} c_{i}",
@@ -298,3 +310,38 @@ def test_adapters_train_only_adi_and_head_on_the_frozen_backbone(fed3):
     algorithms.create("scaffold", models.get_model(
         "mlp", input_shape=fed3.image_shape, num_classes=fed3.num_classes),
         optimizer=sgd, num_clients=n, hparams=dict(adapters=True))
+
+
+@pytest.mark.parametrize("variant", [
+    "II", pytest.param("I", marks=pytest.mark.slow)])  # I: on the MLP above
+def test_adapter_rounds_equal_a_numpy_scaffold(setup, variant):
+  """scaffold.adapters=True over CFG.rounds rounds with a cohort (controls
+  non-zero from round 1 on): the engine equals Algorithm 1 run by the numpy
+  loop on the adapter and head only, its gradients those of the plain
+  cross-entropy of the ViT with the frozen backbone (autodiff, no correction:
+  the loop adds c - c_i itself)."""
+  from conftest import TINY_VIT
+  from fedjax_dg.algorithms import fedsdaf
+  fed, _ = setup
+  vit = models.get_model("vit_tiny", input_shape=fed.image_shape,
+                         num_classes=fed.num_classes, mean=fed.mean,
+                         std=fed.std, **TINY_VIT)
+  alg = scaffold.build(vit, make_optimizer("sgd", LR), None,
+                       num_clients=len(SIZES), variant=variant, adapters=True)
+  frozen = alg.frozen(jax.random.fold_in(jax.random.key(CFG.seed), 2**31 - 1))
+  _, _, _, loss = fedsdaf.adapter_setting(vit, objectives.cross_entropy,
+                                          who="test")
+  ctx = ClientContext(id=0, round=0, start=None, frozen=frozen)
+  grad_fn = jax.jit(lambda p, x, y, mask: jax.grad(loss)(
+      p, Batch(x, y, mask), jax.random.key(0), ctx))
+  rows = fed.train.x.shape[1]  # every call padded to one shape: one compile
+
+  def grad(p, x, y):
+    pad = rows - len(y)
+    return _np(grad_fn(jax.tree.map(jnp.float32, p),
+                       jnp.asarray(np.pad(x, [(0, pad)] + [(0, 0)] * 3)),
+                       jnp.asarray(np.pad(y, (0, pad))),
+                       jnp.asarray(np.arange(rows) < len(y), jnp.float32)))
+
+  _engine_equals_numpy(alg, fed, variant, 1.0, "uniform", frozen=frozen,
+                       grad=grad)

@@ -314,6 +314,136 @@ def test_records_best_over_rounds_and_ablation_names_from_grid():
   assert agg[("FedAvg", 1)].runs == 2
 
 
+# ------------------------------------------------ report of several directories
+
+
+def _write_cell(path, seed, *, shift=0.0, dataset="rotated_fashion_mnist",
+                targets=("A", "B"), algs=("fedavg", "hfedf")):
+  """A run directory as `fedjax-dg run` leaves it (config.json, results.json),
+  accuracies `_value(alg, 1, target, seed, metric) + shift`."""
+  os.makedirs(path)
+  runs = [dict(algorithm=a, target=t, seconds=1.0,
+               history=[dict(round=1, id_acc=_value(a, 1, t, seed, "id") + shift,
+                             ood_acc=_value(a, 1, t, seed, "ood") + shift)],
+               final=dict(round=1, id_acc=_value(a, 1, t, seed, "id") + shift,
+                          ood_acc=_value(a, 1, t, seed, "ood") + shift))
+          for a in algs for t in targets]
+  with open(os.path.join(path, "config.json"), "w") as f:
+    json.dump(dict(seed=seed, data=dict(d=1)), f)
+  with open(os.path.join(path, "results.json"), "w") as f:
+    json.dump(dict(name=os.path.basename(path), dataset=dataset,
+                   targets=list(targets), algorithms=list(algs), runs=runs), f)
+
+
+def _write_sweep(path, seeds, **kw):
+  os.makedirs(path)
+  cells = [dict(name=f"seed={s}", settings={"seed": str(s)}, status="done")
+           for s in seeds]
+  with open(os.path.join(path, "sweep.json"), "w") as f:
+    json.dump(dict(name=os.path.basename(path), cells=cells), f)
+  for s in seeds:
+    _write_cell(os.path.join(path, f"seed={s}"), s, **kw)
+
+
+def test_report_of_several_directories_compares_them_over_seeds(tmp_path, capsys):
+  a, b, out = (str(tmp_path / n) for n in ("sweepA", "runB", "cmp"))
+  _write_sweep(a, (0, 1, 2))
+  _write_cell(b, 0, shift=0.1)
+  assert cli.main(["report", a, b, "--out", out]) == 0
+  assert "| algorithm | sweepA A | sweepA B | sweepA μ | runB A | runB B | runB μ |" \
+      in capsys.readouterr().out
+  for stem, m in (("comparison_ood", "ood"), ("comparison_id", "id")):
+    rows = {r["variant"]: r for r in _csv(os.path.join(out, f"{stem}.csv"))}
+    assert list(rows) == ["FedAvg", "hFedF"]
+    for alg, name in (("fedavg", "FedAvg"), ("hfedf", "hFedF")):
+      for t in "AB":
+        seeds = [_value(alg, 1, t, s, m) for s in range(3)]
+        row = rows[name]
+        assert float(row[f"sweepA:{t}_mean"]) == pytest.approx(
+            100 * statistics.mean(seeds))
+        assert float(row[f"sweepA:{t}_std"]) == pytest.approx(
+            100 * statistics.stdev(seeds))
+        assert row[f"sweepA:{t}_seeds"] == "3"
+        assert float(row[f"runB:{t}_mean"]) == pytest.approx(
+            100 * (_value(alg, 1, t, 0, m) + 0.1))
+        assert row[f"runB:{t}_std"] == "" and row[f"runB:{t}_seeds"] == "1"
+      assert float(rows[name]["runB:mu"]) == pytest.approx(100 * statistics.mean(
+          _value(alg, 1, t, 0, m) + 0.1 for t in "AB"))
+  runs = _csv(os.path.join(out, "runs.csv"))
+  assert len(runs) == 3 * 4 + 4
+  assert {r["cell"] for r in runs} == {"sweepA/seed=0", "sweepA/seed=1",
+                                       "sweepA/seed=2", "runB/runB"}
+  report = open(os.path.join(out, "report.md")).read()
+  assert "Comparison of 2 runs (rotated_fashion_mnist, targets A, B)" in report
+  assert os.path.getsize(os.path.join(out, "curves.png")) > 0
+
+
+@pytest.mark.parametrize("other,needle", [
+    (dict(targets=("A",)), "runB: rotated_fashion_mnist, targets A)"),
+    (dict(dataset="pacs"), "runB: pacs, targets A, B"),
+])
+def test_report_refuses_to_compare_other_data_or_targets(tmp_path, capsys, other,
+                                                         needle):
+  a, b = str(tmp_path / "runA"), str(tmp_path / "runB")
+  _write_cell(a, 0)
+  _write_cell(b, 0, **other)
+  assert cli.main(["report", a, b]) == 2
+  err = capsys.readouterr().err
+  assert "not comparable" in err and needle in err
+  assert "runA: rotated_fashion_mnist, targets A, B" in err
+  assert not glob.glob(str(tmp_path / "compare-*"))   # nothing written
+
+
+def test_report_labels_directories_by_name_or_path_and_refuses_repeats(tmp_path,
+                                                                       capsys):
+  x, y = str(tmp_path / "x" / "run"), str(tmp_path / "y" / "run")
+  assert sweep.column_labels([x, str(tmp_path / "z")]) == ["run", "z"]
+  assert sweep.column_labels([x, y]) == ["x/run", "y/run"]
+  _write_cell(x, 0)
+  assert cli.main(["report", x, x]) == 2
+  assert "given twice" in capsys.readouterr().err
+  _write_cell(y, 1)
+  assert cli.main(["report", x, y, "--d", "1"]) == 2
+  assert "--d" in capsys.readouterr().err
+  assert cli.main(["report", x, y]) == 0    # default: compare-<time> beside x
+  (made,) = glob.glob(str(tmp_path / "x" / "compare-*"))
+  assert "| algorithm | x/run A |" in open(os.path.join(made, "report.md")).read()
+
+
+def test_report_of_runs_without_an_id_split_has_no_id_table(tmp_path):
+  """HyperGenFL's scenarios train on whole partitions (no id accuracy)."""
+  dirs = [str(tmp_path / n) for n in ("a", "b")]
+  for d in dirs:
+    _write_cell(d, 0)
+    res = _json(os.path.join(d, "results.json"))
+    for r in res["runs"]:
+      for point in r["history"] + [r["final"]]:
+        del point["id_acc"]
+    with open(os.path.join(d, "results.json"), "w") as f:
+      json.dump(res, f)
+  out = str(tmp_path / "cmp")
+  paths = sweep.compare(dirs, out)
+  names = {os.path.basename(p) for p in paths}
+  assert "comparison_ood.csv" in names and "comparison_id.csv" not in names
+  assert "id accuracy" not in open(paths[0]).read()
+
+
+def test_report_compares_a_sweep_over_d_with_one_of_its_cells(swept, tmp_path):
+  """A directory holding several d splits into one column group per d; the
+  group of d = 1 equals the d = 1 cell read on its own."""
+  out = str(tmp_path / "cmp")
+  cell = os.path.join(swept, CELLS[0])
+  assert cli.main(["report", swept, cell, "--out", out]) == 0
+  rows = {r["variant"]: r for r in _csv(os.path.join(out, "comparison_ood.csv"))}
+  res = _json(os.path.join(cell, "results.json"))
+  for r in res["runs"]:
+    row = rows[tables.display_name(r["algorithm"])]
+    want = 100 * r["final"]["ood_acc"]
+    assert float(row[f"sw d=1:{r['target']}_mean"]) == pytest.approx(want)
+    assert float(row[f"{CELLS[0]}:{r['target']}_mean"]) == pytest.approx(want)
+    assert row[f"sw d=2:{r['target']}_mean"] != ""
+
+
 # ------------------------------------------------------------- experiment files
 
 
@@ -371,11 +501,40 @@ def test_experiment_docstring_commands_are_valid_and_match_sweep(path):
 FEDCCRL = sorted(glob.glob(os.path.join(EXPERIMENTS, "fedccrl_*.py")))
 
 
+def _assert_paper_clients(cfg, names):
+  """Each algorithm's clients resolve to FedCCRL's Sec. 4.2 optimizer (Adam,
+  lr 1e-3, the cosine over the run; weight decay 1e-4, the code's) whatever
+  its module's `CLIENT` says (SGD for FedADG, FedIIR, CCST): the settings,
+  and the first step on a fixed gradient against Adam written out (bias-
+  corrected first step g / (|g| + eps), torch-style decay added to g, the
+  cosine at half the run = 0.5). SGD, another lr or no decay fail it."""
+  import jax.numpy as jnp
+  import numpy as np
+  from fedjax_dg import algorithms
+  from fedjax_dg.client.update import RunProgress
+  w, g = np.array([1.0, -2.0, 3.0]), np.array([0.5, 0.0, -4.0])
+  g_wd = g + 1e-4 * w
+  want = -1e-3 * 0.5 * g_wd / (np.abs(g_wd) + 1e-8)
+  for name in names:
+    section = algorithms.spec(name).section
+    assert algorithms.client_settings(dict(cfg.client), dict(
+        cfg[section].client)) == dict(optimizer="adam", lr=1e-3,
+                                      weight_decay=1e-4, momentum=0.0,
+                                      schedule="cosine"), name
+    opt = algorithms.client_optimizer(cfg, name)
+    assert isinstance(opt, RunProgress), name
+    params = {"w": jnp.asarray(w, jnp.float32)}
+    update, _ = opt.update({"w": jnp.asarray(g, jnp.float32)},
+                           opt.init(params), params, progress=0.5)
+    np.testing.assert_allclose(update["w"], want, rtol=1e-5, err_msg=name)
+
+
 @pytest.mark.parametrize("path", FEDCCRL, ids=os.path.basename)
 def test_fedccrl_experiments_plan_and_validate_before_any_data(path):
   """Every cell of FedCCRL's table / figure files is a valid run config (its
-  algorithms exist, its grid keys are real settings) and the documented
-  commands plan the file's own grid."""
+  algorithms exist, its grid keys are real settings), every method trains
+  with the paper's optimizer, and the documented commands plan the file's
+  own grid."""
   from fedjax_dg import algorithms
   p = sweep.plan(path)
   assert p.cells and len({c.name for c in p.cells}) == len(p.cells)
@@ -383,9 +542,40 @@ def test_fedccrl_experiments_plan_and_validate_before_any_data(path):
   assert set(p.base.algorithms) <= set(algorithms.available())
   assert p.base.train.rounds == 10 and p.base.train.epochs == 3
   assert p.base.model.name == "mobilenet_v3_large"
+  _assert_paper_clients(p.configs[0], p.base.algorithms)
   doc = open(path).read().split('"""')[1]
   for args in _commands(doc):
     assert args[:2] == ["--config", f"experiments/{os.path.basename(path)}"]
+
+
+def test_styled_fmnist_table1_plans_and_validates_before_any_data():
+  """The reduced-budget Table 1 run: the nine methods, 3 seeds, the paper's
+  10 x 3 schedule and optimizer for every method, the committed AdaIN
+  stand-in found (and readable at its depth) from any working directory,
+  and its documented sweep command plans the same cells."""
+  from fedjax_dg.models import adain
+  name = "styled_fmnist_table1.py"
+  path = os.path.join(EXPERIMENTS, name)
+  p = sweep.plan(path)
+  assert sweep.check(p, data=False) == [1, 1, 1]
+  assert [c.settings["seed"] for c in p.cells] == ["0", "1", "2"]
+  assert sorted(p.base.algorithms) == sorted([
+      "fedavg", "fedprox", "fedsr", "fedadg", "fediir", "feddg_ga", "ccst",
+      "elcfs", "fedccrl"])
+  assert (p.base.train.rounds, p.base.train.epochs) == (10, 3)
+  assert (p.base.data.name, p.base.data.targets) == ("styled_fashion_mnist",
+                                                     "all")
+  _assert_paper_clients(p.configs[0], p.base.algorithms)
+  for f in (p.base.ccst.vgg, p.base.ccst.decoder):
+    assert os.path.isabs(f) and os.path.isfile(f), f
+  adain.load(p.base.ccst.vgg, p.base.ccst.decoder, p.base.ccst.depth)
+  commands = _commands(open(path).read().split('"""')[1])
+  assert commands
+  for args in commands:
+    assert args[:2] == ["--config", f"experiments/{name}"]
+    seeds = dict(zip(args[2::2], args[3::2])).get("--seeds")
+    assert [c.name for c in sweep.plan(path, seeds=sweep.parse_seeds(
+        seeds)).cells] == [c.name for c in p.cells]
 
 
 FEDSDAF = sorted(glob.glob(os.path.join(EXPERIMENTS, "fedsdaf_table*.py")))

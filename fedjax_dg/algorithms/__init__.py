@@ -11,8 +11,13 @@
                         arrows against FedAvg in the tables)
     VARIANTS            optional: {name: (display name, hyperparameter
                         overrides)}, more algorithm names built by this module
-    uses_data(hparams)  optional: whether `build` derives something from the
-                        run's data (then its Algorithm is built per federation)
+    uses_data(hparams)  optional: whether `build` derives something from every
+                        client's data (then its Algorithm is built per
+                        federation, and a streamed federation is refused)
+    diagnose(round_metrics)
+                        optional: warnings (sentences) about a finished run
+                        whose numbers do not mean what its name says (e.g. a
+                        HyperGenFL hypernetwork that went dead: FedAvg)
 
 `build` may also take `loss` (omit it when the algorithm builds its own
 objective) and the run's context `num_clients`, `data` (the FederatedData),
@@ -36,14 +41,15 @@ from typing import Any, Mapping
 from fedjax_dg.algorithms.base import (Algorithm, ClientContext, ClientData,
                                        ClientResult, ServerState)
 from fedjax_dg.client import objectives
+from fedjax_dg.client.update import RunProgress
 from fedjax_dg.errors import ConfigError
-from fedjax_dg.optim import make_optimizer
+from fedjax_dg.optim import make_optimizer, with_schedule
 
 # Arguments of `build` the registry supplies (never config keys).
 CONTEXT = ("model", "optimizer", "loss", "num_clients", "data", "seed", "name")
 # The client optimizer's settings (`cfg.client`; per algorithm `CLIENT` and
 # `cfg.<section>.client`).
-CLIENT_KEYS = ("optimizer", "lr", "weight_decay", "momentum")
+CLIENT_KEYS = ("optimizer", "lr", "weight_decay", "momentum", "schedule")
 _NOT_ALGORITHMS = ("base",)
 
 
@@ -68,9 +74,17 @@ class Spec:
   def federated(self) -> bool:
     return bool(getattr(self.module, "FEDERATED", True))
 
+  def diagnose(self, round_metrics: Mapping[str, list]) -> list[str]:
+    fn = getattr(self.module, "diagnose", None)
+    return [f"{self.name}: {w}" for w in fn(round_metrics)] if fn else []
+
   def uses_data(self, hparams: Mapping[str, Any]) -> bool:
-    if self.needs_server_data:
-      return True
+    return self.needs_server_data or self.reads_client_data(hparams)
+
+  def reads_client_data(self, hparams: Mapping[str, Any]) -> bool:
+    """Whether `build` reads every client's examples (the module's
+    `uses_data`: FedCCRL's and CCST's style pools, ELCFS's amplitude bank,
+    hFedF's autoencoder embeddings)."""
     fn = getattr(self.module, "uses_data", None)
     return bool(fn({**hparams, **self.overrides})) if fn else False
 
@@ -166,8 +180,9 @@ def client_optimizer(cfg, name: str):
   section = spec(name).section
   try:
     c = client_settings(dict(cfg.client), dict(cfg[section].client))
-    return make_optimizer(c["optimizer"], c["lr"], c["weight_decay"],
-                          c["momentum"])
+    return with_schedule(make_optimizer(c["optimizer"], c["lr"],
+                                        c["weight_decay"], c["momentum"]),
+                         c["schedule"])
   except ConfigError as e:
     raise ConfigError(f"{name}'s client optimizer (client.*, overridden by "
                       f"{section}.client.*): {e}") from None
@@ -205,6 +220,13 @@ def uses_data(name: str, cfg) -> bool:
   return s.uses_data(dict(cfg[s.section]))
 
 
+def reads_client_data(name: str, cfg) -> bool:
+  """Whether `build(name, ...)` reads every client's training examples (the
+  padded view), which a streamed federation never holds."""
+  s = spec(name)
+  return s.reads_client_data(dict(cfg[s.section]))
+
+
 def create(name: str, model, *, optimizer, hparams: Mapping[str, Any],
            num_clients: int, data=None, seed: int = 0) -> Algorithm:
   """Algorithm `name` from keyword hyperparameters (a variant's overrides on
@@ -232,12 +254,21 @@ def build(name: str, model, num_clients: int, cfg, data=None) -> Algorithm:
   algorithms that derive something from the clients' data before training."""
   section = dict(cfg[spec(name).section])
   section.pop("client", None)
-  return create(name, model, optimizer=client_optimizer(cfg, name),
-                hparams=section, num_clients=num_clients, data=data,
-                seed=cfg.seed)
+  optimizer = client_optimizer(cfg, name)
+  alg = create(name, model, optimizer=optimizer, hparams=section,
+               num_clients=num_clients, data=data, seed=cfg.seed)
+  if isinstance(optimizer, RunProgress) and not isinstance(alg.optimizer,
+                                                           RunProgress):
+    raise ConfigError(f"{name}: client.schedule='cosine' (or "
+                      f"{spec(name).section}.client.schedule) is not supported: "
+                      f"{name} wraps the client optimizer in a transform that "
+                      "does not pass the run's progress on; use "
+                      "schedule='constant'")
+  return alg
 
 
 __all__ = ["Algorithm", "ClientContext", "ClientData", "ClientResult",
            "ServerState", "Spec", "available", "build", "client_defaults", "describe",
            "client_optimizer", "client_settings", "create", "hyperparameters",
-           "modules", "needs_server_data", "spec", "uses_data"]
+           "modules", "needs_server_data", "reads_client_data", "spec",
+           "uses_data"]

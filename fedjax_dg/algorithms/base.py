@@ -29,6 +29,9 @@ Three kinds of parameters, held where they belong:
 * **local-persistent** (personal models, FedSR's reference distributions, MOON's
   previous models, FedSDAF's domain-aware adapters): `client_state`, an `[N, ...]`
   pytree carried across rounds, gathered at the cohort's rows and scattered back.
+  Where it lives is the engine's `placement`: on the device for the whole run,
+  or (`"host"`) as numpy on the host, a chunk's cohorts' rows on the device;
+  there `init_rows` builds it block by block and `eval_rows` evaluates it so.
 """
 
 from __future__ import annotations
@@ -121,6 +124,16 @@ class Algorithm:
       e.g. FedDG-GA's step size decaying over the run). The programs are then
       compiled per run length; otherwise one compile serves every length (a
       `RunProgress` client optimizer implies it).
+  client_init(key, ids) -> the initial client state of clients `ids` [k, ...]:
+      rows `ids` of `init(key)[1]` without building the other rows (the
+      "host" placement builds [N, ...] block by block on the host). None:
+      those rows are taken from `init(key)`, which builds all N on the device.
+  eval_clients(server_state, client_state_rows, ids) -> [k, ...] parameters
+      of clients `ids` (personalized): rows `ids` of `eval_params(server,
+      client_state)`. None: `eval_params(server_state, rows)` (right where
+      `eval_params` maps client rows to their models, Local-only's identity).
+      A global model's `eval_params` must not read the client state: the
+      "host" placement passes None.
   """
   name: str
   init: Callable[[jax.Array], tuple[PyTree, PyTree]]
@@ -141,11 +154,26 @@ class Algorithm:
   uses_rounds: bool = False
   client_end_takes_aux: bool = False
   model: Any = None
+  client_init: Callable[[jax.Array, jax.Array], PyTree] | None = None
+  eval_clients: Callable[[PyTree, PyTree, jax.Array], PyTree] | None = None
 
   @property
   def needs_rounds(self) -> bool:
     """Whether the compiled programs depend on the run's number of rounds."""
     return self.uses_rounds or isinstance(self.optimizer, RunProgress)
+
+  def init_rows(self, key: jax.Array, ids: jax.Array) -> PyTree:
+    """Rows `ids` of the initial client state (`client_init`, else `init`'s)."""
+    if self.client_init is not None:
+      return self.client_init(key, ids)
+    return jax.tree.map(lambda a: a[ids], self.init(key)[1])
+
+  def eval_rows(self, server: PyTree, rows: PyTree, ids: jax.Array) -> PyTree:
+    """The evaluated parameters [k, ...] of clients `ids` (personalized),
+    whose client state rows are `rows`."""
+    if self.eval_clients is not None:
+      return self.eval_clients(server, rows, ids)
+    return self.eval_params(server, rows)
 
 
 def with_frozen(frozen: PyTree, params: PyTree) -> PyTree:

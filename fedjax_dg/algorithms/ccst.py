@@ -39,7 +39,8 @@ Weights: `vgg` / `decoder` name the reference release's files
 (`vgg_normalised.pth`, `decoder.pth`, or `.safetensors`; docs/models.md,
 "AdaIN (CCST)"); empty: random weights (tests and wiring only: the transfer
 is meaningless). `depth` < 4 truncates the encoder (cheap tests); the
-reference decoder is depth 4's.
+reference decoder is depth 4's. experiments/ccst_pretrain.py writes an
+offline stand-in at depth 1 (trained on synthetic images; docs/faithfulness.md).
 """
 
 from __future__ import annotations

@@ -265,15 +265,19 @@ def build(model, optimizer, *, num_clients: int,
     return module.init({"params": key}, dummy, method=vit_lib.ViT.trainable
                        )["params"]
 
+  def client_init(key, ids):
+    """Each client's own draw of the domain-aware adapters (and fusion)."""
+    keys = jax.random.split(jax.random.fold_in(key, 1), num_clients)
+    rows = jax.vmap(sample)(keys[ids])
+    return {k: rows[k] for k in LOCAL if k in rows}
+
   def init(key):
     p = sample(key)
     glob = {k: p[k] for k in trained_global if k in p}
     server = ServerState(glob, aggregator.init(glob))
     if not two_paths:
       return server, None
-    keys = jax.random.split(jax.random.fold_in(key, 1), num_clients)
-    rows = jax.vmap(sample)(keys)
-    return server, {k: rows[k] for k in LOCAL if k in rows}
+    return server, client_init(key, jnp.arange(num_clients))
 
   backbone = frozen_backbone(vmodel)
 
@@ -330,7 +334,8 @@ def build(model, optimizer, *, num_clients: int,
     n = jax.tree.leaves(clients)[0].shape[0]
     return {**tree.broadcast(server.params, n), **clients}
 
-  local = dict(client_end=client_end) if two_paths else {}
+  local = (dict(client_end=client_end, client_init=client_init) if two_paths
+           else {})
   return Algorithm(
       name=name, init=init, client_start=client_start, loss=loss,
       optimizer=client_opt, server_update=server_update,

@@ -56,12 +56,16 @@ def fedsr(model, optimizer, *, num_clients: int,
   aggregate = weighted_mean()
   base = fedavg(prob, optimizer, loss, name="fedsr")
 
+  def client_init(key, ids):
+    del key
+    # The reference code's initial values: r_mu = 0, r_sigma = 1, C = 1.
+    k = ids.shape[0]
+    return Reference(jnp.zeros((k, classes, z)), jnp.ones((k, classes, z)),
+                     jnp.ones((k,)))
+
   def init(key):
     server, _ = base.init(key)
-    # The reference code's initial values: r_mu = 0, r_sigma = 1, C = 1.
-    ref = Reference(jnp.zeros((num_clients, classes, z)),
-                    jnp.ones((num_clients, classes, z)), jnp.ones((num_clients,)))
-    return server, ref
+    return server, client_init(key, jnp.arange(num_clients))
 
   def client_start(server, ref_rows, ids):
     return {"model": tree.broadcast(server.params, ids.shape[0]),
@@ -78,7 +82,7 @@ def fedsr(model, optimizer, *, num_clients: int,
 
   return dataclasses.replace(
       base, init=init, client_start=client_start, client_end=client_end,
-      server_update=server_update,
+      server_update=server_update, client_init=client_init,
       eval_params=lambda server, clients: prob.to_model_params(server.params))
 
 

@@ -269,13 +269,17 @@ def hfedf(model, optimizer, loss, *, num_clients: int,
     del clients
     return generate_many(server.hp.theta, server.hp.embeddings)
 
+  def eval_clients(server, rows, ids):
+    return client_start(server, rows, ids)  # the generated models
+
   def extras(server, clients):
     del clients
     return {"embeddings": server.hp.embeddings}
 
   return Algorithm(name=name, init=init, client_start=client_start, loss=loss,
                    optimizer=optimizer, server_update=server_update,
-                   eval_params=eval_params, personalized=True, extras=extras)
+                   eval_params=eval_params, eval_clients=eval_clients,
+                   personalized=True, extras=extras)
 
 
 build = hfedf

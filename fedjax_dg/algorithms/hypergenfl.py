@@ -30,6 +30,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from fedjax_dg import tree
@@ -184,3 +185,22 @@ def hypergenfl(model, optimizer, loss, *, num_clients: int,
 
 
 build = hypergenfl
+
+
+def diagnose(round_metrics) -> list[str]:
+  """A hypernetwork dead at the end of the run (`hg_dead` = 1: every decoder
+  ReLU off for every cohort client): its gradients are exactly zero and every
+  weight is 1/m, so the rounds since it died were unweighted FedAvg."""
+  dead = np.asarray(round_metrics.get("hg_dead", []), np.float64) >= 1.0
+  if not dead.size or not dead[-1]:
+    return []
+  alive = np.flatnonzero(~dead)
+  since = int(alive[-1]) + 1 if alive.size else 0
+  return [f"the attention hypernetwork went dead at round {since} and stayed "
+          f"dead to the end ({dead.size - since} of {dead.size} rounds): every "
+          "decoder ReLU (Eq. 5) is off for every client, its gradients are "
+          "zero and every layer's weights are 1/m, so those rounds were "
+          "unweighted FedAvg, not HyperGenFL. Likely: the all-ones embeddings "
+          "(hypergenfl.embeddings='random' gives the clients different "
+          "inputs) or a server learning rate too large (hypergenfl.server_lr) "
+          "(docs/faithfulness.md, \"Dead decoders\")"]

@@ -6,6 +6,7 @@ All clients start from the same initialization (as FedAvg does).
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import optax
 
 from fedjax_dg import tree
@@ -17,8 +18,11 @@ FEDERATED = False
 
 def local_only(model, optimizer, loss, *, num_clients: int) -> Algorithm:
 
+  def client_init(key, ids):
+    return tree.broadcast(model.init(key), ids.shape[0])
+
   def init(key):
-    return optax.EmptyState(), tree.broadcast(model.init(key), num_clients)
+    return optax.EmptyState(), client_init(key, jnp.arange(num_clients))
 
   return Algorithm(
       name="local_only", init=init,
@@ -27,7 +31,7 @@ def local_only(model, optimizer, loss, *, num_clients: int) -> Algorithm:
       server_update=lambda server, result, key: (server, {}),
       eval_params=lambda server, clients: clients,
       personalized=True,
-      client_end=lambda rows, trained: trained)
+      client_end=lambda rows, trained: trained, client_init=client_init)
 
 
 build = local_only

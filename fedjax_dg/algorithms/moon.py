@@ -125,11 +125,14 @@ def moon(model, optimizer, *, num_clients: int,
   cm = ContrastiveModel(model, proj_dim)
   base = fedavg(cm, optimizer, objective(cm, mu, temperature), name="moon")
 
+  def client_init(key, ids):
+    server, _ = base.init(key)
+    return Previous(tree.broadcast(server.params, ids.shape[0]),
+                    jnp.zeros(ids.shape, bool))
+
   def init(key):
     server, _ = base.init(key)
-    prev = Previous(tree.broadcast(server.params, num_clients),
-                    jnp.zeros((num_clients,), bool))
-    return server, prev
+    return server, client_init(key, jnp.arange(num_clients))
 
   def client_ctx(start, rows: Previous, ids):
     del ids
@@ -145,7 +148,7 @@ def moon(model, optimizer, *, num_clients: int,
 
   return dataclasses.replace(
       base, init=init, client_ctx=client_ctx, client_end=client_end,
-      eval_params=lambda server, clients: cm.to_model_params(server.params))
+      client_init=client_init, eval_params=lambda server, clients: cm.to_model_params(server.params))
 
 
 build = moon

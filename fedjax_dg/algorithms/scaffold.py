@@ -148,10 +148,16 @@ def scaffold(model, optimizer, loss, *, num_clients: int, variant: str = "II",
         model, objectives.cross_entropy, who="scaffold.adapters=True")
   base = fedavg(model, optimizer, corrected(loss), name=name)
 
+  def client_init(key, ids):
+    """c_i = 0."""
+    return jax.tree.map(lambda a: jnp.zeros(ids.shape + a.shape, a.dtype),
+                        jax.eval_shape(sample, key))
+
   def init(key):
     params = sample(key)
     zeros = optax.tree.zeros_like(params)
-    return ScaffoldState(params, zeros), tree.broadcast(zeros, num_clients)
+    return (ScaffoldState(params, zeros),
+            client_init(key, jnp.arange(num_clients)))
 
   def client_aux(ctx, trained, data_i, key):
     """c_i+ - c_i (0 for a client without examples: it took no step)."""
@@ -191,7 +197,7 @@ def scaffold(model, optimizer, loss, *, num_clients: int, variant: str = "II",
       base, init=init, server_update=server_update,
       client_shared=lambda server: server.control,
       client_aux=client_aux, client_end=client_end, client_end_takes_aux=True,
-      frozen=frozen, model=model if adapters else None)
+      client_init=client_init, frozen=frozen, model=model if adapters else None)
 
 
 build = scaffold

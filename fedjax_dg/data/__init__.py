@@ -4,7 +4,8 @@
   offline Rotated Fashion-MNIST) as numpy arrays with domain and class names.
 * `partition`: leave-one-domain-out, hFedF domain split (Alg. 5), K clients per
   domain, IID, Dirichlet label skew, few-shot target injection.
-* `federated`: `FederatedData`, stacked zero-padded per-client arrays.
+* `federated`: `FederatedData`, packed per-client examples (and their padded
+  view).
 """
 
 from fedjax_dg.data import federated
@@ -13,6 +14,7 @@ from fedjax_dg.data import sources
 from fedjax_dg.data.federated import build
 from fedjax_dg.data.federated import ClientArrays
 from fedjax_dg.data.federated import FederatedData
+from fedjax_dg.data.federated import PackedClients
 from fedjax_dg.data.partition import make_partition
 from fedjax_dg.data.partition import PartitionSpec
 from fedjax_dg.data.sources import available
@@ -24,6 +26,7 @@ __all__ = [
     "ClientArrays",
     "DomainDataset",
     "FederatedData",
+    "PackedClients",
     "PartitionSpec",
     "available",
     "build",

@@ -1,10 +1,19 @@
-"""FederatedData: stacked, zero-padded per-client arrays plus the ood target split.
+"""FederatedData: packed per-client examples plus the ood target split.
 
 `build(dataset, spec, target_domain=...)` holds out the target domain
 (leave-one-domain-out), splits the source examples among clients with
 `partition.make_partition`, holds out `val_fraction` of every client's examples as
 its id-validation split, optionally injects `few_shot_k` target examples into each
-client's training data, and stacks everything as
+client's training data, and stores each split packed (`PackedClients`: every
+client's examples back to back, no padding)
+
+    packed_train.x       uint8 [total, H, W, ch]   (streamed: RecordImages)
+    packed_train.y       int32 [total]
+    packed_train.offsets int64 [C + 1]   client c: rows offsets[c]:offsets[c+1]
+
+`train` / `val` are the padded view the whole-run-on-device placement uses,
+built from the packed form on first use (`engine.run` with
+`train.placement="host"` never builds it: it gathers each round's cohort):
 
     train.x uint8 [C, N_max, H, W, ch]   zero padded
     train.y int32 [C, N_max]             padded with 0
@@ -16,13 +25,20 @@ server's split `server_x` uint8 [S, H, W, ch] / `server_y` int32 [S] (the
 unlabeled transfer set of FedDF / FedBE, the labeled proxy set of FedLAW); no
 client ever sees those examples.
 
-Arrays stay on the host (numpy; jitted functions accept them as they are);
-`FederatedData.device_put` moves the client arrays to devices.
+A streamed dataset (`sources.load(..., streaming=...)`: images that stay in
+their TFDS records) gives a streamed federation (`streamed`): `packed_train.x`,
+`packed_val.x` and `target_x` are views of the records, read when gathered
+(`PackedClients.gather`, a chunk's cohorts); the server's split is read at
+build; the padded view is refused (it would hold every example).
+
+Arrays stay on the host (numpy; jitted functions accept them as they are); the
+engine places them (`engine.Layout`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Mapping, Sequence
 
 import flax
@@ -30,6 +46,7 @@ import jax
 import numpy as np
 
 from fedjax_dg.data import partition
+from fedjax_dg.data.images import channel_stats, is_streamed, take
 from fedjax_dg.data.sources import DomainDataset
 from fedjax_dg.errors import ConfigError
 
@@ -51,55 +68,96 @@ class ClientArrays:
     return int(self.x.shape[1])
 
 
-def stack_clients(
-    images: np.ndarray, labels: np.ndarray, parts: Sequence[np.ndarray]
-) -> ClientArrays:
-  """Gathers `parts` (index arrays) into zero-padded [C, N_max, ...] arrays."""
-  n = np.array([len(p) for p in parts], np.int32)
-  n_max = int(n.max()) if len(n) else 0
-  x = np.zeros((len(parts), n_max) + images.shape[1:], np.uint8)
-  y = np.zeros((len(parts), n_max), np.int32)
-  for c, p in enumerate(parts):
-    x[c, :len(p)] = images[p]
-    y[c, :len(p)] = labels[p]
-  return ClientArrays(x=x, y=y, n=n)
+@dataclasses.dataclass(frozen=True, eq=False)
+class PackedClients:
+  """Every client's examples back to back (no padding): client c holds rows
+  `offsets[c]:offsets[c + 1]` of `x` / `y`. `width` is the per-client length
+  of the padded view (`padded`, `gather`): at least the largest client."""
+
+  x: Any              # uint8 [total, H, W, ch]: an array, or RecordImages
+                      # (streamed: rows read on demand, `gather`)
+  y: np.ndarray        # int32 [total]
+  offsets: np.ndarray  # int64 [C + 1], offsets[0] = 0, non-decreasing
+  width: int = -1      # padded length per client; -1: the largest client
+
+  def __post_init__(self):
+    offsets = np.asarray(self.offsets, np.int64)
+    object.__setattr__(self, "offsets", offsets)
+    largest = int(np.diff(offsets).max()) if len(offsets) > 1 else 0
+    if self.width == -1:
+      object.__setattr__(self, "width", largest)
+    if self.width < largest:
+      raise ValueError(f"PackedClients: width={self.width} is below the "
+                       f"largest client's {largest} examples")
+    if offsets[0] != 0 or offsets[-1] != len(self.y) or np.any(
+        np.diff(offsets) < 0):
+      raise ValueError(f"PackedClients: offsets must rise from 0 to the "
+                       f"{len(self.y)} examples, got {offsets[0]}..{offsets[-1]}")
+
+  @property
+  def n(self) -> np.ndarray:
+    """int32 [C]: each client's number of examples."""
+    return np.diff(self.offsets).astype(np.int32)
+
+  @property
+  def num_clients(self) -> int:
+    return len(self.offsets) - 1
+
+  def gather(self, ids) -> ClientArrays:
+    """Clients `ids` (an int array of any shape [...]) padded to `width`:
+    x [..., width, H, W, ch], y [..., width], n [...]. Only the clients'
+    own rows of `x` are read (from records, for streamed data: each once)."""
+    ids = np.asarray(ids)
+    n = self.n[ids]
+    valid = np.arange(self.width) < n[..., None]
+    rows = self.offsets[ids][..., None] + np.arange(self.width)
+    x = np.zeros(rows.shape + self.x.shape[1:], self.x.dtype)
+    y = np.zeros(rows.shape, np.int32)
+    if valid.any():
+      x[valid] = self.x[rows[valid]]
+      y[valid] = self.y[rows[valid]]
+    return ClientArrays(x=x, y=y, n=n)
+
+  def padded(self) -> ClientArrays:
+    """Every client, padded: x [C, width, ...]."""
+    return self.gather(np.arange(self.num_clients))
+
+  def nbytes(self, padded: bool = False) -> int:
+    """Bytes of the packed arrays, or of the padded view (`padded`)."""
+    per = (int(np.prod(self.x.shape[1:])) * self.x.dtype.itemsize
+           + self.y.dtype.itemsize)
+    return per * (self.num_clients * self.width if padded else len(self.y))
 
 
-MIN_STD = 0.5 / 255  # a channel whose std is below this is constant
+def pack_clients(images: np.ndarray, labels: np.ndarray,
+                 parts: Sequence[np.ndarray]) -> PackedClients:
+  """The examples of `parts` (index arrays into `images` / `labels`), packed
+  (streamed images: a view of their records, nothing read)."""
+  index = (np.concatenate([np.asarray(p, np.int64) for p in parts]) if parts
+           else np.zeros(0, np.int64))
+  offsets = np.concatenate([[0], np.cumsum([len(p) for p in parts])])
+  return PackedClients(x=take(images, index),
+                       y=labels[index].astype(np.int32), offsets=offsets)
 
 
-def channel_stats(
-    x: np.ndarray, n: np.ndarray
-) -> tuple[tuple[float, ...], tuple[float, ...]]:
-  """Per-channel mean and (population) std in [0, 1] units of the real examples.
-
-  Exact, from per-channel histograms of the uint8 values, so memory stays small.
-  A constant channel (std below half a grey level) gets std 1: normalized, it is
-  0 everywhere instead of a division by zero (NaN from the first step).
-  """
-  ch = x.shape[-1]
-  hist = np.zeros((ch, 256), np.float64)
-  for c in range(x.shape[0]):
-    for start in range(0, int(n[c]), 512):
-      chunk = x[c, start:min(start + 512, int(n[c]))]
-      for k in range(ch):
-        hist[k] += np.bincount(chunk[..., k].ravel(), minlength=256)
-  values = np.arange(256) / 255.0
-  total = np.maximum(hist.sum(1), 1)
-  mean = hist @ values / total
-  var = np.maximum(hist @ values**2 / total - mean**2, 0.0)
-  std = np.sqrt(var)
-  std = np.where(std < MIN_STD, 1.0, std)
-  return tuple(mean.tolist()), tuple(std.tolist())
+def pack_padded(arrays: ClientArrays) -> PackedClients:
+  """Padded per-client arrays (x [C, W, ...], n [C]) packed, keeping the
+  width W of the padded view."""
+  x, y, n = (np.asarray(a) for a in (arrays.x, arrays.y, arrays.n))
+  keep = np.arange(x.shape[1])[None, :] < n[:, None]
+  return PackedClients(x=x[keep], y=y[keep].astype(np.int32),
+                       offsets=np.concatenate([[0], np.cumsum(n)]),
+                       width=x.shape[1])
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class FederatedData:
-  """A federation: per-client train / id-val arrays and the ood target split."""
+  """A federation: per-client train / id-val examples and the ood target split."""
 
-  train: ClientArrays
-  val: ClientArrays  # Each client's id-validation split.
-  target_x: Any  # uint8 [N_t, H, W, ch]; N_t = 0 without a target domain.
+  packed_train: PackedClients
+  packed_val: PackedClients  # Each client's id-validation split.
+  target_x: Any  # uint8 [N_t, H, W, ch]; N_t = 0 without a target domain
+                 # (streamed: RecordImages, read in blocks)
   target_y: Any  # int32 [N_t]
   num_classes: int
   class_names: tuple[str, ...]
@@ -107,8 +165,6 @@ class FederatedData:
   target_domain: str | None
   source_domains: tuple[str, ...]
   client_domains: tuple[tuple[str, ...], ...]  # Domains in each client's train.
-  mean: tuple[float, ...]  # Per channel, [0, 1] units, over the train examples.
-  std: tuple[float, ...]
   # Provenance: indices into the DomainDataset.
   train_indices: tuple[np.ndarray, ...] = ()
   val_indices: tuple[np.ndarray, ...] = ()
@@ -126,8 +182,51 @@ class FederatedData:
     return 0 if self.server_y is None else int(np.shape(self.server_y)[0])
 
   @property
+  def streamed(self) -> bool:
+    """Whether the examples stay in their records (`data.streaming`): read
+    per chunk of rounds, never all at once."""
+    return is_streamed(self.packed_train.x)
+
+  @functools.cached_property
+  def _stats(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    return channel_stats(self.packed_train.x)
+
+  @property
+  def mean(self) -> tuple[float, ...]:
+    """Per channel, [0, 1] units, over the training examples (computed on
+    first use: streamed, a pass over them)."""
+    return self._stats[0]
+
+  @property
+  def std(self) -> tuple[float, ...]:
+    return self._stats[1]
+
+  def _padded(self, packed: PackedClients, what: str) -> ClientArrays:
+    if self.streamed:
+      raise ConfigError(
+          f"the {what} examples of every client at once (the padded view "
+          f"[C, N_max, ...], {packed.nbytes(padded=True) / 2**30:.2f} GiB) were "
+          "asked for, but this federation is streamed (data.streaming): its "
+          "examples are read per chunk of rounds, never all at once. Run with "
+          "train.placement='host' (or 'auto'), and algorithms that do not read "
+          "every client's data when built (not fedccrl, ccst, elcfs, hfedf "
+          "with embeddings='autoencoder'), or load the data in memory "
+          "(data.streaming='off') if it fits")
+    return packed.padded()
+
+  @functools.cached_property
+  def train(self) -> ClientArrays:
+    """The training examples padded, [C, N_max, ...] (built on first use)."""
+    return self._padded(self.packed_train, "training")
+
+  @functools.cached_property
+  def val(self) -> ClientArrays:
+    """The id-validation examples padded, [C, V_max, ...] (built on first use)."""
+    return self._padded(self.packed_val, "id-validation")
+
+  @property
   def num_clients(self) -> int:
-    return self.train.num_clients
+    return self.packed_train.num_clients
 
   @property
   def image_shape(self) -> tuple[int, ...]:
@@ -135,27 +234,18 @@ class FederatedData:
 
   def pooled(self) -> FederatedData:
     """All clients' training data as ONE client (Central); val stays per client."""
-    n = np.asarray(self.train.n)
-    x = np.concatenate([np.asarray(self.train.x[c, :n[c]]) for c in range(len(n))])
-    y = np.concatenate([np.asarray(self.train.y[c, :n[c]]) for c in range(len(n))])
-    train = ClientArrays(x=x[None], y=y[None], n=np.array([len(y)], np.int32))
+    t = self.packed_train
+    train = PackedClients(x=t.x, y=t.y, offsets=np.array([0, len(t.y)]))
     held = {d for c in self.client_domains for d in c}
     domains = tuple(d for d in self.domain_names if d in held)
     indices = (np.concatenate(self.train_indices),) if self.train_indices else ()
     return dataclasses.replace(
-        self, train=train, client_domains=(domains,), train_indices=indices
-    )
-
-  def device_put(self, sharding: Any = None) -> FederatedData:
-    """Moves train / val / target arrays to devices (optionally sharded)."""
-    put = lambda t: jax.device_put(t, sharding)
-    return dataclasses.replace(
-        self, train=put(self.train), val=put(self.val),
-        target_x=jax.device_put(self.target_x), target_y=jax.device_put(self.target_y),
+        self, packed_train=train, client_domains=(domains,),
+        train_indices=indices
     )
 
   def summary(self) -> str:
-    n_train, n_val = np.asarray(self.train.n), np.asarray(self.val.n)
+    n_train, n_val = self.packed_train.n, self.packed_val.n
     target = (f"target {self.target_domain!r} with {len(self.target_y)} examples"
               if self.target_domain is not None else "no target domain")
     server = (f", server split {self.server_size} examples"
@@ -300,16 +390,15 @@ def build(
     rng = np.random.default_rng([spec.seed, 1])
     train_parts = [rng.permutation(np.concatenate([t, s]))
                    for t, s in zip(train_parts, shots)]
-  train = stack_clients(dataset.images, dataset.labels, train_parts)
-  mean, std = channel_stats(train.x, train.n)
+  train = pack_clients(dataset.images, dataset.labels, train_parts)
   names = dataset.domain_names
   client_domains = tuple(
       tuple(names[j] for j in np.unique(domains[p])) for p in train_parts
   )
   return FederatedData(
-      train=train,
-      val=stack_clients(dataset.images, dataset.labels, val_parts),
-      target_x=dataset.images[target_idx],
+      packed_train=train,
+      packed_val=pack_clients(dataset.images, dataset.labels, val_parts),
+      target_x=take(dataset.images, target_idx),
       target_y=dataset.labels[target_idx].astype(np.int32),
       num_classes=dataset.num_classes,
       class_names=dataset.class_names,
@@ -317,12 +406,10 @@ def build(
       target_domain=None if target is None else names[target],
       source_domains=tuple(names[j] for j in source_ids),
       client_domains=client_domains,
-      mean=mean,
-      std=std,
       train_indices=tuple(train_parts),
       val_indices=tuple(val_parts),
       target_indices=target_idx,
-      server_x=dataset.images[server_idx],
+      server_x=dataset.images[server_idx],  # read (streamed: from records)
       server_y=dataset.labels[server_idx].astype(np.int32),
       server_indices=server_idx,
   )

@@ -18,8 +18,8 @@
   and the partitioner splits the train split among clients (`EVAL_SPLITS`).
 * `domainnet` (6 domains, train + test merged per domain): the TFDS catalog.
 
-Prepared TFDS data lives in `data_dir` (env `FEDJAX_DG_DATA_DIR`, default
-`~/.cache/fedjax_dg/tfds`); the final arrays of every `load` are cached as `.npz`
+Prepared TFDS data lives in `data_dir` (default: `data_dir_default()`, the one
+rule for every entry point); the final arrays of every `load` are cached as `.npz`
 next to it, so a second `load` only reads one file. `tensorflow_datasets` is
 imported only when something has to be prepared or read from TFDS.
 """
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import io
 import json
 import os
 import shutil
@@ -36,8 +35,8 @@ import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
-from PIL import Image
-
+from fedjax_dg.data.images import (STATS_BLOCK_BYTES, Concat, RecordImages,
+                                   channel_stats, decode_image, read_records)
 from fedjax_dg.errors import ConfigError, DataError
 
 ENV_DATA_DIR = "FEDJAX_DG_DATA_DIR"
@@ -47,7 +46,6 @@ CACHE_FORMAT = 1  # Bump when the cached arrays change meaning.
 # Datasets whose native-size arrays fit in this many bytes keep a native-size cache
 # from which every other image size / subset is derived without re-reading TFDS.
 NATIVE_CACHE_MAX_BYTES = 1 << 30
-_READ_CHUNK = 1024
 
 DOMAINNET_DOMAINS = ("clipart", "infograph", "painting", "quickdraw", "real", "sketch")
 # Domain names that are a dataset's official splits: a target domain with one of
@@ -57,14 +55,35 @@ SPLIT_DOMAINS = ("train", "test", "val", "validation")
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class DomainDataset:
-  """All examples of a multi-domain image dataset, as host numpy arrays."""
+  """All examples of a multi-domain image dataset: labels and domains as host
+  numpy arrays, images as one too, or streamed (`RecordImages`: read from
+  their records on demand, `load(..., streaming=...)`)."""
 
   name: str
-  images: np.ndarray  # uint8 [N, H, W, ch]
+  images: Any  # uint8 [N, H, W, ch]: an array, or RecordImages (streamed)
   labels: np.ndarray  # int32 [N]
   domains: np.ndarray  # int32 [N], index into domain_names
   domain_names: tuple[str, ...]
   class_names: tuple[str, ...]
+  # A streamed dataset's channel statistics, once computed (a pass over its
+  # records): a JSON file beside its caches.
+  stats_file: str | None = None
+
+  @property
+  def streamed(self) -> bool:
+    return isinstance(self.images, RecordImages)
+
+  def channel_stats(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel (mean, std) of every image (`images.channel_stats`); a
+    streamed dataset's are computed once and kept in `stats_file`."""
+    if self.stats_file and os.path.exists(self.stats_file):
+      with open(self.stats_file) as f:
+        stats = json.load(f)
+      return tuple(stats["mean"]), tuple(stats["std"])
+    mean, std = channel_stats(self.images)
+    if self.stats_file:
+      _write_json(self.stats_file, dict(mean=mean, std=std))
+    return mean, std
 
   @property
   def num_classes(self) -> int:
@@ -75,9 +94,13 @@ class DomainDataset:
     and ~1,000 evenly spaced images (a resumed run refuses other data)."""
     h = hashlib.sha1(repr((self.name, self.images.shape, self.domain_names,
                            self.class_names)).encode())
-    for a in (self.labels, self.domains,
-              self.images[::max(1, len(self.images) // 1024)]):
+    for a in (self.labels, self.domains):
       h.update(np.ascontiguousarray(a).tobytes())
+    rows = np.arange(0, len(self.images), max(1, len(self.images) // 1024))
+    block = max(1, STATS_BLOCK_BYTES // max(1, int(np.prod(self.image_shape))))
+    for start in range(0, len(rows), block):  # streamed: read in blocks
+      h.update(np.ascontiguousarray(
+          self.images[rows[start:start + block]]).tobytes())
     return h.hexdigest()[:16]
 
   @property
@@ -109,24 +132,6 @@ class DomainDataset:
 # Decoding and assembling records (pure; tested with fake data sources).
 
 
-def decode_image(
-    image: bytes | np.ndarray, channels: int, image_size: int | None
-) -> np.ndarray:
-  """Encoded bytes or an array -> uint8 [H, W, channels], PIL-bilinear resized."""
-  if isinstance(image, np.ndarray):
-    arr = image[..., 0] if image.ndim == 3 and image.shape[-1] == 1 else image
-    pil = Image.fromarray(np.asarray(arr, np.uint8))
-  else:
-    pil = Image.open(io.BytesIO(image))
-  mode = "L" if channels == 1 else "RGB"
-  if pil.mode != mode:
-    pil = pil.convert(mode)
-  if image_size is not None and pil.size != (image_size, image_size):
-    pil = pil.resize((image_size, image_size), Image.Resampling.BILINEAR)
-  out = np.asarray(pil, np.uint8)
-  return out[..., None] if out.ndim == 2 else out
-
-
 def stack_images(images: Sequence[np.ndarray], name: str) -> np.ndarray:
   """Stacks equally sized images; says to pass `image_size` when they differ."""
   if not images:
@@ -139,29 +144,6 @@ def stack_images(images: Sequence[np.ndarray], name: str) -> np.ndarray:
         "to load() to resize them to one square size"
     )
   return np.stack(images)
-
-
-def _getitems(source: Any, indices: Sequence[int]) -> list[Any]:
-  if hasattr(source, "__getitems__"):
-    return list(source.__getitems__(list(indices)))
-  return [source[int(i)] for i in indices]
-
-
-def read_records(
-    source: Any,
-    indices: Sequence[int],
-    *,
-    fields: Sequence[str],
-    decode: Callable[[Any], Any] | None = None,
-) -> dict[str, list[Any]]:
-  """Reads `fields` of records `indices` (in chunks); `decode` maps the image."""
-  out: dict[str, list[Any]] = {f: [] for f in fields}
-  for start in range(0, len(indices), _READ_CHUNK):
-    for record in _getitems(source, indices[start:start + _READ_CHUNK]):
-      for f in fields:
-        value = record[f]
-        out[f].append(decode(value) if f == "image" and decode else value)
-  return out
 
 
 def subset_per_domain(
@@ -227,6 +209,28 @@ def dataset_from_domain_field(
                    rec["domain"], domain_names, class_names)
 
 
+def domain_records(
+    domain_sources: Mapping[str, Sequence[Any]],
+    max_per_domain: int | None,
+    seed: int,
+) -> tuple[Concat, np.ndarray, np.ndarray]:
+  """(one source over all of them, the kept records [N] in it, their domains
+  [N]): every record of each domain, or a seeded-random `max_per_domain` of
+  them, domain by domain in record order."""
+  rng = np.random.default_rng(seed)
+  every = Concat([s for group in domain_sources.values() for s in group])
+  records, domains, base = [], [], 0
+  for d, group in enumerate(domain_sources.values()):
+    total = sum(len(s) for s in group)
+    picks = np.arange(total)
+    if max_per_domain is not None and total > max_per_domain:
+      picks = np.sort(rng.choice(picks, max_per_domain, replace=False))
+    records.append(base + picks)
+    domains.append(np.full(len(picks), d, np.int32))
+    base += total
+  return every, np.concatenate(records), np.concatenate(domains)
+
+
 def dataset_from_sources(
     name: str,
     domain_sources: Mapping[str, Sequence[Any]],
@@ -242,24 +246,11 @@ def dataset_from_sources(
   Records hold `image` (encoded bytes or an array) and `label`. With
   `max_per_domain`, only the seeded-random subset of each domain is decoded.
   """
-  rng = np.random.default_rng(seed)
-  images, labels, domains = [], [], []
-  decode = lambda im: decode_image(im, channels, image_size)
-  for d, sources in enumerate(domain_sources.values()):
-    sizes = [len(s) for s in sources]
-    picks = np.arange(sum(sizes))
-    if max_per_domain is not None and len(picks) > max_per_domain:
-      picks = np.sort(rng.choice(picks, max_per_domain, replace=False))
-    offsets = np.cumsum([0] + sizes)
-    for s, source in enumerate(sources):
-      local = picks[(picks >= offsets[s]) & (picks < offsets[s + 1])] - offsets[s]
-      rec = read_records(source, local.tolist(), fields=("image", "label"),
-                         decode=decode)
-      images += rec["image"]
-      labels += rec["label"]
-      domains += [d] * len(local)
-  return _finalize(name, stack_images(images, name), labels, domains,
-                   tuple(domain_sources), class_names)
+  source, records, domains = domain_records(domain_sources, max_per_domain, seed)
+  rec = read_records(source, records, fields=("image", "label"),
+                     decode=lambda im: decode_image(im, channels, image_size))
+  return _finalize(name, stack_images(rec["image"], name), rec["label"],
+                   domains, tuple(domain_sources), class_names)
 
 
 def derive(
@@ -336,10 +327,19 @@ def _checkout_data_dir() -> str:
 def data_dir_origin() -> str:
   """Which rule of `data_dir_default` chose the data directory."""
   if os.environ.get(ENV_DATA_DIR):
-    return f"${ENV_DATA_DIR}"
+    return f"${ENV_DATA_DIR} is set"
   if os.path.isdir(_checkout_data_dir()):
-    return "the checkout's .data/"
-  return "the default"
+    return f"the checkout's .data/ (no ${ENV_DATA_DIR})"
+  return f"the default (no ${ENV_DATA_DIR}, no checkout .data/)"
+
+
+def data_dir_line(data_dir: str | None = None) -> str:
+  """"data directory: PATH (the rule that chose it)", as `fedjax-dg
+  datasets` and `prepare` print it; `data_dir`: one given explicitly."""
+  if data_dir:
+    return f"data directory: {os.path.expanduser(data_dir)} (given)"
+  return (f"data directory: {data_dir_default()} ({data_dir_origin()}; "
+          "the rule: fedjax_dg.data.sources.data_dir_default)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -439,9 +439,8 @@ def available(data_dir: str | None = None) -> tuple[str, ...]:
 def describe_available(data_dir: str | None = None) -> str:
   """One line per dataset: name, kind, domains, prepared or not (for
   `fedjax-dg datasets`)."""
+  lines = [data_dir_line(data_dir)]
   data_dir = os.path.expanduser(data_dir or data_dir_default())
-  lines = [f"data directory: {data_dir} (${ENV_DATA_DIR}, else a checkout's "
-           ".data/, else ~/.cache/fedjax_dg/tfds)"]
   for name in available(data_dir):
     entry = _lookup(name, data_dir)
     ready = is_prepared(name, data_dir)
@@ -690,6 +689,26 @@ def _check_positive(field: str, value: int | None) -> None:
     raise ConfigError(f"{field}={value!r} is invalid: use a positive int or None")
 
 
+STREAMING = ("auto", "on", "off")
+# "auto" streams a dataset whose images (at the size asked for) take more than
+# this share of the memory the process may use (`host_memory`): loaded whole,
+# a run holds about three times them (the arrays, the clients' packed copies
+# with the target split, and the padded view of the "device" placement).
+AUTO_STREAM_SHARE = 0.25
+
+
+def host_memory() -> int:
+  """Bytes of memory this process may use: the host's RAM, or the cgroup's
+  limit where it is lower (containers, Colab)."""
+  ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  try:
+    with open("/sys/fs/cgroup/memory.max") as f:
+      limit = f.read().strip()
+    return min(ram, int(limit)) if limit.isdigit() else ram
+  except OSError:
+    return ram
+
+
 def load(
     name: str,
     *,
@@ -698,6 +717,7 @@ def load(
     manual_dir: str | None = None,
     max_per_domain: int | None = None,
     seed: int = 0,
+    streaming: str = "off",
 ) -> DomainDataset:
   """Loads a named dataset (preparing it once), resized and cached as .npz.
 
@@ -705,21 +725,37 @@ def load(
     name: one of `available()`.
     image_size: square side to resize to (PIL bilinear); None keeps the stored
       size (all images must then have one size).
-    data_dir: prepared TFDS data and caches; default env `FEDJAX_DG_DATA_DIR` or
-      `~/.cache/fedjax_dg/tfds`.
+    data_dir: prepared TFDS data and caches; default `data_dir_default()`.
     manual_dir: raw input: the image folder of pacs / office_home / vlcs, the
       tiny-imagenet-200 folder of tiny_imagenet, or the Fashion-MNIST IDX folder
       of rotated_fashion_mnist / styled_fashion_mnist / fashion_mnist.
     max_per_domain: keep at most this many seeded-random examples per domain.
     seed: seed of that subset.
+    streaming: "off": every image read into memory (and cached as .npz);
+      "on": the images stay in the prepared array_record files and are read
+      on demand (`RecordImages`; only labels and domains are read now, and
+      cached); "auto": "on" when the images would take more than
+      AUTO_STREAM_SHARE of `host_memory()`. The same examples either way.
   """
   _check_positive("image_size", image_size)
   _check_positive("max_per_domain", max_per_domain)
+  if streaming not in STREAMING:
+    raise ConfigError(f"data.streaming={streaming!r}: allowed {STREAMING} "
+                      "(auto: stream when the images would take more than "
+                      f"{AUTO_STREAM_SHARE:.0%} of the host's memory)")
   data_dir = os.path.expanduser(data_dir or data_dir_default())
   entry = _lookup(name, data_dir)
   check_source(name, data_dir, manual_dir)
   cache_dir = _cache_dir(name, entry, data_dir)
   path = os.path.join(cache_dir, cache_key(image_size, max_per_domain, seed) + ".npz")
+  if streaming == "auto":
+    size = (os.path.getsize(path) if os.path.exists(path) else
+            _image_bytes(name, entry, data_dir, manual_dir, image_size,
+                         max_per_domain))
+    streaming = "on" if size > AUTO_STREAM_SHARE * host_memory() else "off"
+  if streaming == "on":
+    return _open(name, entry, data_dir, manual_dir, image_size,
+                 max_per_domain, seed)
   if os.path.exists(path):
     return load_npz(path)
   native_path = os.path.join(cache_dir, cache_key(None, None, 0) + ".npz")
@@ -736,6 +772,113 @@ def load(
   if not os.path.exists(path):
     save_npz(path, ds)
   return ds
+
+
+# ---------------------------------------------------------------------------
+# Streaming: images read from the prepared array_record files on demand.
+
+
+def _write_json(path: str, value) -> None:
+  """Writes atomically (temporary file, then rename)."""
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  tmp = f"{path}.tmp-{os.getpid()}"
+  with open(tmp, "w") as f:
+    json.dump(value, f)
+  os.replace(tmp, path)
+
+
+def _records_of(name: str, entry: _Own | _Catalog, data_dir: str,
+                manual_dir: str | None):
+  """(one random-access source over the dataset's records, its records'
+  grouping: for own builders None (records carry their `domain`), for the
+  catalog {domain: [sources]}, class names, domain names)."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  if isinstance(entry, _Own):
+    builder = _own_builder(entry, data_dir, manual_dir, name, prepare=True)
+    source = builder.as_data_source(
+        decoders={"image": tfds.decode.SkipDecoding()})["train"]
+    features = builder.info.features
+    return (source, None, tuple(features["label"].names),
+            tuple(features["domain"].names))
+  groups, class_names = _catalog_sources(entry, data_dir)
+  return Concat([s for g in groups.values() for s in g]), groups, \
+      class_names, tuple(groups)
+
+
+def _plan(source, groups, max_per_domain: int | None, seed: int):
+  """(records [N], labels [N], domains [N]) of the kept examples in the
+  order `load` gives them (domain-major, record order within a domain): the
+  labels and domains read, no image decoded."""
+  if groups is None:  # own builders: every record names its domain
+    meta = read_records(source, range(len(source)), fields=("label", "domain"))
+    domains = np.asarray(meta["domain"], np.int32)
+    keep = subset_per_domain(domains, max_per_domain, seed)
+    order = keep[np.argsort(domains[keep], kind="stable")]
+    return order, np.asarray(meta["label"], np.int32)[order], domains[order]
+  _, records, domains = domain_records(groups, max_per_domain, seed)
+  labels = read_records(source, records, fields=("label",))["label"]
+  return records, np.asarray(labels, np.int32), domains
+
+
+def _open(name: str, entry: _Own | _Catalog, data_dir: str,
+          manual_dir: str | None, image_size: int | None,
+          max_per_domain: int | None, seed: int) -> DomainDataset:
+  """The dataset of `load` with `streaming="on"`: labels and domains in
+  memory (cached beside the other caches), images `RecordImages`."""
+  source, groups, class_names, domain_names = _records_of(
+      name, entry, data_dir, manual_dir)
+  cache_dir = _cache_dir(name, entry, data_dir)
+  # Which records, their labels and domains: the same at every image size.
+  plan_path = os.path.join(cache_dir, "records-" + cache_key(
+      None, max_per_domain, seed) + ".npz")
+  if os.path.exists(plan_path):
+    with np.load(plan_path) as z:
+      records, labels, domains = z["records"], z["labels"], z["domains"]
+  else:
+    records, labels, domains = _plan(source, groups, max_per_domain, seed)
+    os.makedirs(cache_dir, exist_ok=True)
+    tmp = f"{plan_path}.tmp-{os.getpid()}.npz"
+    np.savez(tmp, records=records, labels=labels, domains=domains)
+    os.replace(tmp, plan_path)
+  if not len(records):
+    raise ConfigError(f"{name}: no images were read")
+  if image_size is not None:
+    shape = (image_size, image_size, entry.channels)
+  elif entry.fixed_shape:
+    first = read_records(source, records[:1], fields=("image",))["image"][0]
+    shape = decode_image(first, entry.channels, None).shape
+  else:
+    raise ConfigError(
+        f"{name}: its images have different sizes, so streaming it needs one "
+        "size to decode them to: set image_size (data.image_size)")
+  images = RecordImages(source, records, channels=entry.channels,
+                        image_size=image_size, image_shape=shape, name=name)
+  stats = os.path.join(cache_dir, cache_key(image_size, max_per_domain, seed)
+                       + "-stats.json")
+  return DomainDataset(name=name, images=images, labels=labels,
+                       domains=domains, domain_names=domain_names,
+                       class_names=class_names, stats_file=stats)
+
+
+def _image_bytes(name: str, entry: _Own | _Catalog, data_dir: str,
+                 manual_dir: str | None, image_size: int | None,
+                 max_per_domain: int | None) -> int:
+  """The bytes `load` would read into memory, from the prepared data's
+  metadata (no record read): the record count (at most `max_per_domain`
+  per domain) x the decoded image size; 0 where the stored images have no
+  one shape and no `image_size` is given (they cannot be stacked anyway)."""
+  source, _, _, domain_names = _records_of(name, entry, data_dir, manual_dir)
+  count = len(source)
+  if max_per_domain is not None:
+    count = min(count, max_per_domain * len(domain_names))
+  if image_size is not None:
+    return count * image_size * image_size * entry.channels
+  info = (source.sources[0] if isinstance(source, Concat) else
+          source).dataset_info
+  shape = info.features["image"].shape
+  if None in shape:
+    return 0
+  return count * int(np.prod(shape[:2])) * entry.channels
 
 
 def prepare(

@@ -103,11 +103,15 @@ class Model:
     """Penultimate representation [B, F] (the input of the last Linear layer)."""
     return self._run(params, x, train, rng, normalized, "features")
 
+  @property
+  def head_name(self) -> str:
+    """The params key of the last Linear layer: `fc2`, a ViT's `head`."""
+    return getattr(self.module, "HEAD", "fc2")
+
   def head(self, params: Params, feats: jax.Array) -> jax.Array:
-    """Logits from `features` output (the last Linear layer: `fc2`, a ViT's
-    `head`)."""
-    name = getattr(self.module, "HEAD", "fc2")
-    return layers.Dense(self.num_classes).apply({"params": params[name]}, feats)
+    """Logits from `features` output (the last Linear layer, `head_name`)."""
+    return layers.Dense(self.num_classes).apply(
+        {"params": params[self.head_name]}, feats)
 
 
 @functools.lru_cache(maxsize=64)

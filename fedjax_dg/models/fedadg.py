@@ -4,7 +4,7 @@
 Each client holds four networks; the run's client model supplies two of them:
 
     F  feature extractor    `model.features`          x -> f   [B, F]
-    C  classifier           `model.head` (`fc2`)      f -> logits
+    C  classifier           `model.head`              f -> logits
     G  distribution generator (the reference distribution in feature space,
        conditioned on the label):
            r = act(W2 leaky_relu(W1 [u, s onehot(y)] + b1) + b2)      [B, F]

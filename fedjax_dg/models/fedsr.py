@@ -8,12 +8,13 @@
              = mu                (evaluation)
     logits   = z @ cls.kernel + cls.bias         Dense(num_classes): `cls`
 
-Params: {"body": the client model's params without its last layer `fc2`,
+Params: {"body": the client model's params without its last layer
+(`model.head_name`: `fc2`, a ViT's `head`),
 "rep": Dense(2 z_dim), "cls": Dense(num_classes)}, PyTorch-default initialized like
 the client model.
 
 At evaluation `cls(mu)` is an affine function of f, so `to_model_params` folds
-`rep[:, :z_dim]` and `cls` into the client model's own last layer `fc2`: the
+`rep[:, :z_dim]` and `cls` into the client model's own last layer: the
 engine evaluates FedSR with the plain client model (no FedSR-specific code in the
 engine or evaluation). The reference code instead averages the softmax of 20
 samples at test time; see docs/faithfulness.md.
@@ -35,9 +36,9 @@ Params = Any
 
 
 def feature_dim(model) -> int:
-  """F, the width of `model.features` (the input of its last Linear `fc2`)."""
+  """F, the width of `model.features` (the input of its last Linear layer)."""
   shapes = jax.eval_shape(model.init, jax.random.key(0))
-  return int(shapes["fc2"]["kernel"].shape[0])
+  return int(shapes[model.head_name]["kernel"].shape[0])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,8 +91,8 @@ class ProbabilisticModel:
     z = self.z_dim
     w_mu, b_mu = params["rep"]["kernel"][:, :z], params["rep"]["bias"][:z]
     w_c, b_c = params["cls"]["kernel"], params["cls"]["bias"]
-    fc2 = {"kernel": w_mu @ w_c, "bias": b_mu @ w_c + b_c}
-    return dict(params["body"], fc2=fc2)
+    last = {"kernel": w_mu @ w_c, "bias": b_mu @ w_c + b_c}
+    return dict(params["body"], **{self.model.head_name: last})
 
 
 @functools.lru_cache(maxsize=16)
@@ -105,7 +106,7 @@ def _jitted_init(prob: ProbabilisticModel):
   def init(key):
     k_body, k_rk, k_rb, k_ck, k_cb = jax.random.split(key, 5)
     body = dict(prob.model.init(k_body))
-    body.pop("fc2")
+    body.pop(prob.model.head_name)
     with layers.init_rng_mode():
       return {"body": body, "rep": dense(k_rk, k_rb, f, 2 * z),
               "cls": dense(k_ck, k_cb, z, c)}

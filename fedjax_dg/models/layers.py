@@ -9,10 +9,16 @@ loops (~24x slower, see docs/models.md), so `Conv` offers three implementations:
 * ``"custom_vjp"``: forward `lax.conv_general_dilated`; the backward pass is two
   ordinary NHWC/HWIO convolutions with explicit transposes and a kernel flip.
   (A `custom_vjp` function supports reverse mode only: no `jax.jvp`/`jax.hessian`.)
+* ``"taps"``: one matmul of the padded input with the kernel's kh*kw taps side
+  by side ([Cin, kh*kw*Cout]), then the sum of the kh*kw shifted slices of its
+  output: the input is read once, so it is fast where kh*kw*Cout <= Cin (a
+  decoder's last 3x3 conv to RGB: 64 -> 3 at 28x28 took 3.5 ms here where
+  XLA:CPU's conv took 124 ms).
 * ``"xla"``: plain `lax.conv_general_dilated` (the right choice on GPU/TPU).
 * ``"auto"``: ``"xla"`` on GPU/TPU; on CPU, per layer, im2col for 1x1 kernels and
-  narrow inputs (<= `CPU_IM2COL_MAX_CHANNELS` channels), custom_vjp otherwise (picked
-  by benchmarks/conv_in_loop.py; see docs/models.md).
+  narrow inputs (<= `CPU_IM2COL_MAX_CHANNELS` channels), taps where kh*kw*Cout
+  <= Cin, custom_vjp otherwise (picked by benchmarks/conv_in_loop.py; see
+  docs/models.md).
 
 Pooling is written with static slices so that its backward pass is elementwise (no
 `select_and_scatter` inside loop bodies).
@@ -47,7 +53,7 @@ from fedjax_dg.errors import ConfigError
 Array = jax.Array
 Padding = str | int | tuple[int, int] | Sequence[tuple[int, int]]
 
-CONV_IMPLS = ("im2col", "custom_vjp", "xla", "auto")
+CONV_IMPLS = ("im2col", "custom_vjp", "taps", "xla", "auto")
 INITS = ("flax", "torch", "kaiming_out", "normal")
 # "auto" on the CPU backend picks per layer (benchmarks/conv_in_loop.py, InceptionCNN
 # training step inside lax.map x lax.scan): im2col for 1x1 kernels and for inputs
@@ -63,8 +69,9 @@ def resolve_conv_impl(impl: str, kernel_shape: Sequence[int] | None = None) -> s
   """Maps "auto" to a concrete implementation for the default backend.
 
   "auto" is "xla" on GPU/TPU. On CPU it is "im2col" for 1x1 kernels or at most
-  `CPU_IM2COL_MAX_CHANNELS` input channels, else "custom_vjp"; without a
-  `kernel_shape` (HWIO) it stays "auto" on CPU (decided per layer).
+  `CPU_IM2COL_MAX_CHANNELS` input channels, "taps" where kh * kw * Cout <= Cin,
+  else "custom_vjp"; without a `kernel_shape` (HWIO) it stays "auto" on CPU
+  (decided per layer).
   """
   if impl not in CONV_IMPLS:
     raise ConfigError(f"conv_impl must be one of {CONV_IMPLS}, got {impl!r}")
@@ -74,9 +81,11 @@ def resolve_conv_impl(impl: str, kernel_shape: Sequence[int] | None = None) -> s
     return "xla"
   if kernel_shape is None:
     return "auto"
-  kh, kw, cin, _ = kernel_shape
+  kh, kw, cin, cout = kernel_shape
   if kh * kw == 1 or cin <= CPU_IM2COL_MAX_CHANNELS:
     return "im2col"
+  if kh * kw * cout <= cin:
+    return "taps"
   return "custom_vjp"
 
 
@@ -148,6 +157,30 @@ def conv_im2col(x: Array, kernel: Array, strides=(1, 1),
   return y.reshape(b, ho, wo, cout)
 
 
+def conv_taps(x: Array, kernel: Array, strides=(1, 1),
+              padding=((0, 0), (0, 0))) -> Array:
+  """Convolution as one matmul to every tap's output channels, then the sum
+  of the taps' shifted (strided) slices: reads the input once."""
+  kh, kw, cin, cout = kernel.shape
+  sh, sw = strides
+  b, h, w, _ = x.shape
+  ho = _out_size(h, kh, sh, padding[0])
+  wo = _out_size(w, kw, sw, padding[1])
+  xp = jnp.pad(x, ((0, 0), padding[0], padding[1], (0, 0)))
+  hp, wp = xp.shape[1:3]
+  # [Cin, kh * kw * Cout], column (i * kw + j) * cout + o: tap (i, j), out o.
+  taps = kernel.transpose(2, 0, 1, 3).reshape(cin, kh * kw * cout)
+  y = (xp.reshape(-1, cin) @ taps).reshape(b, hp, wp, kh * kw, cout)
+  out = None
+  for i in range(kh):
+    for j in range(kw):
+      tap = lax.slice(y[:, :, :, i * kw + j], (0, i, j, 0),
+                      (b, i + (ho - 1) * sh + 1, j + (wo - 1) * sw + 1, cout),
+                      (1, sh, sw, 1))
+      out = tap if out is None else out + tap
+  return out
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
 def _conv_cvjp(x, kernel, strides, padding):
   return conv_xla(x, kernel, strides, padding)
@@ -198,7 +231,7 @@ def conv_custom_vjp(x: Array, kernel: Array, strides=(1, 1),
 
 
 _CONV_FNS = {"im2col": conv_im2col, "custom_vjp": conv_custom_vjp,
-             "xla": conv_xla}
+             "taps": conv_taps, "xla": conv_xla}
 
 
 def conv2d(x: Array, kernel: Array, *, strides: int | Sequence[int] = 1,

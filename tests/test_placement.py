@@ -1,0 +1,171 @@
+"""train.placement: "host" (packed data and client state on the host, a chunk's
+cohorts gathered for the devices) gives the numbers of "device" (everything on
+the device for the whole run), bit for bit, resumed or not."""
+
+import dataclasses
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import numpy as np
+import pytest
+
+from conftest import synthetic_federation
+from fedjax_dg import engine, evaluate, models
+from fedjax_dg.algorithms.central import central
+from fedjax_dg.algorithms.fedavg import fedavg
+from fedjax_dg.algorithms.local_only import local_only
+from fedjax_dg.algorithms.scaffold import scaffold
+from fedjax_dg.client import objectives
+from fedjax_dg.optim import make_optimizer
+
+N = 6
+# A cohort of 2 of 6 over chunks of 2 rounds: a chunk's table holds at most 4
+# of the 6 clients' state rows.
+CFG = engine.EngineConfig(rounds=4, eval_every=2, epochs=1, batch_size=8,
+                          cohort_size=2, client_mapping="map", progress=False,
+                          eval_batch_size=16)
+
+
+@pytest.fixture(scope="module")
+def setup():
+  fed = synthetic_federation(num_clients=N, d=1, num_domains=4, per_domain=30)
+  model = models.get_model("mlp", input_shape=fed.image_shape,
+                           num_classes=fed.num_classes, mean=fed.mean,
+                           std=fed.std, hidden=8)
+  loss, opt = objectives.cross_entropy(model), make_optimizer("sgd", 0.1)
+  algs = {"fedavg": fedavg(model, opt, loss),
+          "local_only": local_only(model, opt, loss, num_clients=N),
+          "scaffold": scaffold(model, opt, loss, num_clients=N)}
+  return fed, model, algs
+
+
+def assert_same_run(a, b):
+  for x, y in zip(jax.tree.leaves((a.server, a.clients)),
+                  jax.tree.leaves((b.server, b.clients)), strict=True):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  assert a.round_metrics == b.round_metrics
+  assert a.history == b.history
+  assert a.final == b.final
+
+
+@pytest.mark.parametrize("name", ["fedavg", "local_only", "scaffold"])
+def test_host_placement_equals_device_resumed_midway(setup, name, tmp_path):
+  """FedAvg; Local-only (a model per client: per-client state, personalized
+  evaluation); SCAFFOLD (per-client control variates updated from
+  client_aux). The host run stops after 2 rounds and resumes from its
+  checkpoint; every client state row, metric and evaluation is the device
+  run's."""
+  fed, model, algs = setup
+  alg = algs[name]
+  device = engine.run(alg, fed, model, dataclasses.replace(CFG,
+                                                           placement="device"))
+  host = dataclasses.replace(CFG, placement="host")
+  ckpt = str(tmp_path / "ckpt")
+  half = engine.run(alg, fed, model, dataclasses.replace(host, rounds=2),
+                    checkpoint_dir=ckpt)
+  resumed = engine.run(alg, fed, model, host, checkpoint_dir=ckpt)
+  assert [h["round"] for h in resumed.history] == [2, 4]
+  assert resumed.history[0] == half.history[0] == device.history[0]
+  assert_same_run(device, resumed)
+  if name != "fedavg":  # the client state stays numpy on the host
+    assert all(isinstance(a, np.ndarray) for a in jax.tree.leaves(resumed.clients))
+
+
+def test_weight_divergence_over_a_sample_of_clients(setup, monkeypatch):
+  """Past DIVERGENCE_CLIENTS clients the final weight divergence compares a
+  seeded sample's pairs, the same clients in both placements."""
+  fed, model, algs = setup
+  monkeypatch.setattr(engine, "DIVERGENCE_CLIENTS", 4)
+  pick = engine.divergence_ids(N)
+  assert len(pick) == 4 and list(pick) == sorted(set(pick))
+  for placement in ("device", "host"):
+    res = engine.run(algs["local_only"], fed, model,
+                     dataclasses.replace(CFG, rounds=2, placement=placement))
+    want = evaluate.weight_divergence(jax.tree.map(
+        lambda a: np.asarray(a)[pick], res.clients))
+    assert res.final["weight_divergence"] == want
+
+
+def test_host_placement_pooled_central(setup):
+  """Central (one pooled "client" holding every example, per-client id-val):
+  the same numbers on the host."""
+  fed, model, algs = setup
+  alg = central(model, make_optimizer("sgd", 0.1), objectives.cross_entropy(model))
+  cfg = dataclasses.replace(CFG, rounds=2)
+  assert_same_run(engine.run(alg, fed, model, dataclasses.replace(
+      cfg, placement="device")), engine.run(alg, fed, model, dataclasses.replace(
+          cfg, placement="host")))
+
+
+def test_host_placement_never_builds_the_padded_view(setup):
+  """The padded [N, N_max] view is built on first use only: a host run of a
+  fresh federation never asks for it."""
+  _, model, algs = setup
+  fed = synthetic_federation(num_clients=N, d=1, num_domains=4, per_domain=30)
+  engine.run(algs["local_only"], fed, model,
+             dataclasses.replace(CFG, rounds=2, placement="host"))
+  assert "train" not in vars(fed) and "val" not in vars(fed)
+  fed.train  # pylint: disable=pointless-statement
+  assert "train" in vars(fed)  # the check above would see it
+
+
+def test_auto_placement_rule(setup, monkeypatch):
+  """"auto": the device while the padded data and the carry take at most
+  AUTO_DEVICE_SHARE of one device's memory, else the host."""
+  fed, _, algs = setup
+  alg = algs["local_only"]
+  need = engine.device_placement_bytes(alg, fed.packed_train, fed.packed_val)
+  padded = sum(np.asarray(a).nbytes for a in
+               jax.tree.leaves((fed.train.x, fed.train.y, fed.val.x, fed.val.y)))
+  assert need == padded + engine.checkpoint_bytes(alg)
+  share = engine.AUTO_DEVICE_SHARE
+  for capacity, want in ((need / share, "device"), (need / share - 1, "host")):
+    monkeypatch.setattr(engine, "device_capacity", lambda c=capacity: c)
+    assert engine.resolve_placement("auto", alg, fed.packed_train,
+                                    fed.packed_val) == want
+  assert engine.resolve_placement("device", alg, fed.packed_train,
+                                  fed.packed_val) == "device"
+
+
+SHARDED = textwrap.dedent("""
+    import os
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    import dataclasses, sys
+    sys.path.insert(0, {tests!r})
+    import jax, numpy as np
+    from conftest import synthetic_federation
+    from fedjax_dg import engine, evaluate, models
+    from fedjax_dg.algorithms.local_only import local_only
+    from fedjax_dg.client import objectives
+    from fedjax_dg.optim import make_optimizer
+    fed = synthetic_federation(num_clients=5, d=2, num_domains=5, per_domain=30)
+    model = models.get_model("mlp", input_shape=fed.image_shape, hidden=8,
+                             num_classes=fed.num_classes, mean=fed.mean,
+                             std=fed.std)
+    alg = local_only(model, make_optimizer("sgd", 0.1),
+                     objectives.cross_entropy(model), num_clients=5)
+    cfg = engine.EngineConfig(rounds=2, eval_every=1, epochs=1, batch_size=8,
+                              cohort_size=4, progress=False, eval_batch_size=8)
+    assert engine.programs(alg, model, cfg, 5).layout.mesh.size == 2
+    runs = [engine.run(alg, fed, model, dataclasses.replace(cfg, placement=p))
+            for p in ("device", "host")]
+    for a, b in zip(*[jax.tree.leaves((r.server, r.clients)) for r in runs]):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert runs[0].history == runs[1].history
+    print("SAME")
+""")
+
+
+@pytest.mark.slow
+def test_host_placement_on_a_client_mesh():
+  """2 devices, a cohort of 4 of 5 sharded over them (each round's gathered
+  cohort placed sharded, the state table replicated): the device run's
+  numbers."""
+  tests = os.path.dirname(os.path.abspath(__file__))
+  out = subprocess.run([sys.executable, "-c", SHARDED.format(tests=tests)],
+                       capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "SAME" in out.stdout
