@@ -13,7 +13,7 @@ FMNIST_DIR ?= /usr/share/datasets/fashion-mnist
 export FEDJAX_DG_DATA_DIR ?= $(abspath .data)
 export FEDJAX_DG_FASHION_MNIST_DIR ?= $(FMNIST_DIR)
 
-.PHONY: setup fashion-mnist data demo test test-notebooks bench clean
+.PHONY: setup fashion-mnist data demo test test-notebooks bench mutation clean
 
 setup: $(STAMP)
 
@@ -64,5 +64,21 @@ bench: setup
 	$(PY) -m pip install -q --target $(FLWR_DIR) 'flwr[simulation]==1.42.0'
 	$(PY) benchmarks/round_time.py
 
+# Mutation testing (not part of `make test`; docs/testing.md): mutmut mutates
+# fedjax_dg/server, client and algorithms ([tool.mutmut] in pyproject.toml) and
+# runs, per mutant, the tests that call the mutated function. All ~9,300 mutants
+# take days on 2 cores: SAMPLE=N checks a seeded random sample of N per package
+# (SEED=S picks another), MUTATE='fedjax_dg.server.*' the mutants whose names
+# match. Results stay in mutants/, so a second run resumes.
+MUTATE ?=
+SAMPLE ?=
+SEED ?= 0
+mutation: data
+	$(PY) -m pip install -q 'mutmut==3.8.1'
+	$(PY) tests/mutation_report.py --preflight
+	$(if $(SAMPLE),$(PY) tests/mutation_report.py --sample $(SAMPLE) --seed $(SEED),rm -f mutants/sample.txt)
+	nice -n 10 $(VENV)/bin/mutmut run $(if $(SAMPLE),$$(cat mutants/sample.txt),$(if $(MUTATE),'$(MUTATE)'))
+	$(PY) tests/mutation_report.py $(if $(MUTATE),'$(MUTATE)')
+
 clean:
-	rm -rf $(VENV) .data runs
+	rm -rf $(VENV) .data runs mutants

@@ -81,8 +81,9 @@ def test_defaults_have_one_source(monkeypatch):
   for key, value in c.train.items():
     if key != "keep_checkpoints":
       assert fields[key] == value, key
-  # One source: the config follows the signature.
-  build = algorithms.spec("fedprox").module.build
+  # One source: the config follows the signature (unwrap: under mutation
+  # testing `build` is mutmut's wrapper, docs/testing.md).
+  build = inspect.unwrap(algorithms.spec("fedprox").module.build)
   monkeypatch.setattr(build, "__kwdefaults__", dict(build.__kwdefaults__, mu=0.5))
   assert config.base_config().fedprox.mu == 0.5
   # ... and the engine's dataclass.
