@@ -39,6 +39,9 @@ federation and the [N, ...] client state on the devices for the whole run) or
 of the key, are gathered and sent while the previous chunk runs, the cohorts'
 state rows go to the devices and back; `_OnHost`); "auto" picks
 (`resolve_placement`). Both give the same numbers (docs/architecture.md).
+With fixed local steps "host" gathers only the rows the steps read, their
+permutations drawn ahead on the host like the cohorts (`host_gather`,
+`resolve_gather`, `step_rows`).
 
 Randomness: one root key; round key = fold_in(root, r); client key =
 fold_in(round key, client id), so results do not depend on the mapping, the
@@ -860,8 +863,11 @@ class _OnHost:
     self.table_rows = min(n, cfg.eval_every * m)
     self.schedule = host_schedule(root_key, r0, cfg.rounds, n, m)
     self.r_first = r0
-    self.root_key = root_key
     self.by_rows = cfg.host_gather == "rows"
+    # The rows are drawn on the host's CPU (the key's device), not queued
+    # on an accelerator behind the chunk that runs while the next is read.
+    self.rows_key = jax.device_put(root_key,
+                                   jax.local_devices(backend="cpu")[0])
     # Evaluation: as many clients at a time as a chunk's table holds (all of
     # them for a pooled run, whose one training "client" is not val's).
     v = val.num_clients
@@ -888,7 +894,7 @@ class _OnHost:
     rows = None
     if self.by_rows:  # the rows the chunk's local steps read, in read order
       rows = np.asarray(self.progs.step_rows(
-          self.root_key, np.arange(r0, r0 + length, dtype=np.int32), ids,
+          self.rows_key, np.arange(r0, r0 + length, dtype=np.int32), ids,
           self.train.n[ids], self.train.width))
     cohorts = Cohort(ids, slots.reshape(ids.shape).astype(np.int32),
                      self.train.gather(ids, rows))

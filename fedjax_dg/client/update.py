@@ -8,7 +8,10 @@ clients and E epochs mean E epochs for every client. The pieces of a step
 (`local_training`) also serve the engine's lanes (`client.lanes`), which train
 several clients one after another per lane under vmap. Each epoch is a fresh
 permutation of the valid examples; the last batch of an epoch is partial
-(PyTorch `drop_last=False`) and its padding is masked out of the loss.
+(PyTorch `drop_last=False`) and its padding is masked out of the loss. With
+fixed steps only the positions the steps read are drawn out of each
+permutation (`first_of_argsort`), and a client whose rows the host gathered
+in read order (`LocalTraining.rows`, `in_order`) reads them as they come.
 """
 
 from __future__ import annotations
@@ -239,8 +242,10 @@ def local_training(loss_fn: LossFn, optimizer: optax.GradientTransformation,
   extra_args = isinstance(optimizer, optax.GradientTransformationExtraArgs)
   count = lambda n: local_steps(n, batch_size, epochs, steps)
 
-  # Fixed steps read at most steps * B positions of each order (a client
-  # larger than that takes one pass): only those are drawn out.
+  # Fixed steps read positions below steps * B of each order (a client
+  # larger than that takes part of one pass, a smaller one ceil(n / B) <=
+  # steps batches a pass): only those are drawn out, and `batch_at`'s clip
+  # to the width is never reached.
   first = steps * batch_size if fixed_steps else 0
 
   def order(n, key):
