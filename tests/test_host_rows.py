@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import synthetic_domains
+from conftest import synthetic_domains, with_sizes
 from fedjax_dg import algorithms, engine, models
 from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.algorithms.local_only import local_only
@@ -37,11 +37,9 @@ def unequal():
   # is empty, the runs are training.
   spec = partition.PartitionSpec(name="domain_split", d=1,
                                  num_partitions=len(SIZES))
-  fed = federated.build(synthetic_domains(num_domains=5, per_domain=60), spec,
-                        target_domain=None, val_fraction=0.0)
-  assert fed.train.x.shape[1] >= max(SIZES)
-  fed = dataclasses.replace(fed, packed_train=federated.pack_padded(
-      fed.train.replace(n=np.asarray(SIZES, np.int32))))
+  fed = with_sizes(federated.build(
+      synthetic_domains(num_domains=5, per_domain=60), spec,
+      target_domain=None, val_fraction=0.0), SIZES)
   model = models.get_model("mlp", input_shape=fed.image_shape,
                            num_classes=fed.num_classes, mean=fed.mean,
                            std=fed.std, hidden=6)
