@@ -21,7 +21,13 @@ state):
              holds 1 M / N examples each; host placement only ("device"
              would hold the padded [N, N_max] view)
 
-Each (data, algorithm, N, placement) is a real `engine.run` with no
+`--host-gather clients rows` runs every host case both ways
+(`train.host_gather`: each cohort member's whole client, padded to the
+largest, or only the rows its local steps read; fmnist and synthetic take
+fixed local steps, so "auto" picks the rows where they are fewer) and adds
+the ratio of each to the first.
+
+Each (data, algorithm, N, placement, gather) is a real `engine.run` with no
 id-validation and no target split (evaluation is then empty and the run is
 training, the host's gathers and the state's trips).
 
@@ -52,6 +58,8 @@ training, the host's gathers and the state's trips).
     .venv/bin/python benchmarks/scale.py                   # N = 100, 1000, 10000
     .venv/bin/python benchmarks/scale.py --quick           # smoke run, < 1 min
     .venv/bin/python benchmarks/scale.py --data synthetic --reps 3 --rounds 6
+    .venv/bin/python benchmarks/scale.py --data synthetic --algorithms fedavg \
+        --host-gather clients rows --reps 3 --rounds 4
     .venv/bin/python benchmarks/scale.py --flower --clients 1000 --rounds 4 \
         --reps 2                                           # after `make bench`
 """
@@ -120,6 +128,7 @@ def chunk_temp_bytes(alg, model, cfg, fed, placement: str) -> int:
   from fedjax_dg import engine
   from fedjax_dg.data.federated import ClientArrays
   n = fed.num_clients
+  cfg = engine.resolve_gather(cfg, alg, placement, fed.packed_train.width)
   progs = engine.programs(alg, model, cfg, n)
   key = jax.random.key(0)
   m = cfg.cohort_size or n
@@ -135,9 +144,11 @@ def chunk_temp_bytes(alg, model, cfg, fed, placement: str) -> int:
     carry = (jax.eval_shape(lambda k: alg.init(k)[0], key),
              jax.eval_shape(alg.init_rows, key, jnp.arange(table)))
     lm = (cfg.eval_every, m)
+    width = (cfg.local_steps * cfg.batch_size if cfg.host_gather == "rows"
+             else packed.width)
     train = engine.Cohort(sds(lm, jnp.int32), sds(lm, jnp.int32), ClientArrays(
-        sds(lm + (packed.width,) + image, jnp.uint8),
-        sds(lm + (packed.width,), jnp.int32), sds(lm, jnp.int32)))
+        sds(lm + (width,) + image, jnp.uint8),
+        sds(lm + (width,), jnp.int32), sds(lm, jnp.int32)))
   compiled = progs.chunk.lower(carry, jnp.int32(0), train, key, None,
                                cfg.eval_every).compile()
   return int(compiled.memory_analysis().temp_size_in_bytes)
@@ -176,11 +187,14 @@ def quick(args) -> None:
   args.cohort, args.synthetic_total = 10, 20_000
 
 
-def placements(args, data: str) -> list[str]:
-  """The synthetic federation runs on the host only: "device" would hold
-  its padded [N, N_max] view (1.2-2.4 GiB at 1 M examples) on the host and
-  the device."""
-  return [pl for pl in args.placements if data != "synthetic" or pl == "host"]
+def placements(args, data: str) -> list[tuple[str, str]]:
+  """(placement, host_gather) pairs: every --host-gather on the host, "auto"
+  (nothing gathered) on the device. The synthetic federation runs on the
+  host only: "device" would hold its padded [N, N_max] view (1.2-2.4 GiB at
+  1 M examples) on the host and the device."""
+  return [(pl, g) for pl in args.placements
+          if data != "synthetic" or pl == "host"
+          for g in (args.host_gather if pl == "host" else ["auto"])]
 
 
 def feds_for(args) -> dict:
@@ -273,6 +287,10 @@ def main(argv=None):
                  choices=("host", "device"))
   p.add_argument("--algorithms", nargs="+", default=["fedavg", "local_only"],
                  choices=("fedavg", "local_only"))
+  p.add_argument("--host-gather", nargs="+", default=["auto"],
+                 choices=("auto", "clients", "rows"),
+                 help="train.host_gather of the host cases; several: each "
+                 "case run with each, side by side")
   p.add_argument("--quick", action="store_true", help=quick.__doc__)
   p.add_argument("--flower", action="store_true",
                  help="instead: FedAvg with the small CNN, the engine against "
@@ -304,10 +322,10 @@ def main(argv=None):
                              progress=False)
   fixed = args.epochs * -(-args.per_client // args.batch)
   steps = dict(random=0, fmnist=fixed, synthetic=fixed)
-  cases = {(d, a, n, pl): (build[a](n), dataclasses.replace(
-      base, placement=pl, local_steps=steps[d]))
+  cases = {(d, a, n, pl, g): (build[a](n), dataclasses.replace(
+      base, placement=pl, host_gather=g, local_steps=steps[d]))
            for d in args.data for a in args.algorithms for n in args.clients
-           for pl in placements(args, d)}
+           for pl, g in placements(args, d)}
   rows = {key: dict(round_s=[], cpu_s=[], live=0) for key in cases}
   for key, (alg, cfg) in cases.items():  # compile every program first
     fed = feds[(key[0], key[2])]
@@ -346,29 +364,39 @@ def main(argv=None):
 
 
 def print_table(args, rows: dict) -> None:
-  """One line per case; every "vs N0" is the ratio to the first N's line."""
+  """One line per case; every "vs N0" is the ratio to the first N's line of
+  the same gather, "vs g0" (round time, CPU, device peak) to the first
+  --host-gather's line of the same N (several gathers only)."""
   mib = lambda b: b / 2**20
-  print(f"{'data':9s} {'algorithm':10s} {'placement':9s} {'N':>6s} "
-        f"{'largest':>7s} {'round ms':>9s} {'vs N0':>6s} {'cpu ms':>7s} "
-        f"{'vs N0':>6s} {'live MiB':>9s} {'temp MiB':>9s} {'peak MiB':>9s} "
-        f"{'vs N0':>6s} {'held MiB':>8s} {'host MiB':>9s} {'vs N0':>6s}")
+  several = len(args.host_gather) > 1
+  t_med = lambda r: statistics.median(r["round_s"])
+  c_med = lambda r: statistics.median(r["cpu_s"])
+  peak_of = lambda r: r["live"] + r["temp"]
+  print(f"{'data':9s} {'algorithm':10s} {'placement':9s} {'gather':7s} "
+        f"{'N':>6s} {'largest':>7s} {'round ms':>9s} {'vs N0':>6s} "
+        f"{'cpu ms':>7s} {'vs N0':>6s} {'live MiB':>9s} {'temp MiB':>9s} "
+        f"{'peak MiB':>9s} {'vs N0':>6s} {'held MiB':>8s} {'host MiB':>9s} "
+        f"{'vs N0':>6s}" + (f" {'round':>6s} {'cpu':>6s} {'peak':>6s} "
+                            "(vs g0)" if several else ""))
   for d in args.data:
     for a in args.algorithms:
-      for pl in placements(args, d):
-        first = rows[(d, a, args.clients[0], pl)]
-        t0, c0 = (statistics.median(first[k]) for k in ("round_s", "cpu_s"))
-        peak0 = first["live"] + first["temp"]
+      for pl, g in placements(args, d):
+        first = rows[(d, a, args.clients[0], pl, g)]
+        t0, c0, peak0 = t_med(first), c_med(first), peak_of(first)
         host0 = first["fed"] + first["host"]
         for n in args.clients:
-          r = rows[(d, a, n, pl)]
-          t, c = (statistics.median(r[k]) for k in ("round_s", "cpu_s"))
-          peak = r["live"] + r["temp"]
+          r = rows[(d, a, n, pl, g)]
+          t, c, peak = t_med(r), c_med(r), peak_of(r)
           host = r["fed"] + r["host"]
-          print(f"{d:9s} {a:10s} {pl:9s} {n:6d} {r['largest']:7d} {1e3 * t:9.1f} "
-                f"{t / t0:6.2f} {1e3 * c:7.1f} {c / c0:6.2f} "
+          g0 = rows[(d, a, n, pl, args.host_gather[0] if pl == "host"
+                     else g)]
+          vs_g0 = (f" {t / t_med(g0):6.2f} {c / c_med(g0):6.2f} "
+                   f"{peak / peak_of(g0):6.2f}" if several else "")
+          print(f"{d:9s} {a:10s} {pl:9s} {g:7s} {n:6d} {r['largest']:7d} "
+                f"{1e3 * t:9.1f} {t / t0:6.2f} {1e3 * c:7.1f} {c / c0:6.2f} "
                 f"{mib(r['live']):9.1f} {mib(r['temp']):9.1f} {mib(peak):9.1f} "
                 f"{peak / peak0:6.2f} {mib(r['fed']):8.1f} {mib(host):9.1f} "
-                f"{host / host0:6.2f}")
+                f"{host / host0:6.2f}{vs_g0}")
 
 
 if __name__ == "__main__":

@@ -39,6 +39,9 @@ federation and the [N, ...] client state on the devices for the whole run) or
 of the key, are gathered and sent while the previous chunk runs, the cohorts'
 state rows go to the devices and back; `_OnHost`); "auto" picks
 (`resolve_placement`). Both give the same numbers (docs/architecture.md).
+With fixed local steps "host" gathers only the rows the steps read, their
+permutations drawn ahead on the host like the cohorts (`host_gather`,
+`resolve_gather`, `step_rows`).
 
 Randomness: one root key; round key = fold_in(root, r); client key =
 fold_in(round key, client id), so results do not depend on the mapping, the
@@ -72,6 +75,7 @@ from fedjax_dg.errors import ConfigError, DataError, NonFiniteError
 PyTree = Any
 MAPPINGS = ("auto", "vmap", "map", "shard")
 PLACEMENTS = ("auto", "device", "host")
+HOST_GATHERS = ("auto", "clients", "rows")
 # "auto" keeps the whole run on the device while the padded federation and
 # the scan carry take at most this share of one device's memory (the host's
 # on CPU): the rest is for the round's activations, the cohort's gathered
@@ -108,6 +112,10 @@ class EngineConfig:
   placement: str = "auto"       # where client data and state live: "device"
                                 # (the whole run), "host" (gathered per chunk
                                 # of rounds), "auto" (`resolve_placement`)
+  host_gather: str = "auto"     # what "host" gathers per cohort member: its
+                                # whole client ("clients") or only the rows
+                                # its local steps read ("rows"); "auto"
+                                # (`resolve_gather`)
   seed: int = 0
   eval_batch_size: int = 500
   ood_eval_max: int = 2000      # target examples scored between chunks (0: all)
@@ -133,6 +141,8 @@ class EngineConfig:
                                   else "a positive count")),
         ("client_mapping", self.client_mapping in MAPPINGS, f"one of {MAPPINGS}"),
         ("placement", self.placement in PLACEMENTS, f"one of {PLACEMENTS}"),
+        ("host_gather", self.host_gather in HOST_GATHERS,
+         f"one of {HOST_GATHERS}"),
         ("map_batch_size", self.map_batch_size >= 1, "an integer >= 1"),
         ("vmap_lanes", self.vmap_lanes >= 0,
          "0 (auto: from the clients' sizes) or an integer >= 1"),
@@ -389,12 +399,19 @@ class Cohort(NamedTuple):
   the rounds of a chunk, [L, ...], as the scan's input)."""
   ids: Any    # int32 [m]: the cohort's client ids (`cohort_ids`)
   slots: Any  # int32 [m]: their rows in the chunk's client-state table
-  data: Any   # ClientArrays [m, S, ...]: their examples, padded to S
+  data: Any   # ClientArrays [m, S, ...]: their examples, padded to S (the
+              # largest client), or (host_gather="rows") the S = steps x B
+              # rows their local steps read, in read order; n: their counts
 
 
 def round_keys(root_key: jax.Array, r) -> jax.Array:
   """[3] keys of round r: the cohort's, the clients', the server's."""
   return jax.random.split(jax.random.fold_in(root_key, r), 3)
+
+
+def client_keys(clients_key: jax.Array, ids: jax.Array) -> jax.Array:
+  """[m] keys of the cohort's clients `ids` (their local training's)."""
+  return jax.vmap(jax.random.fold_in, (None, 0))(clients_key, ids)
 
 
 def cohort_ids(cohort_key: jax.Array, num_clients: int, m: int) -> jax.Array:
@@ -446,6 +463,72 @@ def resolve_lanes(cfg: EngineConfig, alg: Algorithm, counts) -> EngineConfig:
   return dataclasses.replace(cfg, vmap_lanes=min(max(lanes, 1), g))
 
 
+def batch_reader(alg: Algorithm, cfg: EngineConfig) -> str | None:
+  """Why a round of `alg` under `cfg` reads more of a client than its local
+  steps' batches (a sentence), or None: it reads only those, steps x B rows
+  (`resolve_gather`)."""
+  if not (alg.local_steps or cfg.local_steps):
+    return ("its clients train epochs (train.local_steps=0): every example, "
+            "E times")
+  if alg.client_aux is not None:
+    return (f"{alg.name}'s client_aux reads each cohort member's whole "
+            "training data after its local steps")
+  return None
+
+
+def resolve_gather(cfg: EngineConfig, alg: Algorithm, placement: str,
+                   width: int) -> EngineConfig:
+  """`cfg` with `host_gather` resolved for a run on `placement` (resolved)
+  whose clients are padded to `width` examples: "rows" (the host gathers only
+  the rows each cohort member's local steps read, steps x B in read order,
+  `PackedClients.gather(rows=...)`) or "clients" (its whole client, padded to
+  `width`).
+
+  A round reads only its batches' rows when the steps are fixed
+  (`alg.local_steps` or `train.local_steps`) and nothing else reads the
+  client's examples: the loss sees batches, `client_aux` (SCAFFOLD,
+  FedDG-GA, FedIIR, FedSDAF's GA, FedCCRL's CCDT, CCST's and ELCFS's bank
+  refresh) the whole client (`batch_reader`). "auto": "rows" there, on the
+  host, where steps x B < `width` (fewer rows); else "clients". "rows"
+  where a round reads more: a ConfigError. The "device" placement gathers
+  nothing on the host: "clients"."""
+  why = batch_reader(alg, cfg)
+  if cfg.host_gather == "rows" and why is not None:
+    raise ConfigError(
+        f"train.host_gather='rows' gathers only the rows a round's local "
+        f"steps read, but {why}: use train.host_gather='auto' or 'clients'")
+  steps = alg.local_steps or cfg.local_steps
+  rows = placement == "host" and why is None and (
+      cfg.host_gather == "rows" or (cfg.host_gather == "auto"
+                                    and steps * cfg.batch_size < width))
+  return dataclasses.replace(cfg, host_gather="rows" if rows else "clients")
+
+
+def training_of(alg: Algorithm, cfg: EngineConfig) -> Callable:
+  """local_training(n_max=..., in_order=...) -> the clients' `LocalTraining`
+  under `alg` and `cfg`."""
+  return functools.partial(local_training, alg.loss, alg.optimizer,
+                           batch_size=cfg.batch_size, epochs=cfg.epochs,
+                           steps=alg.local_steps or cfg.local_steps,
+                           rounds=cfg.rounds)
+
+
+def step_rows(alg: Algorithm, cfg: EngineConfig) -> Callable:
+  """Jitted `rows(root_key, rounds [L], ids [L, m], n [L, m], n_max)` ->
+  int32 [L, m, steps x B]: the rows (of its padded view, width `n_max`) each
+  cohort member's local steps read in rounds `rounds`, in read order: the
+  same keys and permutation draws as the rounds make (`client_keys`,
+  `LocalTraining.rows`), so the host gathers them ahead of the chunk."""
+  training = training_of(alg, cfg)
+
+  def rows(root_key, rounds, ids, n, n_max):
+    read = training(n_max=n_max).rows
+    return jax.vmap(lambda r, i, c: jax.vmap(read)(
+        c, client_keys(round_keys(root_key, r)[1], i)))(rounds, ids, n)
+
+  return jax.jit(rows, static_argnums=(4,))
+
+
 def make_round(alg: Algorithm, cfg: EngineConfig, num_clients: int,
                layout: Layout | None = None):
   """round(carry, r, train, root_key, frozen) -> (carry, metrics);
@@ -455,13 +538,14 @@ def make_round(alg: Algorithm, cfg: EngineConfig, num_clients: int,
   placement: the round draws its cohort and gathers it, `clients` is the
   [N, ...] client state) or this round's `Cohort` (the "host" placement:
   gathered on the host, `clients` is the chunk's table of client-state rows,
-  read and written at `Cohort.slots`)."""
+  read and written at `Cohort.slots`). With `cfg.host_gather="rows"`
+  (`resolve_gather`) a Cohort holds each member's rows in read order
+  (`step_rows`) and its local training reads them so (`in_order`)."""
   m = cfg.cohort_size or num_clients
   layout = layout or Layout.of(cfg, num_clients)
   steps = alg.local_steps or cfg.local_steps
-  training = functools.partial(local_training, alg.loss, alg.optimizer,
-                               batch_size=cfg.batch_size, epochs=cfg.epochs,
-                               steps=steps, rounds=cfg.rounds)
+  in_order = cfg.host_gather == "rows"
+  training = functools.partial(training_of(alg, cfg), in_order=in_order)
 
   def context(shared, cid, start, row, extra):
     r, common, frozen = shared
@@ -508,6 +592,9 @@ def make_round(alg: Algorithm, cfg: EngineConfig, num_clients: int,
     # Client i of the cohort reads its examples at arrays[pos[i]] (in place:
     # no copy of the cohort's padded examples) and has n[i] of them.
     slots = None  # None: every client of `clients`, in order
+    if in_order and not isinstance(train, Cohort):
+      raise ValueError("host_gather='rows' trains on a Cohort of the rows "
+                       "gathered on the host (the 'host' placement)")
     if isinstance(train, Cohort):
       ids, slots, data = train
       arrays, pos, n = (data.x, data.y), jnp.arange(m), data.n
@@ -525,7 +612,7 @@ def make_round(alg: Algorithm, cfg: EngineConfig, num_clients: int,
         f"cohort's {m} clients their parameters stacked as [{m}, ...]")
     extra = alg.client_ctx(start, rows, ids)
     shared = (r, alg.client_shared(server), frozen)
-    keys = jax.vmap(jax.random.fold_in, (None, 0))(client_key, ids)
+    keys = client_keys(client_key, ids)
     trained, losses, aux = mapped(shared, arrays, pos, start, n, keys, ids,
                                   rows, extra)
     new_rows = (alg.client_end(rows, trained, aux) if alg.client_end_takes_aux
@@ -761,9 +848,10 @@ class _OnHost:
   """The "host" placement: client examples stay packed on the host and the
   [N, ...] client state is numpy there. Per chunk of L rounds the host reads
   the chunk's cohorts from the schedule (`host_schedule`, computed once),
-  gathers their examples ([L, m, S, ...], S = the largest client) and the
-  rows of their union's state (a table of min(N, eval_every * m) rows) for
-  the devices; the scan reads and writes the table at `Cohort.slots`, and the
+  gathers their examples ([L, m, S, ...], S = the largest client; with
+  `host_gather="rows"` S = steps x B: the rows their steps read, from
+  `step_rows`) and the rows of their union's state (a table of min(N,
+  eval_every * m) rows) for the devices; the scan reads and writes the table at `Cohort.slots`, and the
   rows go back to the host after the chunk. The next chunk's examples are
   gathered and sent while the current chunk runs (`prefetch`)."""
 
@@ -775,6 +863,11 @@ class _OnHost:
     self.table_rows = min(n, cfg.eval_every * m)
     self.schedule = host_schedule(root_key, r0, cfg.rounds, n, m)
     self.r_first = r0
+    self.by_rows = cfg.host_gather == "rows"
+    # The rows are drawn on the host's CPU (the key's device), not queued
+    # on an accelerator behind the chunk that runs while the next is read.
+    self.rows_key = jax.device_put(root_key,
+                                   jax.local_devices(backend="cpu")[0])
     # Evaluation: as many clients at a time as a chunk's table holds (all of
     # them for a pooled run, whose one training "client" is not val's).
     v = val.num_clients
@@ -798,8 +891,13 @@ class _OnHost:
   def _gather(self, r0: int, length: int):
     ids = self.schedule[r0 - self.r_first:r0 - self.r_first + length]
     union, slots = np.unique(ids, return_inverse=True)
+    rows = None
+    if self.by_rows:  # the rows the chunk's local steps read, in read order
+      rows = np.asarray(self.progs.step_rows(
+          self.rows_key, np.arange(r0, r0 + length, dtype=np.int32), ids,
+          self.train.n[ids], self.train.width))
     cohorts = Cohort(ids, slots.reshape(ids.shape).astype(np.int32),
-                     self.train.gather(ids))
+                     self.train.gather(ids, rows))
     return r0, length, self.progs.layout.put_cohorts(cohorts), union
 
   def prefetch(self, r0, length):
@@ -870,6 +968,8 @@ def run(alg: Algorithm, data, model, cfg: EngineConfig, *,
   num_clients = train.num_clients
   cfg.validate(num_clients)
   cfg = resolve_lanes(cfg, alg, train.n)
+  placement = resolve_placement(cfg.placement, alg, train, data.packed_val)
+  cfg = resolve_gather(cfg, alg, placement, train.width)
   model = alg.model or model
   root_key = jax.random.key(cfg.seed)
   progs = _programs(alg, model, _program_key(cfg, alg), num_clients)
@@ -888,7 +988,7 @@ def run(alg: Algorithm, data, model, cfg: EngineConfig, *,
     like = jax.eval_shape(alg.init, init_key)
     restored, meta = ckpt.restore(ckpt.latest(), like)
     r0, history, round_metrics = meta["round"], meta["history"], meta["round_metrics"]
-  if resolve_placement(cfg.placement, alg, train, data.packed_val) == "host":
+  if placement == "host":
     feed = _OnHost(progs, train, data.packed_val, cfg, root_key, r0)
   else:
     feed = _OnDevice(progs, data.pooled().train if alg.pooled else data.train,
@@ -975,6 +1075,7 @@ def _program_key(cfg: EngineConfig, alg: Algorithm) -> EngineConfig:
                       map_batch_size=cfg.map_batch_size,
                       skip_idle_steps=cfg.skip_idle_steps,
                       vmap_lanes=cfg.vmap_lanes,
+                      host_gather=cfg.host_gather,
                       eval_batch_size=cfg.eval_batch_size)
 
 
@@ -990,6 +1091,8 @@ class Programs(NamedTuple):
   # The "host" placement's pieces (`_OnHost`):
   server_init: Callable  # server_init(key) -> the server state, placed
   init_rows: Callable    # init_rows(key, ids) -> initial client-state rows
+  step_rows: Callable    # step_rows(root_key, rounds, ids, n, n_max) -> the
+                         #   rows the cohorts' steps read (`step_rows`)
   eval_blocks: Callable  # eval_blocks((server, host client state), frozen,
                          #   _Blocks, ood, details=False) -> dict
 
@@ -999,7 +1102,8 @@ def programs(alg: Algorithm, model, cfg: EngineConfig,
   """The jitted programs `run` uses for `alg` (for benchmarks and tools that drive
   the chunks themselves); place training data with `layout.put_clients`.
   `run` resolves `vmap_lanes` = 0 from the clients' sizes first
-  (`resolve_lanes`); here 0 is one lane per client."""
+  (`resolve_lanes`); here 0 is one lane per client. The same for
+  `host_gather` (`resolve_gather`): here only "rows" is the row gather."""
   return _programs(alg, alg.model or model, _program_key(cfg, alg),
                    num_clients)
 
@@ -1044,7 +1148,7 @@ def _programs(alg: Algorithm, model, cfg: EngineConfig,
       eval=lambda carry, frozen, *a, **kw: evaluate_(
           layout.to_one_device(carry), layout.to_one_device(frozen), *a, **kw),
       server_init=lambda key: layout.put_carry(server_init(key)),
-      init_rows=jax.jit(alg.init_rows),
+      init_rows=jax.jit(alg.init_rows), step_rows=step_rows(alg, cfg),
       eval_blocks=lambda state, frozen, *a, **kw: eval_blocks(
           (layout.to_one_device(state[0]), state[1]),
           layout.to_one_device(frozen), *a, **kw))

@@ -1,5 +1,7 @@
 """Shared fixtures: a small synthetic multi-domain dataset that models can learn."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -32,6 +34,14 @@ def synthetic_federation(num_clients=3, d=1, target=0, seed=0, **kw):
   spec = partition.PartitionSpec(name="domain_split", num_partitions=num_clients,
                                  d=d, seed=seed)
   return federated.build(ds, spec, target_domain=target, seed=seed)
+
+
+def with_sizes(fed, sizes):
+  """`fed` whose client c keeps the first sizes[c] of its training examples
+  (unequal clients; the padded width stays)."""
+  assert fed.train.x.shape[1] >= max(sizes)
+  return dataclasses.replace(fed, packed_train=federated.pack_padded(
+      fed.train.replace(n=np.asarray(sizes, np.int32))))
 
 
 # A ViT small enough for 8x8 test images (2x2 patches of 4x4 pixels).

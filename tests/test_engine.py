@@ -167,7 +167,10 @@ def test_client_without_validation_examples_is_left_out_of_the_id_mean(fed3):
 @pytest.mark.parametrize("field,value", [("rounds", 0), ("eval_every", 0),
                                          ("cohort_size", 9), ("client_mapping", "x"),
                                          ("batch_size", 0), ("placement", "x"),
-                                         ("vmap_lanes", -1)])
+                                         ("vmap_lanes", -1),
+                                         ("host_gather", "x"),
+                                         # epochs: every example, not rows
+                                         ("host_gather", "rows")])
 def test_invalid_settings_fail_before_compute(fed3, field, value):
   model = mlp(fed3)
   alg = fedavg(model, make_optimizer("sgd", 0.1), objectives.cross_entropy(model))

@@ -12,10 +12,9 @@ import numpy as np
 import optax
 import pytest
 
-from conftest import synthetic_federation
+from conftest import synthetic_federation, with_sizes
 from fedjax_dg import algorithms, engine, models
 from fedjax_dg.client import objectives
-from fedjax_dg.data import federated
 from fedjax_dg.client.lanes import packed_update, schedule
 from fedjax_dg.client.update import (ClientContext, local_steps,
                                      local_training, local_update,
@@ -31,10 +30,7 @@ CFG = engine.EngineConfig(rounds=2, eval_every=2, epochs=2, batch_size=8,
 
 @pytest.fixture(scope="module")
 def unequal():
-  fed = synthetic_federation(num_clients=4)
-  assert fed.train.x.shape[1] >= max(SIZES)
-  fed = dataclasses.replace(fed, packed_train=federated.pack_padded(
-      fed.train.replace(n=np.asarray(SIZES, np.int32))))
+  fed = with_sizes(synthetic_federation(num_clients=4), SIZES)
   model = models.get_model("mlp", input_shape=fed.image_shape,
                            num_classes=fed.num_classes, mean=fed.mean,
                            std=fed.std, hidden=6)

@@ -150,11 +150,16 @@ SHARDED = textwrap.dedent("""
     cfg = engine.EngineConfig(rounds=2, eval_every=1, epochs=1, batch_size=8,
                               cohort_size=4, progress=False, eval_batch_size=8)
     assert engine.programs(alg, model, cfg, 5).layout.mesh.size == 2
-    runs = [engine.run(alg, fed, model, dataclasses.replace(cfg, placement=p))
-            for p in ("device", "host")]
-    for a, b in zip(*[jax.tree.leaves((r.server, r.clients)) for r in runs]):
-      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    assert runs[0].history == runs[1].history
+    # Epochs, and 2 fixed local steps (the host gathers the rows they read).
+    steps = dataclasses.replace(cfg, local_steps=2)
+    assert engine.resolve_gather(steps, alg, "host", fed.packed_train.width
+                                 ).host_gather == "rows"
+    for c in (cfg, steps):
+      runs = [engine.run(alg, fed, model, dataclasses.replace(c, placement=p))
+              for p in ("device", "host")]
+      for a, b in zip(*[jax.tree.leaves((r.server, r.clients)) for r in runs]):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+      assert runs[0].history == runs[1].history
     print("SAME")
 """)
 
@@ -163,7 +168,8 @@ SHARDED = textwrap.dedent("""
 def test_host_placement_on_a_client_mesh():
   """2 devices, a cohort of 4 of 5 sharded over them (each round's gathered
   cohort placed sharded, the state table replicated): the device run's
-  numbers."""
+  numbers, with epochs and with fixed local steps (the rows they read
+  gathered on the host)."""
   tests = os.path.dirname(os.path.abspath(__file__))
   out = subprocess.run([sys.executable, "-c", SHARDED.format(tests=tests)],
                        capture_output=True, text=True, timeout=600)

@@ -212,11 +212,15 @@ class CountingSource:
     return self.source.__getitems__(indices)
 
 
-def test_a_run_reads_each_chunks_cohorts_rows_only(data_dir, monkeypatch):
+@pytest.mark.parametrize("steps", [0, 1])
+def test_a_run_reads_each_chunks_cohorts_rows_only(data_dir, monkeypatch,
+                                                   steps):
   """6 clients, a cohort of 2 per round, chunks of 2 rounds: the training
   reads are exactly the records of each chunk's cohorts (from the engine's
   schedule), one read per chunk; id-val and target reads come in blocks;
-  no read holds the whole dataset."""
+  no read holds the whole dataset. With one fixed local step of 2 examples
+  (the row gather, `train.host_gather`) only the records those steps read
+  (`engine.step_rows`), fewer than the cohorts hold."""
   ds = _load(data_dir, "on")
   counting = CountingSource(ds.images.source)
   ds = dataclasses.replace(ds, images=images.RecordImages(
@@ -232,9 +236,12 @@ def test_a_run_reads_each_chunks_cohorts_rows_only(data_dir, monkeypatch):
                             cohort_size=2, client_mapping="map",
                             progress=False, eval_batch_size=4,
                             ood_eval_max=0)
+  if steps:
+    cfg = dataclasses.replace(cfg, local_steps=steps, batch_size=2)
+  alg = fedavg(model, make_optimizer("sgd", 0.1),
+               objectives.cross_entropy(model))
   counting.calls.clear()  # the statistics above read every record in blocks
-  engine.run(fedavg(model, make_optimizer("sgd", 0.1),
-                    objectives.cross_entropy(model)), fed, model, cfg)
+  engine.run(alg, fed, model, cfg)
 
   def records(packed, clients):
     return frozenset(int(r) for c in clients for r in packed.x.records[
@@ -246,6 +253,19 @@ def test_a_run_reads_each_chunks_cohorts_rows_only(data_dir, monkeypatch):
   schedule = engine.host_schedule(jax.random.key(cfg.seed), 0, cfg.rounds, 6, 2)
   want = [records(fed.packed_train, np.unique(schedule[r:r + 2]))
           for r in range(0, cfg.rounds, 2)]
+  if steps:
+    packed = fed.packed_train
+    rows = engine.programs(alg, model, dataclasses.replace(
+        cfg, host_gather="rows"), 6).step_rows
+    read = lambda r, ids: np.asarray(rows(
+        jax.random.key(cfg.seed), np.arange(r, r + 2, dtype=np.int32), ids,
+        packed.n[ids], packed.width)).reshape(-1, 2)
+    cohorts = want
+    want = [frozenset(int(packed.x.records[packed.offsets[c] + q])
+                      for c, qs in zip(ids.ravel(), read(r, ids))
+                      for q in qs if q < packed.n[c])
+            for r, ids in ((r, schedule[r:r + 2]) for r in range(0, 6, 2))]
+    assert all(w < c for w, c in zip(want, cohorts))
   train_reads = [c for c in counting.calls if c <= train_all]
   assert train_reads == want
   assert all(len(w) < len(train_all) for w in want)  # a cohort, not everyone

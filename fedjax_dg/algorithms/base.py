@@ -107,6 +107,9 @@ class Algorithm:
       sent to the server with the trained parameters (`ClientResult.aux`);
       None: no statistic. Fixed shapes (it is stacked over the cohort).
       `ClientData.steps` is the number of local steps the client took.
+      ClientData holds the client's whole data, so the "host" placement
+      then gathers whole clients (`engine.resolve_gather`): without one,
+      with fixed local steps, a round's clients see only their batches.
   client_end(client_state_rows, trained) -> new client_state rows; with
       `client_end_takes_aux`, client_end(client_state_rows, trained, aux) also
       gets the cohort's `client_aux` outputs [m, ...] (a statistic the client

@@ -81,7 +81,8 @@ def packed_update(training: LocalTraining, lanes: int, params: PyTree,
   perms, step_keys = jax.vmap(training.order)(n, key)  # once per client
 
   def start(c):
-    local = jax.vmap(training.begin)(take(params, c), perms[c], step_keys[c],
+    local = jax.vmap(training.begin)(take(params, c), take(perms, c),
+                                     step_keys[c],
                                      n[c])
     return local, take(rows, c)
 

@@ -103,14 +103,21 @@ class PackedClients:
   def num_clients(self) -> int:
     return len(self.offsets) - 1
 
-  def gather(self, ids) -> ClientArrays:
+  def gather(self, ids, rows=None) -> ClientArrays:
     """Clients `ids` (an int array of any shape [...]) padded to `width`:
     x [..., width, H, W, ch], y [..., width], n [...]. Only the clients'
-    own rows of `x` are read (from records, for streamed data: each once)."""
+    own rows of `x` are read (from records, for streamed data: each once).
+
+    `rows` (int [..., K], a client's row indices into its padded view): only
+    those rows, in that order and with repeats, x [..., K, H, W, ch]; a row
+    at or past the client's count is padding (zeros). The engine's
+    `train.host_gather="rows"`: the rows a round's local steps read."""
     ids = np.asarray(ids)
     n = self.n[ids]
-    valid = np.arange(self.width) < n[..., None]
-    rows = self.offsets[ids][..., None] + np.arange(self.width)
+    local = (np.arange(self.width) if rows is None
+             else np.asarray(rows, np.int64))
+    valid = local < n[..., None]
+    rows = self.offsets[ids][..., None] + local
     x = np.zeros(rows.shape + self.x.shape[1:], self.x.dtype)
     y = np.zeros(rows.shape, np.int32)
     if valid.any():
