@@ -18,6 +18,7 @@ from fedjax_dg.algorithms.feddf import avg_logits_teacher
 from fedjax_dg.config import base_config
 from fedjax_dg.data import federated
 from fedjax_dg.data.partition import PartitionSpec
+from fedjax_dg.errors import ConfigError
 from fedjax_dg.server import distill
 
 SERVER_DATA = [n for n in algorithms.available() if algorithms.needs_server_data(n)]
@@ -175,6 +176,37 @@ def test_epoch_batches_cover_every_example_once_per_epoch():
   assert distill.resolve_steps(0, 2, 10, 4) == 6
   assert distill.resolve_steps(7, 2, 10, 4) == 7
   assert idx2.shape == (4,)
+
+
+def test_server_data_and_swa_start_are_checked_with_what_to_do():
+  with pytest.raises(distill.NeedsDataError,
+                     match=r"> 0, as algorithms\.build\(\.\.\., data=fed\)$"):
+    distill.require_server_data(None, "feddf")
+  for data in (object(), type("Fed", (), {"server_size": 0})()):  # no split
+    with pytest.raises(ConfigError, match="data.server_fraction > 0"):
+      distill.require_server_data(data, "feddf")
+  assert distill.swa_start_step(0.0, 10) == 0
+  assert distill.swa_start_step(0.75, 10) == 7
+  for bad in (1.0, -0.1):  # a fraction in [0, 1)
+    with pytest.raises(ConfigError, match=r"in \[0, 1\)"):
+      distill.swa_start_step(bad, 10)
+
+
+def test_fedbe_server_epochs_are_passes_over_the_server_split(sfed,
+                                                             monkeypatch):
+  """steps = 0: `epochs` passes over the server's examples."""
+  seen = {}
+  real = fedbe_lib.bayesian_ensemble_distillation
+
+  def spy(*args, **kw):
+    seen.update(kw)
+    return real(*args, **kw)
+
+  monkeypatch.setattr(fedbe_lib, "bayesian_ensemble_distillation", spy)
+  cfg = _cfg(fedbe=dict(steps=0, epochs=2, batch_size=16, num_samples=1))
+  algorithms.build("fedbe", _mlp(sfed), 3, cfg, data=sfed)
+  assert sfed.server_size % 16  # a partial last batch counts
+  assert seen["steps"] == 2 * -(-sfed.server_size // 16)
 
 
 def test_server_train_swa_averages_the_right_iterates():
