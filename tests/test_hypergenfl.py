@@ -200,6 +200,13 @@ def test_cotangents_are_gradients_of_the_written_out_losses(kind):
   np.testing.assert_allclose(flat(got), flat(want), rtol=1e-5, atol=1e-7)
 
 
+
+def test_aggregate_refuses_a_layer_map_of_another_length():
+  stacked = {"a": jnp.ones((2, 3)), "b": jnp.ones((2, 4)), "c": jnp.ones((2,))}
+  with pytest.raises(ValueError,
+                     match="^3 parameter tensors, layer map has 2$"):
+    hg.aggregate(stacked, jnp.full((2, 2), 0.5), (0, 1))
+
 @pytest.mark.parametrize("kind,granularity", [
     ("default", "module"), ("mse", "module"), ("logcosh", "module"),
     ("default", "tensor")])

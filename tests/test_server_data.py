@@ -425,6 +425,27 @@ def test_feddf_student_starts_from_the_example_weighted_mean(sfed):
   assert float(optax.tree.norm(optax.tree.sub(out, unweighted))) > 1e-3
 
 
+def test_feddf_first_server_loss_is_the_numpy_loss_at_its_temperature(sfed):
+  """The aggregator's teacher and loss at T = 3 (lr 0: the student is the
+  weighted mean; one full batch): the numpy transcription on the clients' and
+  the student's logits over the whole server split."""
+  model = _mlp(sfed)
+  stacked = _clients(model, seed=3)
+  n = jnp.asarray([10, 20, 30])
+  sx = jnp.asarray(sfed.server_x)
+  t = feddf_lib.ensemble_distillation(model, sx, optax.sgd(0.0), steps=1,
+                                      batch_size=sx.shape[0], temperature=3.0)
+  _, state = t.update(stacked, t.init(None), None, weights=n,
+                      key=jax.random.key(0))
+  apply = lambda p: model.apply(p, sx, train=False)
+  clients = np.asarray(jax.vmap(apply)(stacked))
+  student = np.asarray(apply(tree.weighted_mean(stacked, n)))
+  want = _numpy_feddf_loss(student, clients, np.ones(len(sx)), 3.0)
+  np.testing.assert_allclose(state.loss_first, want, rtol=1e-4)
+  at_one = _numpy_feddf_loss(student, clients, np.ones(len(sx)), 1.0)
+  assert abs(want - at_one) > 1e-3 * abs(want)
+
+
 # ----------------------------------------------------------------------------
 # FedLAW.
 
