@@ -4,6 +4,7 @@ participation, and a small label-skewed run."""
 
 import functools
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -463,6 +464,14 @@ def test_an_initialization_cannot_start_dead(seed):
   plain = init_attention_scores(module, k_phi, 128)
   assert float(jnp.max(decoder_preactivations(module, plain,
                                               server.hp.embeddings))) <= 0
+  # ... and the kept phi is the first alive draw from fold_in(k_phi, t),
+  # t = 1, 2, ... (a plain loop).
+  t = 1
+  while float(jnp.max(decoder_preactivations(module, init_attention_scores(
+      module, jax.random.fold_in(k_phi, t), 128), server.hp.embeddings))) <= 0:
+    t += 1
+  chex.assert_trees_all_equal(server.hp.theta, init_attention_scores(
+      module, jax.random.fold_in(k_phi, t), 128))
   # ... while a key that starts alive keeps its draw.
   alive_key = jax.random.fold_in(jax.random.key(0), 2**31 - 1)
   _, k0, _ = jax.random.split(alive_key, 3)

@@ -224,6 +224,11 @@ def test_server_train_swa_averages_the_right_iterates():
   np.testing.assert_allclose(res.averaged, want, rtol=1e-6)
   np.testing.assert_allclose(res.params, iterates[10], rtol=1e-6)
   np.testing.assert_allclose(res.losses[0], 9.0, rtol=1e-6)
+  # One qualifying step (c = 6): the average is that iterate, not the last.
+  res = distill.server_train(jnp.zeros(2), objective, opt,
+                             key=jax.random.key(0), steps=10, num=5,
+                             batch_size=5, swa_start=4, swa_freq=6)
+  np.testing.assert_allclose(res.averaged, iterates[6], rtol=1e-6)
   # No qualifying step: the average is the last iterate.
   res = distill.server_train(jnp.zeros(2), objective, opt,
                              key=jax.random.key(0), steps=3, num=5,
