@@ -427,6 +427,15 @@ def test_bad_settings_and_missing_data_are_errors(fed, model, tmp_path):
   assert ccst.uses_data({})
 
 
+def test_two_clients_are_enough_and_one_is_refused(fed, model):
+  two = synthetic_federation(num_clients=2, per_domain=30, size=8)
+  assert int(np.sum(np.asarray(two.train.n) > 0)) == 2
+  assert _build(two, model, k=2).name == "ccst"  # 2 clients holding data
+  with pytest.raises(ConfigError, match=r"^ccst needs >= 2 clients \(a client "
+                     r"transfers its images to the others' styles\)$"):
+    algorithms.build("ccst", model, 1, base_config(), data=fed)
+
+
 # --------------------------------------------------------------------------
 # The committed offline AdaIN (experiments/ccst_pretrain.py) on the benchmark.
 
