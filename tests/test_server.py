@@ -216,3 +216,14 @@ def test_closed_form_client_norms_match_per_client_autodiff():
   np.testing.assert_allclose(got.cos_theta, want["cos"], rtol=1e-4, atol=1e-5)
   flat = np.concatenate([np.ravel(x) for x in jax.tree.leaves(got.theta)])
   np.testing.assert_allclose(flat, want["g"], rtol=1e-4, atol=1e-5)
+
+
+def test_hypernetwork_step_names_the_allowed_settings():
+  from fedjax_dg.errors import ConfigError
+  h = lambda theta, e: theta
+  with pytest.raises(ConfigError, match=r"^gradalign granularity='layer': "
+                     r"allowed \('model', 'tensor'\)$"):
+    hypernetwork_step(h, optax.sgd(1.0), granularity="layer")
+  with pytest.raises(ConfigError, match=r"^gradalign align_over='both': "
+                     r"allowed \('separate', 'joint', 'theta'\)$"):
+    hypernetwork_step(h, optax.sgd(1.0), align_over="both")
