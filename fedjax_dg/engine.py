@@ -1075,7 +1075,9 @@ def _program_key(cfg: EngineConfig, alg: Algorithm) -> EngineConfig:
                       map_batch_size=cfg.map_batch_size,
                       skip_idle_steps=cfg.skip_idle_steps,
                       vmap_lanes=cfg.vmap_lanes,
-                      host_gather=cfg.host_gather,
+                      # only the row gather changes a program
+                      host_gather=("rows" if cfg.host_gather == "rows"
+                                   else "clients"),
                       eval_batch_size=cfg.eval_batch_size)
 
 
