@@ -67,7 +67,7 @@ bench: setup
 
 # Mutation testing (not part of `make test`; docs/testing.md): mutmut mutates
 # fedjax_dg/server, client and algorithms ([tool.mutmut] in pyproject.toml) and
-# runs, per mutant, the tests that call the mutated function. All ~9,300 mutants
+# runs, per mutant, the tests that call the mutated function. All ~9,900 mutants
 # take days on 2 cores: SAMPLE=N checks a seeded random sample of N per package
 # (SEED=S picks another), MUTATE='fedjax_dg.server.*' the mutants whose names
 # match. Results stay in mutants/, so a second run resumes.

@@ -8,7 +8,7 @@ pools do not survive fork() (a worker would hang on its first computation).
 `python tests/mutation_report.py --sample N [--seed S]` generates the mutants
 (mutmut's own generation step, nothing runs) and prints a seeded random sample of
 N mutant names per package (server, client, algorithms) to
-mutants/sample.txt: a full run is ~9,300 mutants, days on 2 cores; a sample of
+mutants/sample.txt: a full run is ~9,900 mutants, days on 2 cores; a sample of
 N per package estimates each package's score (docs/testing.md).
 
 `python tests/mutation_report.py [GLOB]` reads mutmut's results (mutants/**.meta)
