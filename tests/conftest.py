@@ -69,3 +69,15 @@ def fed3():
 # precision is TF32/bf16 passes (seen on an H100: 4e-3 relative differences in
 # the im2col-vs-lax conv test). No effect on CPU.
 jax.config.update("jax_default_matmul_precision", "highest")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _jax_devices_before_any_test():
+  """Starts JAX in every test process before its first test, so each has the
+  backend's default devices (one on CPU) whichever test comes first. Without
+  it a process whose first JAX work is a CLI test (`cli.setup_jax`: one CPU
+  device per core) ran the rest of its tests sharded over two devices: a
+  pytest-xdist worker did, and a float-order-sensitive test changed. Started
+  here, not at import: collecting the tests must not start a backend
+  (`tests/mutation_report.py --preflight`)."""
+  jax.devices()

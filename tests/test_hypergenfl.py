@@ -496,9 +496,15 @@ def test_diagnose_names_the_round_the_hypernetwork_died():
 
 
 def test_a_run_whose_hypernetwork_dies_is_warned_about(fed3):
-  """A server learning rate of 1 kills the hypernetwork of a small MLP after
-  round 0 (every decoder ReLU off: weights 1/m from then on). The registry's
-  diagnose says so and the run's report prints it."""
+  """A server learning rate of 1 kills the hypernetwork of a small MLP within
+  the first rounds (every decoder ReLU off: weights 1/m from then on). The
+  registry's diagnose names the round the dead streak began and the run's
+  report prints it.
+
+  Which round that is depends on the float summation order (the
+  hypernetwork's gradients are ~1e-9 here and Adam rescales them to ~lr: on
+  two devices it dies one round earlier), so the round is read from the
+  run's own `hg_dead`."""
   from fedjax_dg import report
   model = models.get_model("mlp", input_shape=fed3.image_shape,
                            num_classes=fed3.num_classes, mean=fed3.mean,
@@ -508,10 +514,13 @@ def test_a_run_whose_hypernetwork_dies_is_warned_about(fed3):
   alg = algorithms.build("hypergenfl", model, fed3.num_clients, cfg)
   res = engine.run(alg, fed3, model, engine.EngineConfig(
       rounds=4, eval_every=4, epochs=1, batch_size=16, progress=False))
-  assert res.round_metrics["hg_dead"][0] < 1.0
+  dead = np.asarray(res.round_metrics["hg_dead"]) == 1.0
+  assert dead[-1] and dead.size == 4
+  since = int(np.flatnonzero(~dead)[-1]) + 1 if not dead.all() else 0
   (w,) = algorithms.spec("hypergenfl").diagnose(res.round_metrics)
   assert w.startswith("hypergenfl: the attention hypernetwork went dead at "
-                      "round 1")
+                      f"round {since} and stayed dead to the end "
+                      f"({4 - since} of 4 rounds)")
   results = dict(runs=[dict(target="0", warnings=[w]),
                        dict(target="1", warnings=[])])
   assert report.warnings_text(results) == f"WARNING (0): {w}"

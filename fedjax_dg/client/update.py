@@ -285,9 +285,12 @@ def local_training(loss_fn: LossFn, optimizer: optax.GradientTransformation,
       kw["progress"] = (getattr(ctx, "round", 0) * e + epoch) / (rounds * e)
     updates, opt_state = optimizer.update(grads, local.opt_state, local.params,
                                           **kw)
-    return local._replace(params=optax.apply_updates(local.params, updates),
-                          opt_state=opt_state,
-                          loss_sum=local.loss_sum + loss), active
+    # Under shard_map a state field the update rebuilds from constants
+    # (optax.contrib.sam's opaque step count) would lose its variation over
+    # the client axis: the loop carry's type must stay the same.
+    return match_varying(local._replace(
+        params=optax.apply_updates(local.params, updates), opt_state=opt_state,
+        loss_sum=local.loss_sum + loss), n), active
 
   def end(local):
     return local.params, local.loss_sum / jnp.maximum(count(local.n), 1)
