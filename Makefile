@@ -41,11 +41,11 @@ data: setup fashion-mnist
 demo: data
 	$(PY) -m fedjax_dg.cli demo
 
-# The default suite (not `slow`, not `notebooks`). TEST_WORKERS=2 runs it on two
-# pytest-xdist processes (a test file stays on one worker, so its module
-# fixtures are built once; ~1.6x faster on 2 cores, docs/testing.md); 0 (the
-# default) in this process, until the one test that failed under it is fixed.
-TEST_WORKERS ?= 0
+# The default suite (not `slow`, not `notebooks`) on TEST_WORKERS pytest-xdist
+# processes (a test file stays on one worker, so its module fixtures are built
+# once; ~1.6x faster on 2 cores than one process, docs/testing.md);
+# TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= 2
 test: data
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
