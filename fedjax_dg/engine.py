@@ -363,14 +363,44 @@ class Layout:
       return jax.make_array_from_callback(a.shape, sharding, lambda i: a[i])
     return jax.tree.map(place, arrays)
 
-  def put_cohorts(self, cohorts: Cohort) -> Cohort:
-    """A chunk's per-round cohorts [L, m, ...] (the "host" placement) on the
-    devices, sharded over the cohort axis where it divides the mesh."""
-    if self.mesh is None:
-      return jax.device_put(cohorts)
-    m = np.shape(cohorts.ids)[1]
-    spec = P(None, "clients") if m % self.mesh.size == 0 else P()
-    return jax.device_put(cohorts, NamedSharding(self.mesh, spec))
+  def put_cohorts(self, ids: np.ndarray, slots: np.ndarray,
+                  gather: Callable) -> Cohort:
+    """A chunk's per-round cohorts (the "host" placement) on the devices:
+    `ids`, `slots` int [L, m] and their examples `gather(members)` ->
+    ClientArrays [L, len(members), ...] of the cohort positions `members`
+    (a slice). Sharded over the cohort axis where m divides the mesh: each
+    device's share is gathered on its own (`jax.make_array_from_callback`),
+    so with several processes each one reads only the examples of the
+    cohort members its devices train; else every device gets the whole
+    cohort."""
+    index = Cohort(np.asarray(ids, np.int32), np.asarray(slots, np.int32),
+                   None)
+    m = index.ids.shape[1]
+    if self.mesh is None or m % self.mesh.size:
+      whole = index._replace(data=gather(slice(None)))
+      return jax.device_put(whole, None if self.mesh is None
+                            else NamedSharding(self.mesh, P()))
+    sharding = NamedSharding(self.mesh, P(None, "clients"))
+    probe = gather(slice(0, 0))  # the leaves' shapes with 0 members
+    parts = {}
+
+    def part(members: slice):
+      key = members.indices(m)
+      if key not in parts:  # one gather per member slice, for every leaf
+        parts[key] = gather(members)
+      return parts[key]
+
+    def place(leaf: int):
+      shape = list(jax.tree.leaves(probe)[leaf].shape)
+      shape[1] = m
+      return jax.make_array_from_callback(
+          tuple(shape), sharding,
+          lambda i: jax.tree.leaves(part(i[1]))[leaf])
+
+    data = jax.tree.unflatten(jax.tree.structure(probe),
+                              [place(k) for k in range(len(jax.tree.leaves(probe)))])
+    return jax.device_put(index, NamedSharding(self.mesh, P()))._replace(
+        data=data)
 
   def to_one_device(self, tree_: PyTree) -> PyTree:
     """Evaluation runs on one device (a replicated program would run everywhere):
@@ -896,9 +926,10 @@ class _OnHost:
       rows = np.asarray(self.progs.step_rows(
           self.rows_key, np.arange(r0, r0 + length, dtype=np.int32), ids,
           self.train.n[ids], self.train.width))
-    cohorts = Cohort(ids, slots.reshape(ids.shape).astype(np.int32),
-                     self.train.gather(ids, rows))
-    return r0, length, self.progs.layout.put_cohorts(cohorts), union
+    gather = lambda members: self.train.gather(
+        ids[:, members], None if rows is None else rows[:, members])
+    return r0, length, self.progs.layout.put_cohorts(
+        ids, slots.reshape(ids.shape), gather), union
 
   def prefetch(self, r0, length):
     """Gathers and sends the chunk from r0 while the devices run the current

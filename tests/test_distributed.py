@@ -21,11 +21,9 @@ from test_cli import TINY
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
-# One process of a run: `processes` processes of `devices` CPU devices each.
-# FedAvg and Local-only (per-client state scattered back every round) with a
-# cohort of 3 of 4 clients (sampled; padded to 4 over 2 devices). With
-# `ckpt`: 2 rounds, then resumed from the orbax checkpoint to 3.
-WORKER = textwrap.dedent("""
+# The start of one process of a run: `processes` processes of `devices` CPU
+# devices each.
+JOIN = textwrap.dedent("""
     import json, sys
     sys.path.insert(0, {tests!r})
     from fedjax_dg import distributed, engine
@@ -33,6 +31,12 @@ WORKER = textwrap.dedent("""
     distributed.initialize(distributed.Settings(
         {coordinator!r}, {processes}, {pid}, timeout=120)
         if {processes} > 1 else distributed.Settings())
+""")
+
+# FedAvg and Local-only (per-client state scattered back every round) with a
+# cohort of 3 of 4 clients (sampled; padded to 4 over 2 devices). With
+# `ckpt`: 2 rounds, then resumed from the orbax checkpoint to 3.
+WORKER = JOIN + textwrap.dedent("""
     import dataclasses, jax, numpy as np
     from conftest import synthetic_federation
     from fedjax_dg import models
@@ -74,12 +78,14 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
-def _workers(tmp_path, processes, devices, mappings, ckpt=None):
-  """Runs the worker in `processes` processes; process 0's results."""
+def _workers(tmp_path, processes, devices, mappings, ckpt=None,
+             script=WORKER):
+  """Runs the worker `script` in `processes` processes; process 0's results
+  (`script` may write one file per process: `path` + its id)."""
   path = str(tmp_path / f"out{processes}.json")
   coordinator = f"127.0.0.1:{free_port()}"
   procs = [subprocess.Popen(
-      [sys.executable, "-c", WORKER.format(
+      [sys.executable, "-c", script.format(
           tests=TESTS, devices=devices, coordinator=coordinator,
           processes=processes, pid=pid, mappings=mappings, ckpt=ckpt,
           path=path)],
@@ -89,7 +95,7 @@ def _workers(tmp_path, processes, devices, mappings, ckpt=None):
   logs = [p.communicate(timeout=600)[0] for p in procs]
   for pid, (p, log) in enumerate(zip(procs, logs)):
     assert p.returncode == 0, f"process {pid}:\n{log[-3000:]}"
-  return json.load(open(path))
+  return json.load(open(path)) if os.path.exists(path) else None
 
 
 def _max_diff(a, b) -> float:
@@ -127,6 +133,58 @@ def test_two_processes_equal_one_process(tmp_path):
     _assert_same_history(multi["history"], sharded["history"])
     _assert_same_history(sharded["history"], single["history"])
     assert multi["final"] == pytest.approx(single["final"])
+
+
+# The "host" placement, Local-only, a cohort of 2 of 4 clients over 2 devices
+# (1 per device): every gather of the training clients' examples recorded.
+HOST_WORKER = JOIN + textwrap.dedent("""
+    import jax, numpy as np
+    from conftest import synthetic_federation
+    from fedjax_dg import models
+    from fedjax_dg.algorithms.local_only import local_only
+    from fedjax_dg.client import objectives
+    from fedjax_dg.data import federated
+    from fedjax_dg.optim import make_optimizer
+    fed = synthetic_federation(num_clients=4, d=2, num_domains=5, per_domain=40)
+    gathered, gather = [], federated.PackedClients.gather
+
+    def spy(self, ids, rows=None):
+      if self is fed.packed_train and np.size(ids):
+        gathered.append(np.asarray(ids).tolist())
+      return gather(self, ids, rows)
+
+    federated.PackedClients.gather = spy
+    model = models.get_model("mlp", input_shape=fed.image_shape,
+                             num_classes=fed.num_classes, mean=fed.mean,
+                             std=fed.std)
+    alg = local_only(model, make_optimizer("adam", 1e-2),
+                     objectives.cross_entropy(model), num_clients=4)
+    res = engine.run(alg, fed, model, engine.EngineConfig(
+        rounds=4, eval_every=2, epochs=1, batch_size=8, cohort_size=2,
+        placement="host", progress=False, eval_batch_size=8))
+    leaves = jax.tree.leaves((res.server, res.clients))
+    json.dump(dict(leaves=[np.asarray(x, np.float64).ravel().tolist()
+                           for x in leaves], gathered=gathered,
+                   history=res.history), open({path!r} + str({pid}), "w"))
+""")
+
+
+@pytest.mark.slow
+def test_each_process_gathers_only_its_own_cohort_members(tmp_path):
+  """The "host" placement in 2 processes x 1 device, a cohort of 2: each
+  process gathers, per chunk, only the cohort member its device trains (one
+  of two per round), together exactly the gathers of 1 process x 2 devices,
+  with the same numbers."""
+  _workers(tmp_path, 1, 2, [], script=HOST_WORKER)
+  _workers(tmp_path, 2, 1, [], script=HOST_WORKER)
+  read = lambda name: json.load(open(tmp_path / name))
+  one, two = read("out1.json0"), [read(f"out2.json{p}") for p in (0, 1)]
+  assert one["gathered"]  # [L rounds, 1 member] per device and chunk
+  assert all(np.shape(g)[1] == 1 for g in one["gathered"])
+  for p in (0, 1):  # process p: member p of every round, not the other
+    assert two[p]["gathered"] == one["gathered"][p::2]
+    assert _max_diff(two[p], one) < 1e-5
+    _assert_same_history(two[p]["history"], one["history"])
 
 
 def test_unreachable_coordinator_stops_with_a_message_in_bounded_time():
