@@ -25,7 +25,10 @@ state):
 (`train.host_gather`: each cohort member's whole client, padded to the
 largest, or only the rows its local steps read; fmnist and synthetic take
 fixed local steps, so "auto" picks the rows where they are fewer) and adds
-the ratio of each to the first.
+the ratio of each to the first. `--shuffle sort feistel` runs every case
+with each `train.shuffle` (each pass's order by sorted uniform draws over
+the largest client, or a Feistel permutation evaluated at the positions
+the steps read) and adds the ratio of each to the first ("vs s0").
 
 Each (data, algorithm, N, placement, gather) is a real `engine.run` with no
 id-validation and no target split (evaluation is then empty and the run is
@@ -70,6 +73,7 @@ import argparse
 import dataclasses
 import functools
 import gc
+import itertools
 import json
 import os
 import platform
@@ -291,6 +295,10 @@ def main(argv=None):
                  choices=("auto", "clients", "rows"),
                  help="train.host_gather of the host cases; several: each "
                  "case run with each, side by side")
+  p.add_argument("--shuffle", nargs="+", default=["sort"],
+                 choices=("sort", "feistel"),
+                 help="train.shuffle; several: each case run with each, side "
+                 "by side")
   p.add_argument("--quick", action="store_true", help=quick.__doc__)
   p.add_argument("--flower", action="store_true",
                  help="instead: FedAvg with the small CNN, the engine against "
@@ -322,10 +330,10 @@ def main(argv=None):
                              progress=False)
   fixed = args.epochs * -(-args.per_client // args.batch)
   steps = dict(random=0, fmnist=fixed, synthetic=fixed)
-  cases = {(d, a, n, pl, g): (build[a](n), dataclasses.replace(
-      base, placement=pl, host_gather=g, local_steps=steps[d]))
+  cases = {(d, a, n, pl, g, sh): (build[a](n), dataclasses.replace(
+      base, placement=pl, host_gather=g, local_steps=steps[d], shuffle=sh))
            for d in args.data for a in args.algorithms for n in args.clients
-           for pl, g in placements(args, d)}
+           for pl, g in placements(args, d) for sh in args.shuffle}
   rows = {key: dict(round_s=[], cpu_s=[], live=0) for key in cases}
   for key, (alg, cfg) in cases.items():  # compile every program first
     fed = feds[(key[0], key[2])]
@@ -365,38 +373,48 @@ def main(argv=None):
 
 def print_table(args, rows: dict) -> None:
   """One line per case; every "vs N0" is the ratio to the first N's line of
-  the same gather, "vs g0" (round time, CPU, device peak) to the first
-  --host-gather's line of the same N (several gathers only)."""
+  the same gather and shuffle, "vs g0" (round time, CPU, device peak) to the
+  first --host-gather's line of the same N and shuffle (several gathers
+  only), "vs s0" (round time, CPU) to the first --shuffle's line of the
+  same N and gather (several shuffles only)."""
   mib = lambda b: b / 2**20
   several = len(args.host_gather) > 1
+  shuffles = len(args.shuffle) > 1
   t_med = lambda r: statistics.median(r["round_s"])
   c_med = lambda r: statistics.median(r["cpu_s"])
   peak_of = lambda r: r["live"] + r["temp"]
   print(f"{'data':9s} {'algorithm':10s} {'placement':9s} {'gather':7s} "
+        f"{'shuffle':7s} "
         f"{'N':>6s} {'largest':>7s} {'round ms':>9s} {'vs N0':>6s} "
         f"{'cpu ms':>7s} {'vs N0':>6s} {'live MiB':>9s} {'temp MiB':>9s} "
         f"{'peak MiB':>9s} {'vs N0':>6s} {'held MiB':>8s} {'host MiB':>9s} "
         f"{'vs N0':>6s}" + (f" {'round':>6s} {'cpu':>6s} {'peak':>6s} "
-                            "(vs g0)" if several else ""))
+                            "(vs g0)" if several else "")
+        + (f" {'round':>6s} {'cpu':>6s} (vs s0)" if shuffles else ""))
   for d in args.data:
     for a in args.algorithms:
-      for pl, g in placements(args, d):
-        first = rows[(d, a, args.clients[0], pl, g)]
+      for (pl, g), sh in itertools.product(placements(args, d),
+                                           args.shuffle):
+        first = rows[(d, a, args.clients[0], pl, g, sh)]
         t0, c0, peak0 = t_med(first), c_med(first), peak_of(first)
         host0 = first["fed"] + first["host"]
         for n in args.clients:
-          r = rows[(d, a, n, pl, g)]
+          r = rows[(d, a, n, pl, g, sh)]
           t, c, peak = t_med(r), c_med(r), peak_of(r)
           host = r["fed"] + r["host"]
           g0 = rows[(d, a, n, pl, args.host_gather[0] if pl == "host"
-                     else g)]
+                     else g, sh)]
+          s0 = rows[(d, a, n, pl, g, args.shuffle[0])]
           vs_g0 = (f" {t / t_med(g0):6.2f} {c / c_med(g0):6.2f} "
                    f"{peak / peak_of(g0):6.2f}" if several else "")
-          print(f"{d:9s} {a:10s} {pl:9s} {g:7s} {n:6d} {r['largest']:7d} "
+          vs_s0 = (f" {t / t_med(s0):6.2f} {c / c_med(s0):6.2f}" if shuffles
+                   else "")
+          print(f"{d:9s} {a:10s} {pl:9s} {g:7s} {sh:7s} {n:6d} "
+                f"{r['largest']:7d} "
                 f"{1e3 * t:9.1f} {t / t0:6.2f} {1e3 * c:7.1f} {c / c0:6.2f} "
                 f"{mib(r['live']):9.1f} {mib(r['temp']):9.1f} {mib(peak):9.1f} "
                 f"{peak / peak0:6.2f} {mib(r['fed']):8.1f} {mib(host):9.1f} "
-                f"{host / host0:6.2f}{vs_g0}")
+                f"{host / host0:6.2f}{vs_g0}{vs_s0}")
 
 
 if __name__ == "__main__":

@@ -42,6 +42,9 @@ state rows go to the devices and back; `_OnHost`); "auto" picks
 With fixed local steps "host" gathers only the rows the steps read, their
 permutations drawn ahead on the host like the cohorts (`host_gather`,
 `resolve_gather`, `step_rows`).
+How a local pass orders a client's examples is `shuffle` ("sort", the
+default, or "feistel": draws that do not grow with the largest client;
+`client.update.local_training`).
 
 Randomness: one root key; round key = fold_in(root, r); client key =
 fold_in(round key, client id), so results do not depend on the mapping, the
@@ -68,7 +71,8 @@ from fedjax_dg import evaluate, tree
 from fedjax_dg.algorithms.base import (Algorithm, ClientContext, ClientData,
                                       ClientResult, with_frozen)
 from fedjax_dg.client.lanes import packed_update
-from fedjax_dg.client.update import local_steps, local_training, train_client
+from fedjax_dg.client.update import (SHUFFLES, local_steps, local_training,
+                                     train_client)
 from fedjax_dg.data.images import is_streamed
 from fedjax_dg.errors import ConfigError, DataError, NonFiniteError
 
@@ -116,6 +120,12 @@ class EngineConfig:
                                 # whole client ("clients") or only the rows
                                 # its local steps read ("rows"); "auto"
                                 # (`resolve_gather`)
+  shuffle: str = "sort"         # each pass's order of a client's examples:
+                                # "sort" (uniform draws over its padded
+                                # width, sorted) or "feistel" (a keyed
+                                # permutation evaluated only at the
+                                # positions the steps read; other numbers)
+                                # (`client.update.local_training`)
   seed: int = 0
   eval_batch_size: int = 500
   ood_eval_max: int = 2000      # target examples scored between chunks (0: all)
@@ -143,6 +153,8 @@ class EngineConfig:
         ("placement", self.placement in PLACEMENTS, f"one of {PLACEMENTS}"),
         ("host_gather", self.host_gather in HOST_GATHERS,
          f"one of {HOST_GATHERS}"),
+        ("shuffle", self.shuffle in SHUFFLES,
+         f"one of {SHUFFLES} (docs/scale.md, \"Permutation draws\")"),
         ("map_batch_size", self.map_batch_size >= 1, "an integer >= 1"),
         ("vmap_lanes", self.vmap_lanes >= 0,
          "0 (auto: from the clients' sizes) or an integer >= 1"),
@@ -540,7 +552,7 @@ def training_of(alg: Algorithm, cfg: EngineConfig) -> Callable:
   return functools.partial(local_training, alg.loss, alg.optimizer,
                            batch_size=cfg.batch_size, epochs=cfg.epochs,
                            steps=alg.local_steps or cfg.local_steps,
-                           rounds=cfg.rounds)
+                           rounds=cfg.rounds, shuffle=cfg.shuffle)
 
 
 def step_rows(alg: Algorithm, cfg: EngineConfig) -> Callable:
@@ -1109,6 +1121,7 @@ def _program_key(cfg: EngineConfig, alg: Algorithm) -> EngineConfig:
                       # only the row gather changes a program
                       host_gather=("rows" if cfg.host_gather == "rows"
                                    else "clients"),
+                      shuffle=cfg.shuffle,
                       eval_batch_size=cfg.eval_batch_size)
 
 

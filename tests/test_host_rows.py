@@ -92,6 +92,53 @@ def test_rows_give_the_whole_client_numbers(unequal, name, mapping,
   assert whole.history == rows.history and whole.final == rows.final
 
 
+def _same(a, b) -> bool:
+  return all(np.array_equal(np.asarray(u), np.asarray(v)) for u, v in zip(
+      jax.tree.leaves((a.server, a.clients)),
+      jax.tree.leaves((b.server, b.clients)), strict=True)) and (
+          a.round_metrics == b.round_metrics)
+
+
+def test_feistel_gives_the_same_batches_on_every_path(unequal):
+  """train.shuffle="feistel": FedAvg's rows gathered on the host (its
+  `feistel_rows` drawn by `step_rows`) and its whole clients on the host
+  give the same numbers bit for bit; the rows read are not those of
+  "sort" (the setting reaches the programs `run` uses), yet are each
+  client's examples. The "device" placement and vmapped lanes: the slow
+  test below."""
+  fed, model, algs = unequal
+  cfg = dataclasses.replace(CFG, shuffle="feistel")
+  rows = engine.run(algs["fedavg"], fed, model, cfg)
+  whole = engine.run(algs["fedavg"], fed, model,
+                     dataclasses.replace(cfg, host_gather="clients"))
+  assert _same(rows, whole)
+  ids = np.asarray([[0, 1, 2, 3, 4]], np.int32)
+  n = np.asarray(SIZES, np.int32)[ids]
+  read = {s: np.asarray(engine.programs(
+      algs["fedavg"], model, dataclasses.replace(CFG, shuffle=s),
+      len(SIZES)).step_rows(jax.random.key(0), np.asarray([3], np.int32),
+                            ids, n, fed.packed_train.width))[0]
+          for s in ("sort", "feistel")}
+  assert not np.array_equal(read["sort"], read["feistel"])
+  for c, size in enumerate(SIZES):  # 54: 40 distinct rows of one pass
+    got = read["feistel"][c][:min(size, STEPS * B)]
+    assert len(set(got.tolist())) == len(got) and got.max() < size
+
+
+@pytest.mark.slow
+def test_feistel_on_the_device_and_in_lanes(unequal):
+  """train.shuffle="feistel" on the "device" placement (the permutation's
+  rows drawn inside the round) equals the host's row gather, for FedAvg
+  (a loop per client) and Local-only (vmapped lanes)."""
+  fed, model, algs = unequal
+  for name, mapping in (("fedavg", "map"), ("local_only", "vmap")):
+    cfg = dataclasses.replace(CFG, shuffle="feistel", client_mapping=mapping)
+    rows = engine.run(algs[name], fed, model, cfg)
+    device = engine.run(algs[name], fed, model,
+                        dataclasses.replace(cfg, placement="device"))
+    assert _same(rows, device), name
+
+
 def reference_rows(root_key, r, cid, n, n_max):
   """What client `cid` (n examples of n_max padded) reads in round r, step by
   step, as a plain loop: its epoch orders (the stable argsort of the same

@@ -71,10 +71,12 @@ def test_schedule_is_longest_first_packing():
     assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
 
 
-def test_packed_lanes_equal_each_client_alone():
+@pytest.mark.parametrize("shuffle", ["sort", "feistel"])
+def test_packed_lanes_equal_each_client_alone(shuffle):
   """Clients packed into 1 and 3 lanes (one of them without examples)
   give exactly `local_update`'s parameters and mean loss, with a context
-  (id, start) that reaches the objective per client."""
+  (id, start) that reaches the objective per client; under either
+  train.shuffle."""
   rng = np.random.default_rng(0)
   n = np.asarray([13, 0, 5, 29, 8], np.int32)
   g, n_max, bs = len(n), 32, 4
@@ -93,10 +95,12 @@ def test_packed_lanes_equal_each_client_alone():
   opt = optax.adam(0.05)
   ctx = lambda i, s: ClientContext(id=i, round=0, start=s)
   alone = jax.jit(lambda p, x, y, n, k, i: local_update(
-      loss, opt, p, x, y, n, k, ctx(i, p), batch_size=bs, epochs=2))
+      loss, opt, p, x, y, n, k, ctx(i, p), batch_size=bs, epochs=2,
+      shuffle=shuffle))
   want = [alone(jax.tree.map(lambda a: a[i], start), x[i], y[i], n[i],
                 keys[i], i) for i in range(g)]
-  training = local_training(loss, opt, n_max=n_max, batch_size=bs, epochs=2)
+  training = local_training(loss, opt, n_max=n_max, batch_size=bs, epochs=2,
+                            shuffle=shuffle)
   for lanes in (1, 3):
     got, losses = jax.jit(lambda s: packed_update(
         training, lanes, s, lambda c, idx: (jnp.asarray(x)[c, idx],

@@ -116,6 +116,8 @@ def _validated(*overrides):
     (["seed=-1"], "seed=-1"),
     (["train.cohort_size=-1"], "train.cohort_size=-1: allowed values are 0 "
                                "(all clients) or a positive count"),
+    (["train.shuffle=random"], "train.shuffle='random': allowed values "
+                               "are one of ('sort', 'feistel')"),
     (["moon.temperature=0.0", "algorithms=moon"], "MOON temperature"),
     (["hfedf.gradalign_over=both"], "hfedf.gradalign_over='both'"),
     (["hfedf.gradalign_over=joint", "hfedf.gradalign_granularity=tensor"],

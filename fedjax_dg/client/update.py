@@ -12,6 +12,9 @@ permutation of the valid examples; the last batch of an epoch is partial
 fixed steps only the positions the steps read are drawn out of each
 permutation (`first_of_argsort`), and a client whose rows the host gathered
 in read order (`LocalTraining.rows`, `in_order`) reads them as they come.
+`shuffle="feistel"` orders a pass by a keyed Feistel permutation evaluated
+only at the positions the steps read (`feistel_permutation`): draws that do
+not grow with the client.
 """
 
 from __future__ import annotations
@@ -137,6 +140,83 @@ def unit_argsort(u: jax.Array) -> jax.Array:
   return perm.reshape(u.shape)
 
 
+# train.shuffle: how a pass orders a client's examples (`local_training`).
+SHUFFLES = ("sort", "feistel")
+# Rounds of the Feistel network: Luby-Rackoff's 4 make a pseudo-random
+# permutation of random round functions; 6 leave a margin for a mix that is
+# only a hash (and cost 6 integer mixes per position and walk step).
+FEISTEL_ROUNDS = 6
+
+
+def _mix32(h: jax.Array) -> jax.Array:
+  """murmur3's 32-bit finalizer (fmix32): every input bit flips each output
+  bit with probability ~1/2."""
+  h = h ^ (h >> 16)
+  h = h * jnp.uint32(0x85EBCA6B)
+  h = h ^ (h >> 13)
+  h = h * jnp.uint32(0xC2B2AE35)
+  return h ^ (h >> 16)
+
+
+def feistel_permutation(keys: jax.Array, n: jax.Array,
+                        positions: jax.Array) -> jax.Array:
+  """int32 like `positions`: a keyed pseudo-random permutation of [0, n)
+  evaluated at `positions` (int32, any shape); a position outside [0, n)
+  maps to itself. `keys`: uint32 [FEISTEL_ROUNDS], the round keys (one pass's
+  order; `feistel_rows` draws them).
+
+  A balanced Feistel network on b bits, b the even number >= max(2, bit
+  length of n - 1) (traced: one program serves every n), permutes [0, 2^b);
+  its round i maps halves (L, R) to (R, L ^ F_i(R)), F_i(R) the low b / 2
+  bits of fmix32(R ^ keys[i]). A value >= n is permuted again (cycle
+  walking: it stays on its own cycle, so it comes back into [0, n) and the
+  restriction is a permutation of [0, n)); 2^b < 4n, so each walk is short
+  (geometric, mean < 4 steps) and the loop runs until every position is in.
+  The cost is O(positions read), independent of n and of the padded width,
+  where the sort's draws are O(n_max) per pass. Small domains get only the
+  permutations a Feistel network makes (even ones of [0, 2^b)), which does
+  not bias where a position lands (tested: each (position, value) pair's
+  frequency, chi-square)."""
+  n_u = jnp.asarray(n).astype(jnp.uint32)
+  bits = 32 - jax.lax.clz(jnp.maximum(n_u, 1) - 1)  # bit length of n - 1
+  bits = jnp.maximum(bits, 2)
+  half = (bits + (bits & 1)) // 2
+  mask = (jnp.uint32(1) << half) - 1
+
+  def permute(x):
+    left, right = x >> half, x & mask
+    for i in range(FEISTEL_ROUNDS):
+      left, right = right, left ^ (_mix32(right ^ keys[i]) & mask)
+    return (left << half) | right
+
+  x = positions.astype(jnp.uint32)
+  inside = (positions >= 0) & (x < n_u)
+  walk = lambda x: jnp.where(inside & (x >= n_u), permute(x), x)
+  x = jax.lax.while_loop(lambda x: jnp.any(inside & (x >= n_u)), walk,
+                         jnp.where(inside, permute(x), x))
+  return jnp.where(inside, x.astype(jnp.int32), positions)
+
+
+def feistel_rows(key: jax.Array, n: jax.Array, n_max: int, batch_size: int,
+                 passes: int, steps: int) -> jax.Array:
+  """int32 [steps * batch_size]: the rows local steps 0 .. steps - 1 of a
+  client with `n` examples (of `n_max` padded) read, in read order, under
+  train.shuffle="feistel": pass e's order is `feistel_permutation` with
+  round keys bits(fold_in(key, e)), evaluated only at the positions the
+  steps read (`step_position`); a masked position reads its own row,
+  clipped to n_max - 1 as `batch_at` clips."""
+  keys = jax.vmap(lambda e: jax.random.bits(
+      jax.random.fold_in(key, e), (FEISTEL_ROUNDS,), jnp.uint32))(
+          jnp.arange(passes))
+
+  def at(s):
+    epoch, pos, _, _ = step_position(s, n, batch_size, passes)
+    return feistel_permutation(keys[jnp.minimum(epoch, passes - 1)], n, pos)
+
+  rows = jax.vmap(at)(jnp.arange(steps)).reshape(-1)
+  return jnp.minimum(rows, n_max - 1)
+
+
 def step_position(step: jax.Array, n: jax.Array, batch_size: int,
                   epochs: int) -> tuple[jax.Array, jax.Array, jax.Array,
                                         jax.Array]:
@@ -189,8 +269,10 @@ class Local(NamedTuple):
   params: PyTree
   opt_state: PyTree
   loss_sum: jax.Array   # summed loss of the steps taken so far
-  perms: jax.Array      # [passes, n_max] int32: `epoch_permutations`
-                        # (None: the rows arrive in read order, `in_order`)
+  perms: jax.Array      # [passes, n_max] int32: `epoch_permutations`; or
+                        # (shuffle="feistel") [padded_steps * B] int32: the
+                        # rows its steps read (`feistel_rows`); None: the
+                        # rows arrive in read order (`in_order`)
   step_key: jax.Array   # step s draws fold_in(step_key, s)
   n: jax.Array          # its real examples
 
@@ -218,9 +300,19 @@ class LocalTraining(NamedTuple):
 
 def local_training(loss_fn: LossFn, optimizer: optax.GradientTransformation,
                    *, n_max: int, batch_size: int, epochs: int, steps: int = 0,
-                   rounds: int = 0, in_order: bool = False) -> LocalTraining:
+                   rounds: int = 0, in_order: bool = False,
+                   shuffle: str = "sort") -> LocalTraining:
   """The pieces of `local_update` for clients padded to `n_max` examples
   (arguments as there).
+
+  `shuffle` (`SHUFFLES`, the engine's `train.shuffle`): each pass's order of
+  the client's examples. "sort": the stable argsort of `uniform` draws over
+  the padded width (`epoch_permutations`; with fixed steps their first
+  steps x B positions, `first_of_argsort`), O(passes x n_max) a client.
+  "feistel": a keyed Feistel permutation evaluated only at the positions the
+  steps read (`feistel_rows`), O(steps x B) a client however large it is;
+  other orders than "sort" for the same key (so other numbers), equally
+  uniform.
 
   `in_order`: the client's arrays hold, instead of its examples, the rows its
   steps read in the order they read them (`rows` of the same client and key,
@@ -228,6 +320,8 @@ def local_training(loss_fn: LossFn, optimizer: optax.GradientTransformation,
   reads rows s*B .. s*B + B - 1 and draws no permutation; the same batches,
   step keys and masks, so the same training."""
   scheduled = isinstance(optimizer, RunProgress)
+  if shuffle not in SHUFFLES:
+    raise ValueError(f"shuffle={shuffle!r}: one of {SHUFFLES}")
   if scheduled and rounds < 1:
     raise ValueError("a RunProgress optimizer (a schedule over the run) needs "
                      "local_update(..., rounds=R)")
@@ -252,12 +346,17 @@ def local_training(loss_fn: LossFn, optimizer: optax.GradientTransformation,
     perm_key, step_key = jax.random.split(key)
     if in_order:
       return None, step_key
+    if shuffle == "feistel":
+      return feistel_rows(perm_key, n, n_max, batch_size, passes,
+                          padded), step_key
     return epoch_permutations(perm_key, n, n_max, passes, first), step_key
 
   def read_at(s, perms, n):
-    if in_order:
+    if in_order or shuffle == "feistel":  # the rows read, step by step
       _, _, valid, active = step_position(s, n, batch_size, passes)
-      return s * batch_size + jnp.arange(batch_size), valid, active
+      at = s * batch_size + jnp.arange(batch_size)
+      return (at if in_order else jnp.take(perms, at, mode="clip"), valid,
+              active)
     return batch_at(s, perms, n, batch_size)
 
   def begin(params, perms, step_key, n):
@@ -322,7 +421,8 @@ def local_update(loss_fn: LossFn, optimizer: optax.GradientTransformation,
                  params: PyTree, x: jax.Array, y: jax.Array, n: jax.Array,
                  key: jax.Array, ctx: Any = None, *, batch_size: int,
                  epochs: int, steps: int = 0, rounds: int = 0,
-                 own_steps: bool = False) -> tuple[PyTree, jax.Array]:
+                 own_steps: bool = False,
+                 shuffle: str = "sort") -> tuple[PyTree, jax.Array]:
   """Trains one client; returns (params, mean loss over its steps).
 
   `epochs` passes over the client's own `n` examples, or, with `steps > 0`,
@@ -330,6 +430,7 @@ def local_update(loss_fn: LossFn, optimizer: optax.GradientTransformation,
   fresh permutations. The optimizer state starts fresh every call (every round),
   as in the papers' reference code. `x`: uint8 [n_max, ...], `y`: [n_max], `n`:
   scalar count. `rounds`: the run's rounds, for a `RunProgress` optimizer.
+  `shuffle`: how each pass orders the examples (`local_training`).
   `own_steps`: a loop of the client's own count of steps (a `lax.while_loop`:
   under vmap JAX runs it to the batch's largest count and masks the rest);
   else a static scan of the padded count `E * ceil(n_max / B)` whose steps
@@ -341,7 +442,7 @@ def local_update(loss_fn: LossFn, optimizer: optax.GradientTransformation,
   """
   lt = local_training(loss_fn, optimizer, n_max=x.shape[0],
                       batch_size=batch_size, epochs=epochs, steps=steps,
-                      rounds=rounds)
+                      rounds=rounds, shuffle=shuffle)
   return train_client(lt, params, rows_of(x, y), n, key, ctx,
                       own_steps=own_steps)
 
