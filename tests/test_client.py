@@ -1,5 +1,7 @@
 """Local update: epoch semantics, masking of padded steps, agreement with a plain loop."""
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -84,7 +86,9 @@ def test_fedprox_term_pulls_toward_start():
 
 
 def test_fixed_local_steps_mode_runs_exactly_that_many_steps():
-  """steps > 0: every client takes `steps` steps whatever its size (pFedHN)."""
+  """steps > 0: every client takes `steps` steps whatever its size (pFedHN),
+  in the masked scan and in a loop of the client's own count (`own_steps`,
+  which `local_steps` sets)."""
   rng = np.random.default_rng(1)
   x = rng.integers(0, 255, (12, 2, 2, 1)).astype(np.uint8)
   y = rng.integers(0, 3, (12,)).astype(np.int32)
@@ -92,8 +96,9 @@ def test_fixed_local_steps_mode_runs_exactly_that_many_steps():
   count = {"w": jnp.zeros((4, 3)), "b": jnp.zeros((3,))}
   # A "loss" whose gradient is 1 for b[0]: SGD(lr=1) subtracts 1 per step taken.
   loss = lambda p, batch, rng, ctx: p["b"][0] + 0.0 * jnp.sum(batch.mask)
-  for n, steps in ((12, 7), (3, 7), (5, 1)):
+  for (n, steps), own in itertools.product(((12, 7), (3, 7), (5, 1)),
+                                         (False, True)):
     got, _ = local_update(loss, optax.sgd(1.0), params, jnp.asarray(x),
                           jnp.asarray(y), jnp.int32(n), jax.random.key(0),
-                          batch_size=4, epochs=2, steps=steps)
+                          batch_size=4, epochs=2, steps=steps, own_steps=own)
     assert float(got["b"][0]) == -steps
