@@ -23,27 +23,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import model_for, synthetic_domains
+from conftest import every_algorithm_setup, model_for
 from fedjax_dg import algorithms, config, engine, models
 from fedjax_dg.algorithms.base import with_frozen
-from fedjax_dg.data import federated, partition
 
 N, M = 4, 3
 
 
 @pytest.fixture(scope="module")
 def setup():
-  fed = federated.build(synthetic_domains(num_domains=5, per_domain=24),
-                        partition.PartitionSpec(num_partitions=N, seed=0),
-                        target_domain=0, server_fraction=0.2)
+  fed, cfg = every_algorithm_setup(N)
   model = models.get_model("mlp", input_shape=fed.image_shape,
                            num_classes=fed.num_classes, mean=fed.mean,
                            std=fed.std, hidden=8)
-  cfg = config.base_config()
-  for name in ("feddf", "fedbe", "fedlaw"):
-    cfg[name].steps = 2
-  cfg.hfedf.autoencoder_epochs = 1
-  cfg.ccst.depth = 1  # CCST's AdaIN encoder up to relu1_1 (8x8 images)
   return fed, model, cfg
 
 

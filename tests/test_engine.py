@@ -263,17 +263,9 @@ EVERY_ALGORITHM_SHARDED = textwrap.dedent("""
     import sys
     sys.path.insert(0, {tests!r})
     import jax, numpy as np
-    from conftest import model_for, synthetic_domains
-    from fedjax_dg import algorithms, config, engine
-    from fedjax_dg.data import federated, partition
-    fed = federated.build(synthetic_domains(num_domains=5, per_domain=24),
-                          partition.PartitionSpec(num_partitions=4, seed=0),
-                          target_domain=0, server_fraction=0.2)
-    cfg = config.base_config()
-    for name in ("feddf", "fedbe", "fedlaw"):
-      cfg[name].steps = 2
-    cfg.hfedf.autoencoder_epochs = 1
-    cfg.ccst.depth = 1
+    from conftest import every_algorithm_setup, model_for
+    from fedjax_dg import algorithms, engine
+    fed, cfg = every_algorithm_setup()
     for name in algorithms.available():
       model = model_for(name, fed, hidden=8)
       alg = algorithms.build(name, model, 4, cfg, data=fed)
@@ -296,10 +288,9 @@ def test_every_algorithm_sharded_over_two_devices_matches_one_device():
   (one padded slot), against the same run on one device: the same server and
   client state to 1e-4. (FedSAM crashed here until its step count, which
   optax's opaque SAM rebuilds from a constant, was kept varying over the
-  client axis.) HyperGenFL is only checked to run and stay finite: its
-  hypernetwork's gradients are ~1e-9 here and Adam rescales them to ~lr, so
-  the float summation order alone moves it by ~1e-2 in two rounds
-  (docs/faithfulness.md, "HyperGenFL")."""
+  client axis.) HyperGenFL to 5e-2: its hypernetwork's gradients are ~1e-9
+  here and Adam rescales them to ~lr, so the float summation order alone
+  moves it by ~1e-2 in two rounds (docs/faithfulness.md, "HyperGenFL")."""
   tests = os.path.dirname(os.path.abspath(__file__))
   out = subprocess.run(
       [sys.executable, "-c", EVERY_ALGORITHM_SHARDED.format(tests=tests)],
@@ -311,8 +302,7 @@ def test_every_algorithm_sharded_over_two_devices_matches_one_device():
   assert [r[1] for r in rows] == list(algorithms.available())
   for _, name, diff, finite in rows:
     assert finite == "True", name
-    if name != "hypergenfl":
-      assert float(diff) < 1e-4, (name, diff)
+    assert float(diff) < (5e-2 if name == "hypergenfl" else 1e-4), (name, diff)
 
 
 @pytest.mark.slow
