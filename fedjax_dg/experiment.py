@@ -300,6 +300,32 @@ def check_resume(cfg: ConfigDict, run_dir: str, data: dict) -> None:
           "new run")
 
 
+def environment() -> dict:
+  """What a run's numbers depend on beyond its config and data: the float
+  summation order changes with the JAX version, the backend and the
+  devices the cohort is sharded over (HyperGenFL's by up to ~1e-2,
+  docs/faithfulness.md; the others' by ~1e-5). Written to
+  `environment.json` beside config.json."""
+  import jax
+  return dict(jax=jax.__version__, backend=jax.default_backend(),
+              devices=jax.device_count(), processes=jax.process_count())
+
+
+def environment_changes(before: dict, now: dict) -> str:
+  """'' or a warning that a resumed run continues in another environment
+  (`environment`): its numbers from here on are not bit for bit those of an
+  uninterrupted run."""
+  changed = [f"{k} {before.get(k)!r} -> {now[k]!r}" for k in now
+             if before.get(k) != now[k]]
+  if not changed:
+    return ""
+  return (f"resumed in another environment ({'; '.join(changed)}): the rounds "
+          "from here on are not bit for bit those of an uninterrupted run "
+          "(float summation order; HyperGenFL's by up to ~1e-2, "
+          "docs/faithfulness.md). Resume where the run began for identical "
+          "numbers")
+
+
 def check_disk(name: str, alg, run_dir: str, echo, *, keep: int = 1,
                runs: int = 1) -> None:
   """Says how much disk the algorithm's checkpoints take, and refuses to start
@@ -417,15 +443,24 @@ def run(cfg: ConfigDict, run_dir: str | None = None, *, resume: bool = False,
   echo = distributed.main_only(echo)
   run_dir = distributed.same_everywhere(
       run_dir or (make_run_dir(cfg.output_dir, cfg.name) if main else ""))
+  env, env_path = environment(), os.path.join(run_dir, "environment.json")
+  if resume and os.path.exists(env_path):
+    with open(env_path) as f:
+      warning = environment_changes(json.load(f), env)
+    if warning:
+      echo(f"WARNING: {warning}")
   if main:
     os.makedirs(run_dir, exist_ok=True)
     with open(os.path.join(run_dir, "config.json"), "w") as f:
       f.write(cfg.to_json(indent=2))
     with open(os.path.join(run_dir, "data.json"), "w") as f:
       json.dump(data, f)
+    if not os.path.exists(env_path):  # where the run began
+      with open(env_path, "w") as f:
+        json.dump(env, f)
   results = dict(name=cfg.name, run_dir=run_dir, dataset=dataset.name,
                  domains=list(dataset.domain_names), targets=[str(t) for t in targets],
-                 algorithms=list(cfg.algorithms), runs=[])
+                 algorithms=list(cfg.algorithms), environment=env, runs=[])
   if resume and os.path.exists(os.path.join(run_dir, "results.json")):
     with open(os.path.join(run_dir, "results.json")) as f:
       results["runs"] = json.load(f)["runs"]

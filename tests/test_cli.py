@@ -87,6 +87,17 @@ def test_run_writes_results_table_and_plots_and_never_overwrites(tiny_config, ca
   res = json.load(open(os.path.join(out, run_dir, "results.json")))
   assert len(res["runs"]) == 4
 
+  # Where the run began is kept; resumed elsewhere, it warns and runs on.
+  env_path = os.path.join(out, run_dir, "environment.json")
+  env = json.load(open(env_path))
+  assert env == res["environment"] and env["devices"] >= 1
+  json.dump(dict(env, devices=99), open(env_path, "w"))
+  assert cli.main(["run", "--config", path, "--resume",
+                   os.path.join(out, run_dir)]) == 0
+  assert (f"WARNING: resumed in another environment (devices 99 -> "
+          f"{env['devices']})") in capsys.readouterr().out
+  assert json.load(open(env_path))["devices"] == 99
+
   # --resume refuses other settings or data, before anything is written.
   files = {f: open(os.path.join(out, run_dir, f)).read()
            for f in ("config.json", "results.json", "data.json")}
