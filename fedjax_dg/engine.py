@@ -402,15 +402,14 @@ class Layout:
         parts[key] = gather(members)
       return parts[key]
 
-    def place(leaf: int):
-      shape = list(jax.tree.leaves(probe)[leaf].shape)
-      shape[1] = m
-      return jax.make_array_from_callback(
-          tuple(shape), sharding,
-          lambda i: jax.tree.leaves(part(i[1]))[leaf])
+    leaves, structure = jax.tree.flatten(probe)
 
-    data = jax.tree.unflatten(jax.tree.structure(probe),
-                              [place(k) for k in range(len(jax.tree.leaves(probe)))])
+    def place(leaf: int):
+      shape = (*leaves[leaf].shape[:1], m, *leaves[leaf].shape[2:])
+      return jax.make_array_from_callback(
+          shape, sharding, lambda i: jax.tree.leaves(part(i[1]))[leaf])
+
+    data = jax.tree.unflatten(structure, [place(k) for k in range(len(leaves))])
     return jax.device_put(index, NamedSharding(self.mesh, P()))._replace(
         data=data)
 

@@ -169,7 +169,6 @@ HOST_WORKER = JOIN + textwrap.dedent("""
 """)
 
 
-@pytest.mark.slow
 def test_each_process_gathers_only_its_own_cohort_members(tmp_path):
   """The "host" placement in 2 processes x 1 device, a cohort of 2: each
   process gathers, per chunk, only the cohort member its device trains (one
