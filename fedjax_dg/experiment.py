@@ -16,6 +16,7 @@ import os
 import shutil
 import time
 
+import jax
 import numpy as np
 
 from fedjax_dg import algorithms, distributed, engine, metrics_log
@@ -306,7 +307,6 @@ def environment() -> dict:
   devices the cohort is sharded over (HyperGenFL's by up to ~1e-2,
   docs/faithfulness.md; the others' by ~1e-5). Written to
   `environment.json` beside config.json."""
-  import jax
   return dict(jax=jax.__version__, backend=jax.default_backend(),
               devices=jax.device_count(), processes=jax.process_count())
 

@@ -165,8 +165,8 @@ def feistel_permutation(keys: jax.Array, n: jax.Array,
   maps to itself. `keys`: uint32 [FEISTEL_ROUNDS], the round keys (one pass's
   order; `feistel_rows` draws them).
 
-  A balanced Feistel network on b bits, b the even number >= max(2, bit
-  length of n - 1) (traced: one program serves every n), permutes [0, 2^b);
+  A balanced Feistel network on b bits, b the even number >= the bit
+  length of n - 1 (traced: one program serves every n), permutes [0, 2^b);
   its round i maps halves (L, R) to (R, L ^ F_i(R)), F_i(R) the low b / 2
   bits of fmix32(R ^ keys[i]). A value >= n is permuted again (cycle
   walking: it stays on its own cycle, so it comes back into [0, n) and the
@@ -179,8 +179,7 @@ def feistel_permutation(keys: jax.Array, n: jax.Array,
   frequency, chi-square)."""
   n_u = jnp.asarray(n).astype(jnp.uint32)
   bits = 32 - jax.lax.clz(jnp.maximum(n_u, 1) - 1)  # bit length of n - 1
-  bits = jnp.maximum(bits, 2)
-  half = (bits + (bits & 1)) // 2
+  half = (bits + 1) // 2  # n <= 1: half 0, the identity on [0, 1)
   mask = (jnp.uint32(1) << half) - 1
 
   def permute(x):
