@@ -4,13 +4,16 @@ SGD, where each kind of parameter lives (frozen backbone held once, A_di and
 the head aggregated, A_dw per client), the ablation switches and the settings'
 errors."""
 
+import dataclasses
+
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 
-from conftest import TINY_VIT, synthetic_federation
+from conftest import TINY_VIT, synthetic_federation, with_sizes
 from fedjax_dg import algorithms, engine, experiment, models, tree
 from fedjax_dg.algorithms import fedsdaf
 from fedjax_dg.algorithms.base import ClientResult, with_frozen
@@ -201,22 +204,53 @@ def test_backbone_frozen_held_once_adapters_where_they_belong(fed):
     np.testing.assert_array_equal(a, b)
 
 
+def _reporting(alg):
+  """`alg` whose round metrics also carry what the engine handed the server:
+  the cohort's start and trained parameters."""
+  def server_update(server, result, key):
+    new, metrics = alg.server_update(server, result, key)
+    return new, dict(metrics, start=result.start, trained=result.params)
+  return dataclasses.replace(alg, server_update=server_update)
+
+
 def test_a_round_trains_adapters_keeps_others_and_aggregates_only_adi(fed):
+  """A_dw and the fusion are private (never averaged): after an engine round
+  each cohort client started from its OWN rows and keeps exactly what it
+  trained, the others' rows are unchanged, and the server's A_di / head are
+  the example-weighted mean of the cohort's trained ones. Unequal clients
+  (20, 54, 37 examples) so the weights matter. Pins that the private rows
+  are not averaged over the cohort (in `client_end` or `client_start`):
+  rows that merely changed / stayed would not show it."""
   alg, server, clients, frozen = _setup(fed, aggregation="fedavg")
+  sized = with_sizes(fed, [20, 54, 37])
   cfg = engine.EngineConfig(rounds=1, epochs=1, batch_size=8, cohort_size=2,
                             client_mapping="map")
-  round_fn = jax.jit(engine.make_round(alg, cfg, N))
-  train = jax.tree.map(jnp.asarray, fed.train)
+  round_fn = jax.jit(engine.make_round(_reporting(alg), cfg, N))
+  train = jax.tree.map(jnp.asarray, sized.train)
   (new_server, new_clients), metrics = round_fn(
       (server, clients), jnp.int32(0), train, jax.random.key(1), frozen)
   cohort = np.asarray(metrics["cohort"])
   out = [i for i in range(N) if i not in cohort]
-  leaf = lambda t: np.asarray(t["adw"]["block_1"]["up"]["kernel"])
-  for i in cohort:
-    assert not np.allclose(leaf(new_clients)[i], leaf(clients)[i])
+  row = lambda t, i: jax.tree.map(lambda a: a[i], t)
+  local = lambda t: {k: t[k] for k in fedsdaf.LOCAL}
+  starts = [row(metrics["start"], j) for j in range(len(cohort))]
+  trained = [row(metrics["trained"], j) for j in range(len(cohort))]
+  for i, start, t in zip(cohort, starts, trained):
+    chex.assert_trees_all_equal(start, {**server.params, **row(clients, i)})
+    chex.assert_trees_all_equal(row(new_clients, i), local(t))
+    assert not np.allclose(t["adw"]["block_1"]["up"]["kernel"],
+                           start["adw"]["block_1"]["up"]["kernel"])
+  # The two trained private rows differ (an average would be one row).
+  assert not np.allclose(trained[0]["adw"]["block_1"]["up"]["kernel"],
+                         trained[1]["adw"]["block_1"]["up"]["kernel"])
   for i in out:
-    np.testing.assert_array_equal(leaf(new_clients)[i], leaf(clients)[i])
+    chex.assert_trees_all_equal(row(new_clients, i), row(clients, i))
   assert set(new_server.params) == {"adi", "head"}
+  n = np.asarray(sized.train.n)[cohort]
+  assert n[0] != n[1]
+  want = jax.tree.map(lambda a, b: (n[0] * a + n[1] * b) / n.sum(),
+                      *[{k: t[k] for k in ("adi", "head")} for t in trained])
+  chex.assert_trees_all_close(new_server.params, want, rtol=1e-5, atol=1e-6)
   assert not np.allclose(new_server.params["head"]["kernel"],
                          server.params["head"]["kernel"])
 
