@@ -2,6 +2,7 @@
 and its second-order gradient, and the server's EMA of the mean gradient, each
 against an independent computation; the algorithm end to end."""
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 from fedjax_dg import algorithms, engine, models
 from fedjax_dg.algorithms import fediir
 from fedjax_dg.algorithms.base import ClientResult
-from fedjax_dg.client.update import Batch, ClientContext
+from fedjax_dg.client.update import Batch, ClientContext, ClientData
 from fedjax_dg.config import base_config
 from fedjax_dg.errors import ConfigError
 
@@ -39,6 +40,28 @@ def test_client_gradient_is_the_classifier_gradient_of_its_real_examples(setup):
   want = jax.grad(_mean_ce, argnums=1)(model, params, x[:n], y[:n])["fc2"]
   for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6)
+
+
+def test_client_aux_measures_g_i_at_the_received_model(setup):
+  """`client_aux` (what the server folds into g_bar) is g_i at the model the
+  client RECEIVED (`ctx.start`), not at its trained model: jax.grad of the
+  mean cross-entropy at the start parameters over the client's n real rows.
+  Pins the measurement point; the two models' gradients differ here."""
+  fed, model = setup
+  alg = fediir.build(model, optax.sgd(0.1), grad_chunk=8)
+  start = model.init(jax.random.key(0))
+  trained = model.init(jax.random.key(1))  # another model: not measured
+  x, y = jnp.asarray(fed.train.x[2]), jnp.asarray(fed.train.y[2])
+  n = x.shape[0] - 5  # padding rows after n
+  ctx = ClientContext(id=2, round=0, start=start)
+  got = alg.client_aux(ctx, trained, ClientData(x, y, jnp.int32(n)),
+                       jax.random.key(3))
+  grad_at = lambda p: jax.grad(_mean_ce, argnums=1)(model, p, x[:n],
+                                                    y[:n])["fc2"]
+  chex.assert_trees_all_close(got, grad_at(start), rtol=1e-4, atol=1e-6)
+  at_trained = grad_at(trained)
+  assert float(optax.tree.norm(optax.tree.sub(at_trained, got))) > 1e-2 * float(
+      optax.tree.norm(got))
 
 
 def _batch(fed, b=12):
