@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from conftest import synthetic_federation
-from fedjax_dg import algorithms, engine, experiment, models
+from conftest import synthetic_federation, with_sizes
+from fedjax_dg import algorithms, engine, experiment, models, tree
 from fedjax_dg.algorithms import ccst
+from fedjax_dg.algorithms.base import ClientResult
 from fedjax_dg.algorithms.fedccrl import StylePool
-from fedjax_dg.client.update import Batch, ClientContext
+from fedjax_dg.client.update import Batch, ClientContext, ClientData
 from fedjax_dg.config import base_config
 from fedjax_dg.errors import ConfigError, DataError, NeedsDataError
 from fedjax_dg.models import adain
@@ -396,6 +397,82 @@ def test_ccst_learns_keeps_the_network_frozen_and_refreshes_single_styles(
                                 int(first.single.valid.sum()) + 3)
   assert _build(fed, model).client_aux is None        # overall: nothing to send
   assert _build(fed, model, bank="single", refresh=False).client_aux is None
+
+
+def test_refreshed_single_styles_land_in_their_own_clients_rows(fed, model):
+  """The server writes client c's redrawn single-image styles (`client_aux`)
+  to row c of the bank, whatever the cohort's order, and leaves the other
+  rows alone. Unequal clients (6, 27, 15 examples: ceil(r n) = 3, 14, 8 valid
+  styles) and a cohort [2, 0] (neither sorted nor rows 0..m-1), so a wrong
+  row shows in the valid counts and in whose images the styles are: every
+  valid style of row c must be the channel means and stds of a distinct one
+  of client c's own n_c images (numpy on the encoder's features)."""
+  sizes = [6, 27, 15]
+  sized = with_sizes(fed, sizes)
+  alg = _build(sized, model, bank="single", r=0.5)
+  frozen = alg.frozen(jax.random.key(0))
+  ids = np.array([2, 0])
+  x, y, n = (np.asarray(a)[ids] for a in (sized.train.x, sized.train.y,
+                                           sized.train.n))
+
+  @jax.jit
+  def round_end(server):
+    """The cohort's redrawn styles (`client_aux`), then the server update."""
+    aux = jax.vmap(lambda c, *a: alg.client_aux(ClientContext(
+        id=c, round=0, start=None, frozen=frozen), None, ClientData(*a[:3]),
+                                                 a[3]))(
+        ids, x, y, n, jax.random.split(jax.random.key(5), len(ids)))
+    result = ClientResult(ids=jnp.asarray(ids), round=jnp.int32(0), start=None,
+                          params=tree.broadcast(server.params, len(ids)),
+                          num_examples=jnp.asarray(n), loss=jnp.zeros(2),
+                          aux=aux)
+    return aux, alg.server_update(server, result, jax.random.key(1))
+
+  server, _ = alg.init(jax.random.key(0))
+  aux, (new, metrics) = jax.device_get(round_end(server))
+  old = jax.device_get(server.single)
+  for j, c in enumerate(ids):
+    for got, want in zip(new.single, aux):
+      np.testing.assert_array_equal(got[c], want[j])
+  for got, was in zip(new.single, old):
+    np.testing.assert_array_equal(got[1], was[1])  # not in the cohort
+  x01 = np.repeat(np.asarray(sized.train.x, np.float32) / 255.0, 3, -1)
+  feats = np.asarray(jax.jit(jax.vmap(lambda a: adain.encode(
+      frozen[ccst.FROZEN], a, depth=1)))(x01), np.float64)
+  for c, size in enumerate(sizes):
+    valid = new.single.valid[c]
+    assert valid.sum() == np.ceil(0.5 * size) and valid[:valid.sum()].all()
+    f = feats[c, :size]
+    mu, sd = f.mean((1, 2)), np.sqrt(f.var((1, 2)) + 1e-5)  # [n_c, C]
+    own = [int(np.argmin(np.abs(mu - new.single.mu[c, s]).max(1)))
+           for s in np.flatnonzero(valid)]
+    assert len(set(own)) == len(own)  # distinct images of client c
+    np.testing.assert_allclose(new.single.mu[c, valid], mu[own], rtol=1e-4,
+                               atol=1e-5)
+    np.testing.assert_allclose(new.single.sig[c, valid], sd[own], rtol=1e-4,
+                               atol=1e-5)
+  assert int(metrics["ccst_bank_size"]) == sum(np.ceil(0.5 * np.array(sizes)))
+
+
+def test_both_reads_the_single_and_the_overall_bank(fed, model):
+  """bank="both": each view reads the single or the overall bank (p = 1/2).
+  One bank's stds set to NaN make the loss NaN exactly when a view read it
+  (a foreign client's style; the own client's view is the original image):
+  over 12 draws (K = 2 views) each poisoned bank must give both NaN losses
+  (it was read) and finite ones (the other bank alone was read). Pins that
+  both banks are used, e.g. against the overall bank never being read."""
+  alg = _build(fed, model, bank="both", k=2)
+  params = model.init(jax.random.key(1))
+  ctx, _ = _ctx(alg, params)
+  batch = _batch(fed, 0, 8)
+  loss = jax.jit(alg.loss)
+  poison = lambda b: b._replace(sig=jnp.full_like(b.sig, jnp.nan))
+  single, overall = ctx.shared
+  for shared in ((poison(single), overall), (single, poison(overall))):
+    c = ctx._replace(shared=shared)
+    nan = np.isnan([float(loss(params, batch, jax.random.key(s), c))
+                    for s in range(12)])
+    assert nan.any() and not nan.all(), nan
 
 
 def test_bad_settings_and_missing_data_are_errors(fed, model, tmp_path):
