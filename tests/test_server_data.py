@@ -9,7 +9,7 @@ import pytest
 
 from conftest import synthetic_domains
 from test_data_federated import make_dataset
-from fedjax_dg import algorithms, engine, experiment, models, tree
+from fedjax_dg import algorithms, engine, experiment, models, optim, tree
 from fedjax_dg.algorithms.base import ClientResult
 from fedjax_dg.algorithms import fedbe as fedbe_lib
 from fedjax_dg.algorithms import feddf as feddf_lib
@@ -376,6 +376,47 @@ def test_fedbe_server_update_distills_into_the_mean(sfed):
   server, _ = alg.init(jax.random.key(9))
   new, metrics = jax.jit(alg.server_update)(server, result, jax.random.key(1))
   assert metrics["distill_loss_last"] < metrics["distill_loss_first"]
+
+
+def test_fedbe_as_built_averages_the_swa_iterates_from_its_start(sfed):
+  """FedBE built from its config section (swa on, swa_start 0.5 of 10 steps,
+  swa_freq 3) returns the same model as the distillation run with SWA from
+  step floor(0.5 * 10) = 5 every 3 steps: the mean of the iterates after
+  steps 6 and 9 (the SWA arithmetic itself:
+  test_server_train_swa_averages_the_right_iterates), not the last iterate,
+  which SWA switched off in `fedbe()`'s wiring (swa_start=-1) returns; nor
+  another window (a misread start or frequency)."""
+  model = _mlp(sfed)
+  cfg = _cfg(fedbe=dict(steps=10, batch_size=16, num_samples=2, lr=0.5,
+                        swa_start=0.5, swa_freq=3))
+  alg = algorithms.build("fedbe", model, 3, cfg, data=sfed)
+  stacked = _clients(model, seed=4)
+  result = _result(stacked, [10, 20, 30])
+  server, _ = alg.init(jax.random.key(9))
+  key = jax.random.key(1)
+  b = cfg.fedbe
+  swa = fedbe_lib.bayesian_ensemble_distillation(
+      model, jnp.asarray(sfed.server_x),
+      optim.make_optimizer("sgd", b.lr, b.weight_decay, b.momentum), steps=10,
+      batch_size=16, swa_start=5, swa_freq=3,
+      sharpen_temperature=b.sharpen_temperature, eval_chunk=b.eval_chunk,
+      num_samples=b.num_samples, sampler=b.sampler, var_scale=b.var_scale,
+      dirichlet_alpha=b.dirichlet_alpha, include_mean=b.include_mean,
+      include_clients=b.include_clients)
+
+  @jax.jit
+  def both(server):
+    new, _ = alg.server_update(server, result, key)
+    want, _ = swa.update(stacked, swa.init(None), None,
+                         weights=result.num_examples, key=key)
+    return new.params, want
+
+  got, want = both(server)
+  chex.assert_trees_all_close(got, want, rtol=1e-5, atol=1e-6)
+  # The student moved: the windows' averages differ (planting swa_start=-1
+  # in fedbe() fails the comparison above).
+  start = tree.weighted_mean(stacked, result.num_examples)
+  assert float(optax.tree.norm(optax.tree.sub(got, start))) > 1e-2
 
 
 def _fedbe_out(sfed, stacked, n, **kw):
