@@ -203,6 +203,34 @@ def test_make_partition_dispatch():
     partition.make_partition(name="hfedf", num_partitions=4, d=3, **kw)
 
 
+def test_make_partition_hands_its_dirichlet_settings_on():
+  """make_partition's "dirichlet" is dirichlet() with the spec's alpha,
+  min_partition_size and seed: the same parts as the direct call, for an
+  alpha far from the 0.5 default either way (100: near-uniform labels,
+  0.05: one or two classes per client), and other parts than the default's.
+  Pins that spec.alpha reaches dirichlet()."""
+  labels = np.arange(600) % 6
+  domains = np.zeros(600, int)
+  idx = np.arange(600)
+  for alpha in (100.0, 0.05):
+    got = partition.make_partition(name="dirichlet", num_partitions=4,
+                                   alpha=alpha, min_partition_size=12, seed=7,
+                                   domains=domains, labels=labels, indices=idx)
+    want = partition.dirichlet(labels, idx, 4, alpha, min_partition_size=12,
+                               seed=7)
+    default = partition.dirichlet(labels, idx, 4, 0.5, min_partition_size=12,
+                                  seed=7)
+    assert len(got) == 4
+    for g, w in zip(got, want):
+      np.testing.assert_array_equal(g, w)
+    assert any(len(g) != len(d) or (g != d).any() for g, d in zip(got, default))
+  # The label skew follows alpha: near-uniform at 100, skewed at 0.05.
+  tv = lambda a: _label_tv_from_global(labels, partition.make_partition(
+      name="dirichlet", num_partitions=4, alpha=a, min_partition_size=12,
+      seed=7, domains=domains, labels=labels, indices=idx), 6)
+  assert tv(100.0) < 0.15 < 0.5 < tv(0.05)
+
+
 def _label_tv_from_global(labels, parts, num_classes):
   """Mean total-variation distance of client label distributions from the global."""
   glob = np.bincount(labels, minlength=num_classes) / len(labels)
