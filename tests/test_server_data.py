@@ -166,16 +166,25 @@ def _np_softmax(z):
 
 
 def test_epoch_batches_cover_every_example_once_per_epoch():
+  """10 examples, batches of 4 (4 + 4 + 2, the last padded): epoch e reads
+  the permutation fold_in(key, e) gives, so each epoch sees every example
+  once, and epoch 1 (steps 3-5) is a new order, not epoch 0's again."""
   key = jax.random.key(0)
-  seen = []
-  for t in range(3):  # 10 examples, batches of 4: 4 + 4 + 2
-    idx, mask = distill.epoch_batch(key, jnp.int32(t), 10, 4)
-    seen += list(np.asarray(idx)[np.asarray(mask) > 0])
-  assert sorted(seen) == list(range(10))
-  idx2, _ = distill.epoch_batch(key, jnp.int32(3), 10, 4)  # a new permutation
+  batch = jax.jit(distill.epoch_batch, static_argnums=(2, 3))
+  orders = []
+  for e in range(2):
+    order = []
+    for t, valid in zip(range(3 * e, 3 * e + 3), (4, 4, 2)):
+      idx, mask = batch(key, jnp.int32(t), 10, 4)
+      np.testing.assert_array_equal(mask, [1.0] * valid + [0.0] * (4 - valid))
+      order += np.asarray(idx)[:valid].tolist()
+    assert sorted(order) == list(range(10))
+    np.testing.assert_array_equal(order, jax.random.permutation(
+        jax.random.fold_in(key, e), 10))
+    orders.append(order)
+  assert orders[1] != orders[0]
   assert distill.resolve_steps(0, 2, 10, 4) == 6
   assert distill.resolve_steps(7, 2, 10, 4) == 7
-  assert idx2.shape == (4,)
 
 
 def test_server_data_and_swa_start_are_checked_with_what_to_do():
@@ -350,20 +359,35 @@ def test_fedbe_pseudo_labels_average_the_ensemble_softmax():
   draw = jax.jit(jax.vmap(fedbe_lib.gaussian_sample, (0, None, None)))
   members = [np.asarray(mean)] + list(np.asarray(stacked))
   members += list(np.asarray(draw(jax.random.split(key, 4), mean, var)))
-  assert len(members) == 1 + 3 + 4
-  want = np.mean([_np_softmax(x @ w) for w in members], axis=0)
+  each = [_np_softmax(x @ w) for w in members]  # mean, 3 clients, 4 samples
+  want = np.mean(each, axis=0)
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  # The comparison above sees every member: the 8 are distinct models (no
+  # sample is the mean or a repeat), and leaving any one out (or counting it
+  # twice) moves the mean far past its tolerance.
+  for i in range(len(each)):
+    assert all(np.abs(each[i] - each[j]).max() > 1e-3 for j in range(i))
+    rest = np.mean(each[:i] + each[i + 1:], axis=0)
+    assert np.abs(rest - want).max() > 1e-3, i
   only_clients = jax.jit(lambda k: fedbe_lib.ensemble_probs(
       probs_of, mean, var, stacked, k, num_samples=0, include_mean=False))(key)
   np.testing.assert_allclose(
       only_clients, np.mean([_np_softmax(x @ w) for w in stacked], 0),
       rtol=1e-5, atol=1e-6)
-  # Sharpening (reference code's temp_sharpen): T = 1 leaves p unchanged.
-  p = jnp.array([[0.2, 0.8]])
-  np.testing.assert_allclose(fedbe_lib.sharpen(p, 1.0), p)
-  np.testing.assert_allclose(fedbe_lib.sharpen(p, 0.5), [[0.04 / 0.68,
-                                                          0.64 / 0.68]],
+  # Sharpening (reference code's temp_sharpen): p^(1/T) renormalized per row,
+  # in numpy; T = 1 (its shortcut) agrees with the formula next to it.
+  p = np.array([[0.2, 0.8], [0.5, 0.5]])
+  np.testing.assert_allclose(fedbe_lib.sharpen(jnp.asarray(p), 0.5),
+                             [[0.04 / 0.68, 0.64 / 0.68], [0.5, 0.5]],
                              rtol=1e-5)
+  q = _np_softmax(rng.normal(size=(4, 3)) * 2)
+  for t in (1.0, 1.0 + 1e-6, 0.5, 2.0):
+    want = q ** (1 / t) / np.sum(q ** (1 / t), axis=-1, keepdims=True)
+    np.testing.assert_allclose(fedbe_lib.sharpen(jnp.asarray(q), t), want,
+                               rtol=1e-5)
+  sharp, flat = (np.asarray(fedbe_lib.sharpen(jnp.asarray(q), t))
+                 for t in (0.5, 2.0))
+  assert np.all(sharp.max(-1) > q.max(-1)) and np.all(flat.max(-1) < q.max(-1))
 
 
 def test_fedbe_server_update_distills_into_the_mean(sfed):
