@@ -10,7 +10,7 @@ from conftest import synthetic_domains
 from fedjax_dg import algorithms, engine, models, tree
 from fedjax_dg.algorithms.moon import (Negative, model_contrastive_loss, moon,
                                        objective)
-from fedjax_dg.client.sam import sam
+from fedjax_dg.client.sam import ascent, sam
 from fedjax_dg.client.update import Batch, ClientContext, local_update
 from fedjax_dg.config import base_config
 from fedjax_dg.data import federated, partition
@@ -250,12 +250,29 @@ def test_sam_steps_match_a_hand_computation_on_a_quadratic(adaptive):
   np.testing.assert_allclose(mean_loss, np.mean(losses), rtol=1e-5)
 
 
-def test_sam_with_a_zero_gradient_is_a_plain_step():
-  opt = sam(optax.sgd(0.1), 0.05)
-  p = {"w": jnp.ones((3,))}
-  zero = {"w": jnp.zeros((3,))}
-  updates, _ = opt.update(zero, opt.init(p), p, grad_fn=lambda q, _: zero)
-  np.testing.assert_array_equal(updates["w"], 0.0)  # no NaN from 0 / |0|
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_sam_with_a_zero_gradient_is_a_plain_step(adaptive):
+  """At a stationary point (g = 0) the ascent e = rho g / (|g| + 1e-12) is 0,
+  not 0 / 0 = NaN: SAM's gradient is then the gradient at w itself. The loss
+  0.5 |q - w|^2 has gradient q - w, zero at w only, so a NaN (or any
+  nonzero) perturbation shows in the step; the norm guard (`sam.EPS`) is
+  what keeps it finite."""
+  opt = sam(optax.sgd(0.1), 0.05, adaptive=adaptive)
+  p = {"w": jnp.array([1.0, -2.0, 3.0]), "bias": jnp.array([0.5])}
+  grad_fn = lambda q, _: jax.tree.map(jnp.subtract, q, p)
+  zero = grad_fn(p, 0)
+  updates, _ = opt.update(zero, opt.init(p), p, grad_fn=grad_fn)
+  for u in jax.tree.leaves(updates):
+    np.testing.assert_array_equal(u, 0.0)
+  # The ascent alone: e = 0 at a zero gradient, finite.
+  e, _ = ascent(0.05, adaptive).update(zero, None, p)
+  for v in jax.tree.leaves(e):
+    np.testing.assert_array_equal(v, 0.0)
+  # Away from w the same grad_fn gives SAM a nonzero step (it is read).
+  moved = jax.tree.map(lambda a: a + 1.0, p)
+  updates, _ = opt.update(grad_fn(moved, 0), opt.init(moved), moved,
+                          grad_fn=grad_fn)
+  assert all(np.all(np.asarray(u) < 0) for u in jax.tree.leaves(updates))
 
 
 def test_fedsam_with_rho_0_is_fedavg(fed3):
