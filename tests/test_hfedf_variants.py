@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from conftest import synthetic_domains
-from fedjax_dg import algorithms, engine, experiment, models, presets, server
+from fedjax_dg import (algorithms, engine, experiment, models, presets, server,
+                       tree)
 from fedjax_dg.algorithms import hfedf as hfedf_lib
 from fedjax_dg.algorithms.base import ClientResult
 from fedjax_dg.config import base_config
@@ -86,8 +87,25 @@ def test_per_tensor_gradalign_matches_brute_force(temperature, chunk):
   assert float(jnp.max(jnp.std(got.weights_theta_tensors, axis=1))) > 1e-3
   np.testing.assert_allclose(got.weights_theta,
                              np.mean(got.weights_theta_tensors, 1), rtol=1e-6)
-  # The embedding table is one tensor: same as the model mode.
-  np.testing.assert_allclose(got.embeddings, model_mode.embeddings, rtol=1e-5)
+  # The embedding table is one tensor, GradAlign'd as a whole in both modes:
+  # client i's table gradient G_i is its row alone (autodiff), weights
+  # softmax(cos(G_i, mean G) / T), the aggregate's row i is w_i G_i[i].
+  phi_dot = lambda e, d: sum(jnp.vdot(a, b) for a, b in zip(
+      jax.tree.leaves(h(theta, e)), jax.tree.leaves(d)))
+  row = jax.jit(jax.grad(phi_dot))
+  rows = np.stack([row(emb[i], d) for i, d in enumerate(tree.unstack(deltas))])
+  tables = [np.zeros_like(rows) for _ in range(m)]
+  for i in range(m):
+    tables[i][i] = rows[i]
+  avg = np.mean(tables, 0)
+  cos = np.array([np.vdot(avg, t) / (np.linalg.norm(avg) * np.linalg.norm(t))
+                  for t in tables])
+  w = np.exp(cos / temperature) / np.exp(cos / temperature).sum()
+  for mode in (got, model_mode):
+    np.testing.assert_allclose(mode.cos_emb, cos, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(mode.weights_emb, w, rtol=1e-4)
+    np.testing.assert_allclose(mode.embeddings, w[:, None] * rows, rtol=1e-4,
+                               atol=1e-6)
 
 
 def _avals(jaxpr):
