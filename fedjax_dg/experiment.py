@@ -70,10 +70,15 @@ def validate(cfg: ConfigDict) -> None:
       raise ConfigError(f"unknown algorithm {a!r} in algorithms; allowed: "
                        f"{algorithms.available()}")
   known = sources.available(cfg.data.data_dir or None)
+  if not cfg.data.name:
+    raise ConfigError(f"data.name is not set: name a dataset, one of {known}, "
+                      "e.g. the NAME of your `fedjax-dg prepare folder "
+                      "--manual-dir DIR --name NAME` (--set data.name=NAME)")
   if cfg.data.name not in known:
     raise ConfigError(f"unknown dataset data.name={cfg.data.name!r}; allowed: "
-                      f"{known} (a folder of your own: fedjax-dg prepare folder "
-                      f"--manual-dir DIR --name {cfg.data.name})")
+                      f"{known}. "
+                      + sources.where_to_find(cfg.data.name,
+                                              cfg.data.data_dir or None))
   size = cfg.data.image_size
   if not isinstance(size, int) or isinstance(size, bool) or size < 1:
     raise ConfigError(

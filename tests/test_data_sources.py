@@ -710,3 +710,136 @@ def test_prepare_prints_the_data_dir_and_the_rule_that_chose_it(
   assert lines[0] == (f"data directory: {tmp_path / 'env'} ($FEDJAX_DG_DATA_DIR "
                       "is set" + rule)
   assert "8 images" in lines[-1] and str(tmp_path / "env") in lines[-1]
+
+
+# ---------------------------------------------------------------------------
+# Stale prepared data, where a dataset was looked for (issue 23).
+
+
+def _class_counts(ds):
+  return {c: int((ds.labels == i).sum()) for i, c in enumerate(ds.class_names)}
+
+
+def test_relabelled_images_are_noticed_and_force_prepares_again(
+    tmp_path, monkeypatch, capsys):
+  """50 files moved from one class folder to another keep the file count,
+  the total size and the newest mtime (the fingerprint before issue 23): the
+  file listing tells them apart. A run is refused with the command to run;
+  `prepare` prepares again (the new labels); `--force` always does."""
+  from fedjax_dg import cli
+  monkeypatch.setenv("FEDJAX_DG_DATA_DIR", str(tmp_path / "data"))
+  root = _write_own_folder(str(tmp_path / "mine"), ["a", "b"], ["x", "y"],
+                           gray=False)
+  assert cli.main(["prepare", "folder", "--manual-dir", root, "--name",
+                   "mine"]) == 0
+  assert _class_counts(sources.load("mine", image_size=8)) == {"x": 4, "y": 4}
+  before = sources.source_fingerprint(root)
+  os.rename(os.path.join(root, "a", "x", "0.png"),
+            os.path.join(root, "a", "y", "moved.png"))  # relabelled x -> y
+  now = sources.source_fingerprint(root)
+  assert {k: before[k] for k in ("path", "files", "bytes", "mtime")} == {
+      k: now[k] for k in ("path", "files", "bytes", "mtime")}
+  with pytest.raises(DataError, match=r"stale: .*moved, renamed or replaced.*"
+                     r"fedjax-dg prepare folder --manual-dir .*mine --name mine"):
+    sources.load("mine", image_size=8)  # even from the npz cache
+  capsys.readouterr()
+  assert cli.main(["prepare", "folder", "--manual-dir", root, "--name",
+                   "mine"]) == 0
+  assert "prepared again (the folder changed since" in capsys.readouterr().out
+  assert _class_counts(sources.load("mine", image_size=8)) == {"x": 3, "y": 5}
+  # Current data stay; --force prepares again anyway (the caches go too).
+  cache = os.path.join(str(tmp_path / "data"), "mine", "1.0.0",
+                       sources.CACHE_DIRNAME)
+  assert os.listdir(cache)
+  assert cli.main(["prepare", "folder", "--manual-dir", root, "--name",
+                   "mine"]) == 0
+  assert "prepared again" not in capsys.readouterr().out and os.listdir(cache)
+  assert cli.main(["prepare", "folder", "--manual-dir", root, "--name", "mine",
+                   "--force"]) == 0
+  assert "prepared again (--force)" in capsys.readouterr().out
+  assert not os.path.exists(cache)
+  assert _class_counts(sources.load("mine", image_size=8)) == {"x": 3, "y": 5}
+
+
+def test_a_run_is_told_where_a_folder_dataset_was_prepared(tmp_path,
+                                                           monkeypatch):
+  """Prepared before the checkout's .data/ existed, a folder dataset lands in
+  ~/.cache/...; once .data/ exists, the lookup names the directory it looked
+  in, the one that holds the dataset and both ways out."""
+  from fedjax_dg import config, experiment
+  monkeypatch.setenv("HOME", str(tmp_path / "home"))
+  monkeypatch.delenv("FEDJAX_DG_DATA_DIR", raising=False)
+  checkout = tmp_path / "checkout" / ".data"
+  monkeypatch.setattr(sources, "_checkout_data_dir", lambda: str(checkout))
+  home = str(tmp_path / "home" / ".cache" / "fedjax_dg" / "tfds")
+  root = _write_own_folder(str(tmp_path / "mine"), ["a", "b"], ["x", "y"])
+  sources.prepare("folder", manual_dir=root, dataset_name="mine")
+  assert sources.data_dir_default() == home
+  checkout.mkdir(parents=True)  # e.g. `make demo` made it since
+  want = [f"Looked in the data directory {checkout} (the checkout's .data/",
+          f"'mine' is prepared in another data directory, {home} (from {root})",
+          f"--set data.data_dir={home}", f"FEDJAX_DG_DATA_DIR={home}",
+          f"fedjax-dg prepare folder --manual-dir {root} --name mine"]
+  with pytest.raises(ConfigError, match="unknown dataset name 'mine'") as e:
+    sources.load("mine", image_size=8)
+  for text in want:
+    assert text in str(e.value), text
+  cfg = config.apply_overrides(config.base_config(), [
+      "data.name=mine", "algorithms=fedavg", "model.name=mlp"])
+  with pytest.raises(ConfigError, match="unknown dataset data.name='mine'") as e:
+    experiment.validate(cfg)
+  for text in want:
+    assert text in str(e.value), text
+  # The advice works: that data directory has it.
+  assert len(sources.load("mine", data_dir=home, image_size=8).labels) == 8
+  # A name prepared nowhere: where it looked and how to prepare one (with the
+  # data directory to prepare into, when it was given).
+  with pytest.raises(ConfigError) as e:
+    sources.load("other", data_dir=str(tmp_path / "given"))
+  assert (f"Looked in the data directory {tmp_path / 'given'} (given: "
+          "data.data_dir); a folder of your own: FEDJAX_DG_DATA_DIR="
+          f"{tmp_path / 'given'} fedjax-dg prepare folder --manual-dir DIR "
+          "--name other") in str(e.value)
+
+
+def test_prepare_logs_no_tfds_warning_about_a_missing_dataset_info(
+    tmp_path, caplog):
+  """TFDS's `is_prepared` warns "Variant folder ... has no
+  dataset_info.json" for every dataset not prepared yet: expected before a
+  first `prepare`, so not shown."""
+  import logging
+  root = _write_own_folder(str(tmp_path / "mine"), ["a", "b"], ["x", "y"])
+  with caplog.at_level(logging.WARNING):
+    sources.prepare("folder", data_dir=str(tmp_path / "data"), manual_dir=root,
+                    dataset_name="mine")
+    sources.load("mine", data_dir=str(tmp_path / "data"), image_size=8)
+  assert not [r for r in caplog.records if "dataset_info" in r.getMessage()]
+
+
+def test_data_prepared_before_the_file_listing_was_kept(tmp_path, monkeypatch):
+  """A record without the listing (an older fedjax_dg) cannot tell a
+  relabelled folder: `prepare` prepares a folder dataset again; the
+  Fashion-MNIST ones, whose labels are inside their IDX files, get the
+  listing added in place (no rebuild). `load` compares what was recorded."""
+  data_dir = str(tmp_path / "data")
+  root = _write_own_folder(str(tmp_path / "mine"), ["a", "b"], ["x", "y"])
+  sources.prepare("folder", data_dir=data_dir, manual_dir=root,
+                  dataset_name="mine")
+  listing = os.path.join(data_dir, "mine", "1.0.0", sources.LISTING_RECORD)
+  os.remove(listing)
+  assert sources.load("mine", data_dir=data_dir, image_size=8).labels.size == 8
+  line = sources.prepare("folder", data_dir=data_dir, manual_dir=root,
+                         dataset_name="mine")
+  assert "prepared again (prepared by an older fedjax_dg" in line
+  assert os.path.exists(listing)
+  write_fake_fashion_mnist(str(tmp_path / "idx"))
+  monkeypatch.setenv("FEDJAX_DG_FASHION_MNIST_DIR", str(tmp_path / "idx"))
+  sources.prepare("rotated_fashion_mnist", data_dir=data_dir)
+  prepared = os.path.join(data_dir, "rotated_fashion_mnist", "1.0.0")
+  os.remove(os.path.join(prepared, sources.LISTING_RECORD))
+  marker = os.path.join(prepared, sources.CACHE_DIRNAME, "marker")
+  open(marker, "w").close()
+  line = sources.prepare("rotated_fashion_mnist", data_dir=data_dir)
+  assert "prepared again" not in line and os.path.exists(marker)
+  assert "listing" in sources.recorded_source(
+      sources._lookup("rotated_fashion_mnist"), data_dir)
