@@ -713,7 +713,8 @@ def test_prepare_prints_the_data_dir_and_the_rule_that_chose_it(
 
 
 # ---------------------------------------------------------------------------
-# Stale prepared data, where a dataset was looked for (issue 23).
+# Stale prepared data, where a dataset was looked for, grayscale folders
+# (issue 23).
 
 
 def _class_counts(ds):
@@ -814,6 +815,85 @@ def test_prepare_logs_no_tfds_warning_about_a_missing_dataset_info(
                     dataset_name="mine")
     sources.load("mine", data_dir=str(tmp_path / "data"), image_size=8)
   assert not [r for r in caplog.records if "dataset_info" in r.getMessage()]
+
+
+def _write_gray_folder(root):
+  """2 domains x 2 classes x 3 grayscale files of one size (12x10): 8-bit
+  PNG, 8-bit JPEG and an L+alpha PNG; returns {(domain, class): [arrays]} as
+  PIL reads them in gray."""
+  rng = np.random.default_rng(3)
+  want = {}
+  for d in ("a", "b"):
+    for c in ("x", "y"):
+      folder = os.path.join(root, d, c)
+      os.makedirs(folder)
+      gray = [rng.integers(0, 255, (12, 10), np.uint8) for _ in range(3)]
+      Image.fromarray(gray[0], "L").save(os.path.join(folder, "0.png"))
+      Image.fromarray(gray[1], "L").save(os.path.join(folder, "1.jpg"),
+                                         quality=95)
+      alpha = np.full((12, 10), 255, np.uint8)
+      Image.fromarray(np.stack([gray[2], alpha], -1), "LA").save(
+          os.path.join(folder, "2.png"))
+      want[d, c] = [np.asarray(Image.open(os.path.join(folder, n)).convert("L"))
+                    for n in ("0.png", "1.jpg", "2.png")]
+  return want
+
+
+def test_a_grayscale_folder_stays_gray(tmp_path):
+  """Every image grayscale: stored and loaded with one channel, the pixels
+  PIL reads (not RGB with three equal channels: 3x the memory)."""
+  root = str(tmp_path / "gray")
+  want = _write_gray_folder(root)
+  data_dir = str(tmp_path / "data")
+  line = sources.prepare("folder", data_dir=data_dir, manual_dir=root,
+                         dataset_name="gray")
+  assert "12 images, grayscale (1 channel)" in line
+  ds = sources.load("gray", data_dir=data_dir)  # native size: 12x10
+  assert ds.images.shape == (12, 12, 10, 1)
+  for (d, c), arrays in want.items():
+    rows = (ds.domains == ds.domain_names.index(d)) & (
+        ds.labels == ds.class_names.index(c))
+    got = sorted(im[..., 0].tobytes() for im in ds.images[rows])
+    assert got == sorted(a.tobytes() for a in arrays), (d, c)
+  # One RGB image among them: the folder is RGB, prepared again as such.
+  Image.fromarray(np.zeros((12, 10, 3), np.uint8)).save(
+      os.path.join(root, "a", "x", "rgb.png"))
+  line = sources.prepare("folder", data_dir=data_dir, manual_dir=root,
+                         dataset_name="gray")
+  assert "13 images, RGB" in line
+  assert sources.load("gray", data_dir=data_dir).images.shape == (13, 12, 10, 3)
+
+
+def test_the_own_folder_config_uses_every_image_and_says_what_to_set(
+    tmp_path):
+  """experiments/own_folder.py: no subset, no demo settings inherited; a run
+  without data.name stops and says to set it; with it, every image of the
+  folder is in the federation (clients' training and validation + target),
+  gray kept gray."""
+  from fedjax_dg import config, experiment
+  path = os.path.join(os.path.dirname(os.path.dirname(__file__)),
+                      "experiments", "own_folder.py")
+  cfg = config.load(path)
+  assert cfg.data.max_per_domain == 0 and cfg.data.name == ""
+  assert cfg.model.name == "inception_cnn" and cfg.data.image_size == 32
+  with pytest.raises(ConfigError, match="data.name is not set.*prepare folder"):
+    experiment.validate(cfg)
+  root = str(tmp_path / "gray")
+  _write_gray_folder(root)
+  data_dir = str(tmp_path / "data")
+  sources.prepare("folder", data_dir=data_dir, manual_dir=root,
+                  dataset_name="gray")
+  cfg = config.apply_overrides(cfg, ["data.name=gray",
+                                     f"data.data_dir={data_dir}",
+                                     "data.image_size=8", "data.targets=b",
+                                     "data.val_fraction=0.2"])
+  experiment.validate(cfg)
+  ds = experiment.load_dataset(cfg)
+  files = sum(len(names) for _, _, names in os.walk(root))
+  assert ds.images.shape == (files, 8, 8, 1)
+  fed = experiment.federate(cfg, ds, "b")
+  assert (int(np.sum(fed.packed_train.n)) + int(np.sum(fed.packed_val.n))
+          + len(fed.target_y)) == files
 
 
 def test_data_prepared_before_the_file_listing_was_kept(tmp_path, monkeypatch):

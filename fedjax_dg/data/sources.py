@@ -413,8 +413,8 @@ EVAL_SPLITS = {"fashion_mnist": "test", "cifar10": "test", "cifar100": "test",
 FOLDER_RECORD = "fedjax_dg_folder.json"  # marks a user's prepared folder dataset
 
 
-def _folder_entry(name: str, domains) -> _Own:
-  return _Own("Folder", name, "1.0.0", 3, False, tuple(domains))
+def _folder_entry(name: str, domains, channels: int = 3) -> _Own:
+  return _Own("Folder", name, "1.0.0", channels, False, tuple(domains))
 
 
 def user_datasets(data_dir: str | None = None) -> dict[str, _Own]:
@@ -427,7 +427,9 @@ def user_datasets(data_dir: str | None = None) -> dict[str, _Own]:
       record = os.path.join(data_dir, name, "1.0.0", FOLDER_RECORD)
       if os.path.exists(record):
         with open(record) as f:
-          out[name] = _folder_entry(name, json.load(f)["domains"])
+          info = json.load(f)  # prepared before "channels" was kept: RGB
+        out[name] = _folder_entry(name, info["domains"],
+                                  info.get("channels", 3))
   return out
 
 
@@ -698,7 +700,7 @@ def _own_builder(entry: _Own, data_dir: str, manual_dir: str | None,
   from fedjax_dg.data import builders  # pylint: disable=g-import-not-at-top
   if entry.builder == "Folder":
     from fedjax_dg.data.builders.domainbed_folder import folder_builder  # pylint: disable=g-import-not-at-top
-    cls = folder_builder(entry.tfds_name, entry.domains)
+    cls = folder_builder(entry.tfds_name, entry.domains, entry.channels)
   else:
     cls = getattr(builders, entry.builder)
   manual_dir = manual_dir or manual_dir_default(name, data_dir)
@@ -1048,7 +1050,8 @@ def prepare(
     where = os.fspath(builder.data_dir)
     if entry.builder == "Folder":  # loadable by its name from now on
       with open(os.path.join(where, FOLDER_RECORD), "w") as f:
-        json.dump({"domains": list(entry.domains)}, f)
+        json.dump({"domains": list(entry.domains),
+                   "channels": entry.channels}, f)
   else:
     if force and _remove_catalog(name, entry, data_dir):
       reason = "--force"
@@ -1103,8 +1106,9 @@ def _remove_catalog(name: str, entry: _Catalog, data_dir: str) -> bool:
 def _user_folder(dataset_name: str | None, manual_dir: str | None,
                  data_dir: str) -> tuple[str, _Own, str | None]:
   """(name, entry, why its prepared data must go: None if they may stay) of
-  `prepare folder`."""
-  from fedjax_dg.data.builders.domainbed_folder import folder_builder, folder_domains  # pylint: disable=g-import-not-at-top
+  `prepare folder`. Its images are stored with one channel when every one of
+  them is grayscale (`domainbed_folder.folder_channels`), else as RGB."""
+  from fedjax_dg.data.builders.domainbed_folder import folder_builder, folder_channels, folder_domains  # pylint: disable=g-import-not-at-top
   if not dataset_name or not manual_dir:
     raise ConfigError("prepare folder needs --manual-dir DIR (the folder: "
                       "<root>/<domain>/<class>/<image>) and --name NAME (how "
@@ -1113,13 +1117,17 @@ def _user_folder(dataset_name: str | None, manual_dir: str | None,
     raise ConfigError(f"--name {dataset_name!r} is a built-in dataset; choose "
                       "another name")
   domains = folder_domains(manual_dir, dataset_name)
-  folder_builder(dataset_name, domains)  # validates the name
-  entry = _folder_entry(dataset_name, domains)
+  cls = folder_builder(dataset_name, domains)  # validates the name
+  channels = folder_channels(cls.scan_manual(manual_dir, dataset_name))
+  entry = _folder_entry(dataset_name, domains, channels)
   reason = None
   if os.path.isdir(_prepared_dir(entry, data_dir)):
     known = user_datasets(data_dir).get(dataset_name)
     if known is None or known.domains != entry.domains:
       reason = "other domain folders"
+    elif known.channels != entry.channels:
+      reason = ("every image is grayscale now: one channel" if channels == 1
+                else "not every image is grayscale now: RGB")
   return dataset_name, entry, reason
 
 
@@ -1141,5 +1149,6 @@ def _summary_without_images(name: str, entry: _Own | _Catalog, data_dir: str) ->
     counts = [sum(len(s) for s in sources[d]) for d in names]
     num_classes = len(class_names)
   per_domain = ", ".join(f"{d}: {n}" for d, n in zip(names, counts))
-  return (f"{name}: {sum(counts)} images, {num_classes} classes, "
+  colour = ", grayscale (1 channel)" if entry.channels == 1 else ", RGB"
+  return (f"{name}: {sum(counts)} images{colour}, {num_classes} classes, "
           f"{len(names)} domains ({per_domain})")
