@@ -361,6 +361,16 @@ def test_catalog_passthrough_with_fake_tfds(tmp_path, monkeypatch):
   assert ds.class_names == ("class0", "class1", "class2")
   assert ds.images.shape == (30, 4, 4, 3)
   assert "30 images" in sources.prepare("domainnet", data_dir=str(tmp_path))
+  # --force: the TFDS folders of every config and the caches go first.
+  cache = os.path.join(str(tmp_path), sources.CACHE_DIRNAME, "domainnet")
+  assert os.listdir(cache)
+  prepared = [tmp_path / "domainnet" / d / "1.0.0" for d in ("clipart", "real")]
+  for folder in prepared:
+    folder.mkdir(parents=True)
+  line = sources.prepare("domainnet", data_dir=str(tmp_path), force=True)
+  assert "30 images" in line and "prepared again (--force)" in line
+  assert not os.path.exists(cache)
+  assert not any(folder.exists() for folder in prepared)
 
 
 def test_catalog_error_explains_tensorflow():
