@@ -86,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
                       "for DomainBed-layout datasets)")
   p_prep.add_argument("--name", dest="dataset_name", default=None,
                       help="with `prepare folder`: the new dataset's name")
+  p_prep.add_argument("--force", action="store_true",
+                      help="prepare again even if the prepared data look "
+                      "current (their caches go too)")
   sub.add_parser("datasets", help="list the datasets (built-in and prepared "
                  "folders) and whether each is prepared")
   p_algs = sub.add_parser(
@@ -151,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
       tfds.disable_progress_bar()
       print(sources.data_dir_line())
       print(sources.prepare(args.name, manual_dir=args.manual_dir,
-                            dataset_name=args.dataset_name))
+                            dataset_name=args.dataset_name, force=args.force))
       return 0
     if args.command == "datasets":
       from fedjax_dg.data import sources

@@ -92,7 +92,8 @@ def base_config() -> ConfigDict:
 
   c.data = Config(dict(
       name="rotated_fashion_mnist",
-      image_size=32,
+      image_size=32,           # side in pixels every image is resized to
+                               # (> 0; no native-size value: give it)
       max_per_domain=0,        # 0: every example; else a seeded subset per domain
       targets="all",           # "all" | "none" | comma-separated domain names
       partition="domain_split",  # domain_split (hFedF Alg. 5) | k_per_domain | iid | dirichlet

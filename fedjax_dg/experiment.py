@@ -70,10 +70,22 @@ def validate(cfg: ConfigDict) -> None:
       raise ConfigError(f"unknown algorithm {a!r} in algorithms; allowed: "
                        f"{algorithms.available()}")
   known = sources.available(cfg.data.data_dir or None)
+  if not cfg.data.name:
+    raise ConfigError(f"data.name is not set: name a dataset, one of {known}, "
+                      "e.g. the NAME of your `fedjax-dg prepare folder "
+                      "--manual-dir DIR --name NAME` (--set data.name=NAME)")
   if cfg.data.name not in known:
     raise ConfigError(f"unknown dataset data.name={cfg.data.name!r}; allowed: "
-                      f"{known} (a folder of your own: fedjax-dg prepare folder "
-                      f"--manual-dir DIR --name {cfg.data.name})")
+                      f"{known}. "
+                      + sources.where_to_find(cfg.data.name,
+                                              cfg.data.data_dir or None))
+  size = cfg.data.image_size
+  if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+    raise ConfigError(
+        f"data.image_size={size!r}: must be a positive side in "
+        "pixels (every image is resized to image_size x image_size; there is "
+        "no native-size setting: give the stored size, e.g. 28 for "
+        "Fashion-MNIST)")
   if cfg.model.name not in models.available():
     raise ConfigError(f"unknown model model.name={cfg.model.name!r}; allowed: "
                      f"{models.available()}")
@@ -189,7 +201,7 @@ def load_dataset(cfg: ConfigDict):
   streamed: `check_streaming`)."""
   from fedjax_dg.data import sources
   d = cfg.data
-  dataset = sources.load(d.name, image_size=d.image_size or None,
+  dataset = sources.load(d.name, image_size=d.image_size,
                          data_dir=d.data_dir or None,
                          manual_dir=d.manual_dir or None,
                          max_per_domain=d.max_per_domain or None, seed=cfg.seed,

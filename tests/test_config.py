@@ -177,3 +177,17 @@ def test_client_schedule_wraps_any_algorithms_optimizer_or_is_refused():
   c.client.schedule = "linear"
   with pytest.raises(ValueError, match=r"schedule='linear'.*'constant', 'cosine'"):
     algorithms.client_optimizer(c, "fedavg")
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "None"])
+def test_image_size_must_be_a_positive_side(value):
+  """data.image_size=0 once meant "the stored size", silently (`or None`);
+  0, a negative side or None is refused, naming the field and what to give."""
+  cfg = config.apply_overrides(config.base_config(), [
+      f"data.image_size={value}", "algorithms=fedavg", "model.name=mlp"])
+  with pytest.raises(config.ConfigError, match=rf"data.image_size={value}: "
+                     "must be a positive side in pixels.*e.g. 28"):
+    experiment.validate(cfg)
+  if value != "None":  # no path skips it (None: the Python API's native size)
+    with pytest.raises(ValueError, match="image_size"):
+      experiment.load_dataset(cfg)

@@ -361,6 +361,16 @@ def test_catalog_passthrough_with_fake_tfds(tmp_path, monkeypatch):
   assert ds.class_names == ("class0", "class1", "class2")
   assert ds.images.shape == (30, 4, 4, 3)
   assert "30 images" in sources.prepare("domainnet", data_dir=str(tmp_path))
+  # --force: the TFDS folders of every config and the caches go first.
+  cache = os.path.join(str(tmp_path), sources.CACHE_DIRNAME, "domainnet")
+  assert os.listdir(cache)
+  prepared = [tmp_path / "domainnet" / d / "1.0.0" for d in ("clipart", "real")]
+  for folder in prepared:
+    folder.mkdir(parents=True)
+  line = sources.prepare("domainnet", data_dir=str(tmp_path), force=True)
+  assert "30 images" in line and "prepared again (--force)" in line
+  assert not os.path.exists(cache)
+  assert not any(folder.exists() for folder in prepared)
 
 
 def test_catalog_error_explains_tensorflow():
@@ -710,3 +720,216 @@ def test_prepare_prints_the_data_dir_and_the_rule_that_chose_it(
   assert lines[0] == (f"data directory: {tmp_path / 'env'} ($FEDJAX_DG_DATA_DIR "
                       "is set" + rule)
   assert "8 images" in lines[-1] and str(tmp_path / "env") in lines[-1]
+
+
+# ---------------------------------------------------------------------------
+# Stale prepared data, where a dataset was looked for, grayscale folders
+# (issue 23).
+
+
+def _class_counts(ds):
+  return {c: int((ds.labels == i).sum()) for i, c in enumerate(ds.class_names)}
+
+
+def test_relabelled_images_are_noticed_and_force_prepares_again(
+    tmp_path, monkeypatch, capsys):
+  """50 files moved from one class folder to another keep the file count,
+  the total size and the newest mtime (the fingerprint before issue 23): the
+  file listing tells them apart. A run is refused with the command to run;
+  `prepare` prepares again (the new labels); `--force` always does."""
+  from fedjax_dg import cli
+  monkeypatch.setenv("FEDJAX_DG_DATA_DIR", str(tmp_path / "data"))
+  root = _write_own_folder(str(tmp_path / "mine"), ["a", "b"], ["x", "y"],
+                           gray=False)
+  assert cli.main(["prepare", "folder", "--manual-dir", root, "--name",
+                   "mine"]) == 0
+  assert _class_counts(sources.load("mine", image_size=8)) == {"x": 4, "y": 4}
+  before = sources.source_fingerprint(root)
+  os.rename(os.path.join(root, "a", "x", "0.png"),
+            os.path.join(root, "a", "y", "moved.png"))  # relabelled x -> y
+  now = sources.source_fingerprint(root)
+  assert {k: before[k] for k in ("path", "files", "bytes", "mtime")} == {
+      k: now[k] for k in ("path", "files", "bytes", "mtime")}
+  with pytest.raises(DataError, match=r"stale: .*moved, renamed or replaced.*"
+                     r"fedjax-dg prepare folder --manual-dir .*mine --name mine"):
+    sources.load("mine", image_size=8)  # even from the npz cache
+  capsys.readouterr()
+  assert cli.main(["prepare", "folder", "--manual-dir", root, "--name",
+                   "mine"]) == 0
+  assert "prepared again (the folder changed since" in capsys.readouterr().out
+  assert _class_counts(sources.load("mine", image_size=8)) == {"x": 3, "y": 5}
+  # Current data stay; --force prepares again anyway (the caches go too).
+  cache = os.path.join(str(tmp_path / "data"), "mine", "1.0.0",
+                       sources.CACHE_DIRNAME)
+  assert os.listdir(cache)
+  assert cli.main(["prepare", "folder", "--manual-dir", root, "--name",
+                   "mine"]) == 0
+  assert "prepared again" not in capsys.readouterr().out and os.listdir(cache)
+  assert cli.main(["prepare", "folder", "--manual-dir", root, "--name", "mine",
+                   "--force"]) == 0
+  assert "prepared again (--force)" in capsys.readouterr().out
+  assert not os.path.exists(cache)
+  assert _class_counts(sources.load("mine", image_size=8)) == {"x": 3, "y": 5}
+
+
+def test_a_run_is_told_where_a_folder_dataset_was_prepared(tmp_path,
+                                                           monkeypatch):
+  """Prepared before the checkout's .data/ existed, a folder dataset lands in
+  ~/.cache/...; once .data/ exists, the lookup names the directory it looked
+  in, the one that holds the dataset and both ways out."""
+  from fedjax_dg import config, experiment
+  monkeypatch.setenv("HOME", str(tmp_path / "home"))
+  monkeypatch.delenv("FEDJAX_DG_DATA_DIR", raising=False)
+  checkout = tmp_path / "checkout" / ".data"
+  monkeypatch.setattr(sources, "_checkout_data_dir", lambda: str(checkout))
+  home = str(tmp_path / "home" / ".cache" / "fedjax_dg" / "tfds")
+  root = _write_own_folder(str(tmp_path / "mine"), ["a", "b"], ["x", "y"])
+  sources.prepare("folder", manual_dir=root, dataset_name="mine")
+  assert sources.data_dir_default() == home
+  checkout.mkdir(parents=True)  # e.g. `make demo` made it since
+  want = [f"Looked in the data directory {checkout} (the checkout's .data/",
+          f"'mine' is prepared in another data directory, {home} (from {root})",
+          f"--set data.data_dir={home}", f"FEDJAX_DG_DATA_DIR={home}",
+          f"fedjax-dg prepare folder --manual-dir {root} --name mine"]
+  with pytest.raises(ConfigError, match="unknown dataset name 'mine'") as e:
+    sources.load("mine", image_size=8)
+  for text in want:
+    assert text in str(e.value), text
+  cfg = config.apply_overrides(config.base_config(), [
+      "data.name=mine", "algorithms=fedavg", "model.name=mlp"])
+  with pytest.raises(ConfigError, match="unknown dataset data.name='mine'") as e:
+    experiment.validate(cfg)
+  for text in want:
+    assert text in str(e.value), text
+  # The advice works: that data directory has it.
+  assert len(sources.load("mine", data_dir=home, image_size=8).labels) == 8
+  # A name prepared nowhere: where it looked and how to prepare one (with the
+  # data directory to prepare into, when it was given).
+  with pytest.raises(ConfigError) as e:
+    sources.load("other", data_dir=str(tmp_path / "given"))
+  assert (f"Looked in the data directory {tmp_path / 'given'} (given: "
+          "data.data_dir); a folder of your own: FEDJAX_DG_DATA_DIR="
+          f"{tmp_path / 'given'} fedjax-dg prepare folder --manual-dir DIR "
+          "--name other") in str(e.value)
+
+
+def test_prepare_logs_no_tfds_warning_about_a_missing_dataset_info(
+    tmp_path, caplog):
+  """TFDS's `is_prepared` warns "Variant folder ... has no
+  dataset_info.json" for every dataset not prepared yet: expected before a
+  first `prepare`, so not shown."""
+  import logging
+  root = _write_own_folder(str(tmp_path / "mine"), ["a", "b"], ["x", "y"])
+  with caplog.at_level(logging.WARNING):
+    sources.prepare("folder", data_dir=str(tmp_path / "data"), manual_dir=root,
+                    dataset_name="mine")
+    sources.load("mine", data_dir=str(tmp_path / "data"), image_size=8)
+  assert not [r for r in caplog.records if "dataset_info" in r.getMessage()]
+
+
+def _write_gray_folder(root):
+  """2 domains x 2 classes x 3 grayscale files of one size (12x10): 8-bit
+  PNG, 8-bit JPEG and an L+alpha PNG; returns {(domain, class): [arrays]} as
+  PIL reads them in gray."""
+  rng = np.random.default_rng(3)
+  want = {}
+  for d in ("a", "b"):
+    for c in ("x", "y"):
+      folder = os.path.join(root, d, c)
+      os.makedirs(folder)
+      gray = [rng.integers(0, 255, (12, 10), np.uint8) for _ in range(3)]
+      Image.fromarray(gray[0], "L").save(os.path.join(folder, "0.png"))
+      Image.fromarray(gray[1], "L").save(os.path.join(folder, "1.jpg"),
+                                         quality=95)
+      alpha = np.full((12, 10), 255, np.uint8)
+      Image.fromarray(np.stack([gray[2], alpha], -1), "LA").save(
+          os.path.join(folder, "2.png"))
+      want[d, c] = [np.asarray(Image.open(os.path.join(folder, n)).convert("L"))
+                    for n in ("0.png", "1.jpg", "2.png")]
+  return want
+
+
+def test_a_grayscale_folder_stays_gray(tmp_path):
+  """Every image grayscale: stored and loaded with one channel, the pixels
+  PIL reads (not RGB with three equal channels: 3x the memory)."""
+  root = str(tmp_path / "gray")
+  want = _write_gray_folder(root)
+  data_dir = str(tmp_path / "data")
+  line = sources.prepare("folder", data_dir=data_dir, manual_dir=root,
+                         dataset_name="gray")
+  assert "12 images, grayscale (1 channel)" in line
+  ds = sources.load("gray", data_dir=data_dir)  # native size: 12x10
+  assert ds.images.shape == (12, 12, 10, 1)
+  for (d, c), arrays in want.items():
+    rows = (ds.domains == ds.domain_names.index(d)) & (
+        ds.labels == ds.class_names.index(c))
+    got = sorted(im[..., 0].tobytes() for im in ds.images[rows])
+    assert got == sorted(a.tobytes() for a in arrays), (d, c)
+  # One RGB image among them: the folder is RGB, prepared again as such.
+  Image.fromarray(np.zeros((12, 10, 3), np.uint8)).save(
+      os.path.join(root, "a", "x", "rgb.png"))
+  line = sources.prepare("folder", data_dir=data_dir, manual_dir=root,
+                         dataset_name="gray")
+  assert "13 images, RGB" in line
+  assert sources.load("gray", data_dir=data_dir).images.shape == (13, 12, 10, 3)
+
+
+def test_the_own_folder_config_uses_every_image_and_says_what_to_set(
+    tmp_path):
+  """experiments/own_folder.py: no subset, no demo settings inherited; a run
+  without data.name stops and says to set it; with it, every image of the
+  folder is in the federation (clients' training and validation + target),
+  gray kept gray."""
+  from fedjax_dg import config, experiment
+  path = os.path.join(os.path.dirname(os.path.dirname(__file__)),
+                      "experiments", "own_folder.py")
+  cfg = config.load(path)
+  assert cfg.data.max_per_domain == 0 and cfg.data.name == ""
+  assert cfg.model.name == "inception_cnn" and cfg.data.image_size == 32
+  with pytest.raises(ConfigError, match="data.name is not set.*prepare folder"):
+    experiment.validate(cfg)
+  root = str(tmp_path / "gray")
+  _write_gray_folder(root)
+  data_dir = str(tmp_path / "data")
+  sources.prepare("folder", data_dir=data_dir, manual_dir=root,
+                  dataset_name="gray")
+  cfg = config.apply_overrides(cfg, ["data.name=gray",
+                                     f"data.data_dir={data_dir}",
+                                     "data.image_size=8", "data.targets=b",
+                                     "data.val_fraction=0.2"])
+  experiment.validate(cfg)
+  ds = experiment.load_dataset(cfg)
+  files = sum(len(names) for _, _, names in os.walk(root))
+  assert ds.images.shape == (files, 8, 8, 1)
+  fed = experiment.federate(cfg, ds, "b")
+  assert (int(np.sum(fed.packed_train.n)) + int(np.sum(fed.packed_val.n))
+          + len(fed.target_y)) == files
+
+
+def test_data_prepared_before_the_file_listing_was_kept(tmp_path, monkeypatch):
+  """A record without the listing (an older fedjax_dg) cannot tell a
+  relabelled folder: `prepare` prepares a folder dataset again; the
+  Fashion-MNIST ones, whose labels are inside their IDX files, get the
+  listing added in place (no rebuild). `load` compares what was recorded."""
+  data_dir = str(tmp_path / "data")
+  root = _write_own_folder(str(tmp_path / "mine"), ["a", "b"], ["x", "y"])
+  sources.prepare("folder", data_dir=data_dir, manual_dir=root,
+                  dataset_name="mine")
+  listing = os.path.join(data_dir, "mine", "1.0.0", sources.LISTING_RECORD)
+  os.remove(listing)
+  assert sources.load("mine", data_dir=data_dir, image_size=8).labels.size == 8
+  line = sources.prepare("folder", data_dir=data_dir, manual_dir=root,
+                         dataset_name="mine")
+  assert "prepared again (prepared by an older fedjax_dg" in line
+  assert os.path.exists(listing)
+  write_fake_fashion_mnist(str(tmp_path / "idx"))
+  monkeypatch.setenv("FEDJAX_DG_FASHION_MNIST_DIR", str(tmp_path / "idx"))
+  sources.prepare("rotated_fashion_mnist", data_dir=data_dir)
+  prepared = os.path.join(data_dir, "rotated_fashion_mnist", "1.0.0")
+  os.remove(os.path.join(prepared, sources.LISTING_RECORD))
+  marker = os.path.join(prepared, sources.CACHE_DIRNAME, "marker")
+  open(marker, "w").close()
+  line = sources.prepare("rotated_fashion_mnist", data_dir=data_dir)
+  assert "prepared again" not in line and os.path.exists(marker)
+  assert "listing" in sources.recorded_source(
+      sources._lookup("rotated_fashion_mnist"), data_dir)

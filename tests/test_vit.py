@@ -130,14 +130,44 @@ def test_head_and_features_compose():
                              rtol=1e-5, atol=1e-5)
 
 
+def _named_keys_exist(message):
+  """Every config key (`section.key[.sub]`) a message names is a real one."""
+  import re
+  from fedjax_dg import config
+  keys = re.findall(r"\b((?:data|model|train|client|fedsdaf)(?:\.[a-z_]+)+)",
+                    message)
+  assert keys, message
+  for key in keys:
+    config.lookup(config.base_config(), key)  # ConfigError if unknown
+
+
 def test_bad_settings_name_the_field():
-  with pytest.raises(ConfigError, match="model.patch=5"):
+  """Each error names the config key to change (model.vit.patch, not the
+  model.patch that does not exist; FedSDAF's adapter settings)."""
+  with pytest.raises(ConfigError, match=r"model.vit.patch=5 .*\(data.image_size\)"
+                     ) as e:
     models.get_model("vit_tiny", input_shape=(8, 12, 3), num_classes=2,
                      patch=5)
-  with pytest.raises(ConfigError, match="model.adapters"):
+  _named_keys_exist(str(e.value))
+  with pytest.raises(ConfigError, match="adapters='both'.*fedsdaf.domain_aware"
+                     ) as e:
     _model("both").init(jax.random.key(0))
-  with pytest.raises(ConfigError, match="fusion_heads=5"):
+  _named_keys_exist(str(e.value))
+  with pytest.raises(ConfigError, match="fedsdaf.fusion_heads=5") as e:
     _model("kia", fusion_heads=5).init(jax.random.key(0))
+  _named_keys_exist(str(e.value))
+  with pytest.raises(ConfigError, match="fedsdaf.adapter_init='x'") as e:
+    _model("kia", adapter_init="x").init(jax.random.key(0))
+  _named_keys_exist(str(e.value))
+  with pytest.raises(ConfigError, match="patch 5 does not divide") as e:
+    vit.ViT(num_classes=2, input_hw=(8, 8), patch=5).init(
+        jax.random.key(0), jnp.zeros((1, 8, 8, 3)))
+  _named_keys_exist(str(e.value))
+  with pytest.raises(ConfigError, match="not divisible by 5 heads") as e:
+    models.get_model("vit_tiny", input_shape=(8, 8, 3), num_classes=2,
+                     patch=4, dim=32, heads=5, depth=1, mlp_dim=8).init(
+                         jax.random.key(0))
+  _named_keys_exist(str(e.value))
   with pytest.raises(ValueError, match="path"):
     m = _model("kia")
     m.module.apply({"params": m.init(jax.random.key(0))}, _x(), path="dw")

@@ -314,7 +314,7 @@ def test_other_patch_size_says_which_to_set():
   state["patch_embed.proj.weight"] = np.zeros((D, 3, 16, 16), np.float32)
   with pytest.raises(DataError, match=r"patch size \(16, 16\) in the file "
                      r"\('patch_embed.proj.weight' \(32, 3, 16, 16\)\), \(8, 8\) "
-                     r"in the model: set model.patch=16"):
+                     r"in the model: set model.vit.patch=16"):
     vit_weights.to_flax(state, _params())
 
 
@@ -331,9 +331,63 @@ def test_get_model_vit_weights(tmp_path):
   with pytest.raises(ConfigError, match="only"):
     models.get_model("small_cnn", input_shape=(32, 32, 3), num_classes=2,
                      weights=str(tmp_path / "x.npz"))
-  with pytest.raises(DataError, match="not a readable .npz"):
+  with pytest.raises(DataError, match="is not a valid weights file"):
     (tmp_path / "bad.npz").write_bytes(b"not a zip")
     _model(weights=str(tmp_path / "bad.npz")).init(jax.random.key(0))
+
+
+def _garbage_files(tmp_path):
+  """{file: what it is}: files no weights reader can use."""
+  ok = tmp_path / "ok.npz"
+  np.savez(ok, a=np.zeros(3, np.float32))
+  files = {
+      "html.npz": b"<html><body>Quota exceeded</body></html>",  # numpy: "pickle"
+      "empty.npz": b"",
+      "cut.npz": ok.read_bytes()[:40],                           # cut short
+      "html.safetensors": b"<html><body>Quota exceeded</body></html>",
+      "cut.safetensors": b"\x08\x00\x00\x00\x00\x00\x00\x00{\"a\":",
+  }
+  for name, data in files.items():
+    (tmp_path / name).write_bytes(data)
+  np.save(tmp_path / "array.npy", np.zeros(3))  # an .npy under an .npz name
+  (tmp_path / "array.npz").write_bytes((tmp_path / "array.npy").read_bytes())
+  return [str(tmp_path / n) for n in [*files, "array.npz"]]
+
+
+def test_a_file_that_is_no_weights_file_says_so(tmp_path, monkeypatch):
+  """Garbage under a weights name (a download cut short, an HTML error page)
+  is "model.weights: file X is not a valid weights file (expected ...)", for
+  each format, through `Model.init` too; never numpy's pickle message."""
+  for path in _garbage_files(tmp_path):
+    expected = ("a safetensors file" if path.endswith(".safetensors") else
+                "a numpy .npz archive")
+    with pytest.raises(DataError) as e:
+      vit_weights.read_weights(path)
+    msg = str(e.value)
+    assert msg.startswith(f"model.weights: file {path!r} is not a valid "
+                          f"weights file (expected {expected}"), msg
+    assert "pickle" not in msg, msg
+  with pytest.raises(DataError, match=r"model.weights: file .*html.npz' is not "
+                     "a valid weights file"):
+    _model(weights=str(tmp_path / "html.npz")).init(jax.random.key(0))
+  # A torch file: what torch.load raises for garbage (the same
+  # UnpicklingError as for a pickled model, but not a zip archive) or for a
+  # file cut short.
+  from fedjax_dg.models import weights
+  import pickle
+  fake = types.SimpleNamespace(Tensor=np.ndarray)
+  monkeypatch.setitem(sys.modules, "torch", fake)
+  for raised in (pickle.UnpicklingError("Weights only load failed"),
+                 RuntimeError("PytorchStreamReader failed reading zip"),
+                 EOFError("Ran out of input")):
+    def load(*args, raised=raised, **kwargs):
+      raise raised
+    fake.load = load
+    html = str(tmp_path / "html.pth")
+    (tmp_path / "html.pth").write_bytes(b"<html>")
+    with pytest.raises(DataError, match=rf"model.weights: file {html!r} is not "
+                       r"a valid weights file \(expected a PyTorch state dict"):
+      weights.read_state_dict(html)
 
 
 # ---- logits against the source frameworks --------------------------------

@@ -30,6 +30,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -412,8 +413,8 @@ EVAL_SPLITS = {"fashion_mnist": "test", "cifar10": "test", "cifar100": "test",
 FOLDER_RECORD = "fedjax_dg_folder.json"  # marks a user's prepared folder dataset
 
 
-def _folder_entry(name: str, domains) -> _Own:
-  return _Own("Folder", name, "1.0.0", 3, False, tuple(domains))
+def _folder_entry(name: str, domains, channels: int = 3) -> _Own:
+  return _Own("Folder", name, "1.0.0", channels, False, tuple(domains))
 
 
 def user_datasets(data_dir: str | None = None) -> dict[str, _Own]:
@@ -426,7 +427,9 @@ def user_datasets(data_dir: str | None = None) -> dict[str, _Own]:
       record = os.path.join(data_dir, name, "1.0.0", FOLDER_RECORD)
       if os.path.exists(record):
         with open(record) as f:
-          out[name] = _folder_entry(name, json.load(f)["domains"])
+          info = json.load(f)  # prepared before "channels" was kept: RGB
+        out[name] = _folder_entry(name, info["domains"],
+                                  info.get("channels", 3))
   return out
 
 
@@ -494,9 +497,42 @@ def _lookup(name: str, data_dir: str | None = None) -> _Own | _Catalog:
   if name not in own:
     raise ConfigError(
         f"unknown dataset name {name!r}; available: "
-        f"{', '.join(available(data_dir))} (a folder of your own: `fedjax-dg "
-        f"prepare folder --manual-dir DIR --name {name}`)")
+        f"{', '.join(available(data_dir))}. {where_to_find(name, data_dir)}")
   return own[name]
+
+
+def _data_dir_candidates() -> list[str]:
+  """Every data directory `data_dir_default` picks in some setting:
+  `$FEDJAX_DG_DATA_DIR` (if set), the checkout's `.data/`, the default."""
+  env = os.environ.get(ENV_DATA_DIR)
+  return ([os.path.expanduser(env)] if env else []) + [
+      _checkout_data_dir(), os.path.expanduser(DEFAULT_DATA_DIR)]
+
+
+def where_to_find(name: str, data_dir: str | None = None) -> str:
+  """Where a dataset `name` was looked for (the data directory and the rule
+  that chose it) and what to do: a folder dataset of that name prepared in
+  another data directory (e.g. `~/.cache/...` before the checkout's `.data/`
+  existed) is named, with its folder; else how to prepare one."""
+  data_dir = os.path.expanduser(data_dir or data_dir_default())
+  given = os.path.realpath(data_dir) != os.path.realpath(data_dir_default())
+  origin = "given: data.data_dir" if given else data_dir_origin()
+  text = f"Looked in the data directory {data_dir} ({origin})"
+  here = (f"{ENV_DATA_DIR}={shlex.quote(data_dir)} " if given else "")
+  for other in dict.fromkeys(_data_dir_candidates()):
+    if os.path.realpath(other) == os.path.realpath(data_dir):
+      continue
+    entry = user_datasets(other).get(name)
+    if entry is None:
+      continue
+    folder = (recorded_source(entry, other) or {}).get("path") or "DIR"
+    return (f"{text}; a folder dataset {name!r} is prepared in another data "
+            f"directory, {other} (from {folder}): run with --set "
+            f"data.data_dir={shlex.quote(other)} (or set {ENV_DATA_DIR}="
+            f"{shlex.quote(other)}), or prepare it here: {here}"
+            f"{prepare_command(name, entry, folder)}")
+  return (f"{text}; a folder of your own: {here}fedjax-dg prepare folder "
+          f"--manual-dir DIR --name {name}")
 
 
 def _cache_dir(name: str, entry: _Own | _Catalog, data_dir: str) -> str:
@@ -515,22 +551,41 @@ def manual_dir_default(name: str, data_dir: str) -> str:
 
 
 SOURCE_RECORD = "fedjax_dg_source.json"  # beside the prepared data
+# The digest of the folder's file listing, in a file of its own: fedjax_dg
+# before it compared SOURCE_RECORD's dict whole, so a new key there would make
+# an older checkout sharing the data directory refuse data prepared here.
+LISTING_RECORD = "fedjax_dg_listing.json"
+
+
+def _listing(path: str) -> tuple[list[tuple[str, int, int]], float]:
+  """((path relative to `path`, size, mtime in ns) of every file below it,
+  sorted; the newest mtime in s): metadata only, no file is read."""
+  out, newest = [], 0.0
+  for root, _, names in os.walk(path):
+    for n in names:
+      full = os.path.join(root, n)
+      st = os.stat(full)
+      out.append((os.path.relpath(full, path), st.st_size, st.st_mtime_ns))
+      newest = max(newest, st.st_mtime)
+  return sorted(out), newest
 
 
 def source_fingerprint(path: str | None) -> dict | None:
-  """A cheap identity of a raw-data folder (absolute path, file count, total
-  size, newest mtime); None when there is no such folder (then the data came
-  from, or will come from, a download)."""
+  """A cheap identity of a raw-data folder: absolute path, file count, total
+  size, newest mtime, and `listing`, a digest of every file's relative path
+  (in a DomainBed folder `<domain>/<class>/<image>`: its labels), size and
+  mtime. Only the files' metadata is read, never their bytes: `load` checks
+  it at every run (docs/data.md, "Stale prepared data"). None when there is
+  no such folder (then the data came from, or will come from, a download)."""
   if not path or not os.path.isdir(path):
     return None
-  files = size = 0
-  newest = 0.0
-  for root, _, names in os.walk(path):
-    for n in names:
-      st = os.stat(os.path.join(root, n))
-      files, size, newest = files + 1, size + st.st_size, max(newest, st.st_mtime)
-  return dict(path=os.path.abspath(path), files=files, bytes=size,
-              mtime=round(newest, 3))
+  files, newest = _listing(path)
+  digest = hashlib.sha1()
+  for rel, size, mtime in files:
+    digest.update(f"{rel}\0{size}\0{mtime}\n".encode())
+  return dict(path=os.path.abspath(path), files=len(files),
+              bytes=sum(f[1] for f in files), mtime=round(newest, 3),
+              listing=digest.hexdigest())
 
 
 def _prepared_dir(entry: _Own, data_dir: str) -> str:
@@ -539,36 +594,102 @@ def _prepared_dir(entry: _Own, data_dir: str) -> str:
 
 def recorded_source(entry: _Own, data_dir: str) -> dict | None:
   """The source the prepared data was built from ({} if unknown: prepared by
-  an older fedjax_dg, or from a download), None if nothing is prepared."""
-  path = os.path.join(_prepared_dir(entry, data_dir), SOURCE_RECORD)
+  an older fedjax_dg, or from a download), None if nothing is prepared. Data
+  prepared before the listing was recorded have no `listing`."""
+  prepared = _prepared_dir(entry, data_dir)
+  path = os.path.join(prepared, SOURCE_RECORD)
   if not os.path.exists(path):
-    return {} if os.path.isdir(_prepared_dir(entry, data_dir)) else None
+    return {} if os.path.isdir(prepared) else None
   with open(path) as f:
-    return json.load(f)
+    record = json.load(f)
+  listing = os.path.join(prepared, LISTING_RECORD)
+  if record and os.path.exists(listing):
+    with open(listing) as f:
+      record["listing"] = json.load(f)["listing"]
+  return record
 
 
 def _record_source(entry: _Own, data_dir: str, manual_dir: str) -> None:
-  with open(os.path.join(_prepared_dir(entry, data_dir), SOURCE_RECORD), "w") as f:
-    json.dump(source_fingerprint(manual_dir) or {}, f)
+  prepared = _prepared_dir(entry, data_dir)
+  record = source_fingerprint(manual_dir) or {}
+  listing = record.pop("listing", None)
+  with open(os.path.join(prepared, SOURCE_RECORD), "w") as f:
+    json.dump(record, f)
+  if listing:
+    with open(os.path.join(prepared, LISTING_RECORD), "w") as f:
+      json.dump({"listing": listing}, f)
+
+
+def source_change(before: dict, now: dict) -> str | None:
+  """What differs between a recorded source (`recorded_source`) and the
+  folder now (`source_fingerprint`), or None. A record without `listing`
+  (older data) is compared on the rest only."""
+  if before["path"] != now["path"]:
+    return (f"they were built from {before['path']} ({before['files']} "
+            f"files), but the source folder now is {now['path']} "
+            f"({now['files']} files)")
+  if (before["files"], before["bytes"]) != (now["files"], now["bytes"]):
+    return (f"the folder changed since: {before['files']} files of "
+            f"{before['bytes']} bytes then, {now['files']} of {now['bytes']} "
+            "now")
+  if before["mtime"] != now["mtime"]:
+    return "the folder changed since: a file in it was modified"
+  if "listing" in before and before["listing"] != now["listing"]:
+    return (f"the folder changed since: the same {now['files']} files and "
+            "bytes, but files were moved, renamed or replaced (e.g. images "
+            "moved to another class folder: relabelled)")
+  return None
+
+
+def source_folder(name: str, data_dir: str, manual_dir: str | None,
+                  before: dict | None) -> str:
+  """The folder a dataset's prepared data are checked against (and prepared
+  from): `manual_dir`; else its default (`manual_dir_default`) if that
+  exists; else the folder it was prepared from (a folder dataset's, or one
+  given as --manual-dir), if still there."""
+  if manual_dir:
+    return manual_dir
+  default = manual_dir_default(name, data_dir)
+  if os.path.isdir(default) or not before or not before.get("path"):
+    return default
+  return before["path"]
+
+
+def prepare_command(name: str, entry: _Own, folder: str, force=False) -> str:
+  """The `fedjax-dg prepare` command line that prepares `name` from `folder`."""
+  words = (["fedjax-dg", "prepare", "folder", "--manual-dir", folder, "--name",
+            name] if entry.builder == "Folder" else
+           ["fedjax-dg", "prepare", name, "--manual-dir", folder])
+  return shlex.join(words + (["--force"] if force else []))
 
 
 def check_source(name: str, data_dir: str, manual_dir: str | None) -> None:
   """Refuses prepared data built from another folder than the one given now
-  (or from the same folder before it changed): a run would silently use the
-  old images. Nothing to compare when the folder is absent (prepared data
-  outlive their source) or nothing is recorded."""
+  (or from the same folder before it changed: files added, removed, edited,
+  moved or renamed): a run would silently use the old images or labels.
+  Nothing to compare when the folder is absent (prepared data outlive their
+  source) or nothing is recorded."""
   entry = _lookup(name, data_dir)
   if not isinstance(entry, _Own):
     return
   before = recorded_source(entry, data_dir)
-  now = source_fingerprint(manual_dir or manual_dir_default(name, data_dir))
-  if before and now is not None and before != now:
+  if not before:
+    return
+  now = source_fingerprint(source_folder(name, data_dir, manual_dir, before))
+  change = source_change(before, now) if now is not None else None
+  if change:
     raise DataError(
-        f"{name}: the prepared data at {_prepared_dir(entry, data_dir)} were "
-        f"built from {before['path']} ({before['files']} files), but the source "
-        f"folder now is {now['path']} ({now['files']} files, changed): run "
-        f"`fedjax-dg prepare {name} --manual-dir {now['path']}` to prepare "
-        "it again")
+        f"{name}: the prepared data at {_prepared_dir(entry, data_dir)} are "
+        f"stale: {change}. Run `{prepare_command(name, entry, now['path'])}` "
+        "to prepare it again")
+
+
+def _is_prepared(builder) -> bool:
+  """`builder.is_prepared()` without the warning TFDS logs for every dataset
+  not prepared yet ("Variant folder ... has no dataset_info.json"), which
+  `prepare` would print before every first preparation."""
+  info = os.path.join(os.fspath(builder.data_path), "dataset_info.json")
+  return os.path.exists(info) and builder.is_prepared()
 
 
 def _own_builder(entry: _Own, data_dir: str, manual_dir: str | None,
@@ -579,19 +700,19 @@ def _own_builder(entry: _Own, data_dir: str, manual_dir: str | None,
   from fedjax_dg.data import builders  # pylint: disable=g-import-not-at-top
   if entry.builder == "Folder":
     from fedjax_dg.data.builders.domainbed_folder import folder_builder  # pylint: disable=g-import-not-at-top
-    cls = folder_builder(entry.tfds_name, entry.domains)
+    cls = folder_builder(entry.tfds_name, entry.domains, entry.channels)
   else:
     cls = getattr(builders, entry.builder)
   manual_dir = manual_dir or manual_dir_default(name, data_dir)
   if name in FASHION_MNIST_SOURCED:
     builder = cls(data_dir=data_dir, file_format="array_record",
                   source_dir=manual_dir)
-    if prepare and not builder.is_prepared():
+    if prepare and not _is_prepared(builder):
       builder.download_and_prepare()
       _record_source(entry, data_dir, manual_dir)
     return builder
   builder = cls(data_dir=data_dir, file_format="array_record")
-  if prepare and not builder.is_prepared():
+  if prepare and not _is_prepared(builder):
     # Folder builders (DomainBed folders, Tiny-ImageNet): validate the folder and
     # read the class names first; errors name the layout and the download.
     index = cls.scan_manual(manual_dir, name)
@@ -883,7 +1004,7 @@ def _image_bytes(name: str, entry: _Own | _Catalog, data_dir: str,
 
 def prepare(
     name: str, *, data_dir: str | None = None, manual_dir: str | None = None,
-    dataset_name: str | None = None,
+    dataset_name: str | None = None, force: bool = False,
 ) -> str:
   """Prepares a dataset once (TFDS download_and_prepare); returns a summary line.
 
@@ -891,11 +1012,15 @@ def prepare(
   later `load` calls at any size are fast. `name="folder"`: a DomainBed-layout
   folder of your own (`manual_dir`: <root>/<domain>/<class>/<image>) becomes
   dataset `dataset_name` (domains and classes read from the folders), loadable
-  by that name (`data.name`).
+  by that name (`data.name`). Data prepared from another folder, or from this
+  one before it changed (`source_change`), are prepared again, and the line
+  says why; `force`: prepared again whatever the records say (a catalog
+  dataset: its TFDS folders and caches removed first).
   """
   data_dir = os.path.expanduser(data_dir or data_dir_default())
+  reason = None
   if name == "folder":
-    name, entry = _user_folder(dataset_name, manual_dir, data_dir)
+    name, entry, reason = _user_folder(dataset_name, manual_dir, data_dir)
   else:
     if dataset_name:
       raise ConfigError(f"--name {dataset_name!r} names a folder dataset: use "
@@ -907,17 +1032,29 @@ def prepare(
   if isinstance(entry, _Own):
     # Prepared from another (or a changed) folder, or from an unknown one while
     # a folder is named: prepare again (the caches go with the prepared data).
+    prepared = _prepared_dir(entry, data_dir)
     before = recorded_source(entry, data_dir)
-    now = source_fingerprint(manual_dir or manual_dir_default(name, data_dir))
-    if before is not None and now is not None and before != now and (
-        before or manual_dir):
-      shutil.rmtree(_prepared_dir(entry, data_dir))
-    builder = _own_builder(entry, data_dir, manual_dir, name, prepare=True)
+    folder = source_folder(name, data_dir, manual_dir, before)
+    now = source_fingerprint(folder)
+    if name in FASHION_MNIST_SOURCED and _unlisted(before, now):
+      # Their labels are inside the IDX files, not in file paths: a record
+      # from before the listing, equal on the rest, is completed in place.
+      _record_source(entry, data_dir, folder)
+      before = recorded_source(entry, data_dir)
+    reason = reason or _stale(before, now, manual_dir)
+    if force and os.path.isdir(prepared):
+      reason = reason or "--force"
+    if reason and os.path.isdir(prepared):
+      shutil.rmtree(prepared)
+    builder = _own_builder(entry, data_dir, folder, name, prepare=True)
     where = os.fspath(builder.data_dir)
     if entry.builder == "Folder":  # loadable by its name from now on
       with open(os.path.join(where, FOLDER_RECORD), "w") as f:
-        json.dump({"domains": list(entry.domains)}, f)
+        json.dump({"domains": list(entry.domains),
+                   "channels": entry.channels}, f)
   else:
+    if force and _remove_catalog(name, entry, data_dir):
+      reason = "--force"
     _catalog_sources(entry, data_dir)
     where = data_dir
   if entry.fixed_shape:
@@ -925,13 +1062,53 @@ def prepare(
     summary = ds.summary()
   else:
     summary = _summary_without_images(name, entry, data_dir)
-  return f"{summary}; ready in {time.perf_counter() - start:.1f} s at {where}"
+  again = f"prepared again ({reason}); " if reason else ""
+  return (f"{summary}; {again}ready in {time.perf_counter() - start:.1f} s at "
+          f"{where}")
+
+
+def _unlisted(before: dict | None, now: dict | None) -> bool:
+  """Whether `before` is a record from before the file listing was kept that
+  matches the folder `now` on everything it has."""
+  return bool(before) and now is not None and "listing" not in before and (
+      source_change(before, now) is None)
+
+
+def _stale(before: dict | None, now: dict | None,
+           manual_dir: str | None) -> str | None:
+  """Why data prepared from `before` (`recorded_source`) must be prepared
+  again from the folder now (`source_fingerprint`), or None."""
+  if before is None or now is None:
+    return None
+  if not before:  # from a download or an old fedjax_dg; a folder is named now
+    return "the folder they were built from is unknown" if manual_dir else None
+  change = source_change(before, now)
+  if change:
+    return change
+  if _unlisted(before, now):
+    return ("prepared by an older fedjax_dg, which did not record the file "
+            "listing, so moved or renamed files went unnoticed")
+  return None
+
+
+def _remove_catalog(name: str, entry: _Catalog, data_dir: str) -> bool:
+  """Removes a catalog dataset's prepared TFDS folders and caches (`prepare
+  --force`); whether there was anything to remove."""
+  folders = [_cache_dir(name, entry, data_dir)] + [
+      os.path.join(data_dir, *(c if isinstance(c, str) else c[0]).split("/"))
+      for c in entry.configs.values()]
+  found = [f for f in dict.fromkeys(folders) if os.path.isdir(f)]
+  for f in found:
+    shutil.rmtree(f)
+  return bool(found)
 
 
 def _user_folder(dataset_name: str | None, manual_dir: str | None,
-                 data_dir: str) -> tuple[str, _Own]:
-  """(name, entry) of `prepare folder`, its record written beside the data."""
-  from fedjax_dg.data.builders.domainbed_folder import folder_builder, folder_domains  # pylint: disable=g-import-not-at-top
+                 data_dir: str) -> tuple[str, _Own, str | None]:
+  """(name, entry, why its prepared data must go: None if they may stay) of
+  `prepare folder`. Its images are stored with one channel when every one of
+  them is grayscale (`domainbed_folder.folder_channels`), else as RGB."""
+  from fedjax_dg.data.builders.domainbed_folder import folder_builder, folder_channels, folder_domains  # pylint: disable=g-import-not-at-top
   if not dataset_name or not manual_dir:
     raise ConfigError("prepare folder needs --manual-dir DIR (the folder: "
                       "<root>/<domain>/<class>/<image>) and --name NAME (how "
@@ -940,14 +1117,18 @@ def _user_folder(dataset_name: str | None, manual_dir: str | None,
     raise ConfigError(f"--name {dataset_name!r} is a built-in dataset; choose "
                       "another name")
   domains = folder_domains(manual_dir, dataset_name)
-  folder_builder(dataset_name, domains)  # validates the name
-  entry = _folder_entry(dataset_name, domains)
-  prepared = _prepared_dir(entry, data_dir)
-  if os.path.isdir(prepared):
+  cls = folder_builder(dataset_name, domains)  # validates the name
+  channels = folder_channels(cls.scan_manual(manual_dir, dataset_name))
+  entry = _folder_entry(dataset_name, domains, channels)
+  reason = None
+  if os.path.isdir(_prepared_dir(entry, data_dir)):
     known = user_datasets(data_dir).get(dataset_name)
     if known is None or known.domains != entry.domains:
-      shutil.rmtree(prepared)  # other domains: prepared again
-  return dataset_name, entry
+      reason = "other domain folders"
+    elif known.channels != entry.channels:
+      reason = ("every image is grayscale now: one channel" if channels == 1
+                else "not every image is grayscale now: RGB")
+  return dataset_name, entry, reason
 
 
 def _summary_without_images(name: str, entry: _Own | _Catalog, data_dir: str) -> str:
@@ -968,5 +1149,6 @@ def _summary_without_images(name: str, entry: _Own | _Catalog, data_dir: str) ->
     counts = [sum(len(s) for s in sources[d]) for d in names]
     num_classes = len(class_names)
   per_domain = ", ".join(f"{d}: {n}" for d, n in zip(names, counts))
-  return (f"{name}: {sum(counts)} images, {num_classes} classes, "
+  colour = ", grayscale (1 channel)" if entry.channels == 1 else ", RGB"
+  return (f"{name}: {sum(counts)} images{colour}, {num_classes} classes, "
           f"{len(names)} domains ({per_domain})")

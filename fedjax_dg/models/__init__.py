@@ -246,8 +246,9 @@ def get_model(name: str, *, input_shape, num_classes: int, mean=(0.5,),
   if name in _VIT:
     patch = int(kwargs.get("patch", 16))
     if patch < 1 or h % patch or w % patch:
-      raise ConfigError(f"{name}: model.patch={patch} must divide the input "
-                        f"size {h}x{w}")
+      raise ConfigError(f"{name}: model.vit.patch={patch} (get_model's "
+                        f"patch=) must divide the input size {h}x{w} "
+                        "(data.image_size)")
     kwargs["input_hw"] = (h, w)
   elif name != "mlp" and (h % 4 or w % 4):
     raise ConfigError(f"{name} needs H and W divisible by 4, got {input_shape}")

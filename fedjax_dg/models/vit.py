@@ -92,7 +92,8 @@ class Attention(nn.Module):
     d = x.shape[-1]
     if d % self.heads:
       raise ConfigError(f"attention width {d} is not divisible by "
-                        f"{self.heads} heads")
+                        f"{self.heads} heads (model.vit.dim and "
+                        "model.vit.heads; 0: the released size's)")
     dh = d // self.heads
     proj = lambda name, bias=True: nn.DenseGeneral((self.heads, dh),
                                                    use_bias=bias, name=name)
@@ -222,19 +223,21 @@ class ViT(nn.Module):
 
   def setup(self):
     if self.adapters not in ADAPTERS:
-      raise ConfigError(f"model.adapters={self.adapters!r}: allowed {ADAPTERS}")
+      raise ConfigError(f"ViT adapters={self.adapters!r}: allowed {ADAPTERS} "
+                        "(in a config, fedsdaf.domain_invariant and "
+                        "fedsdaf.domain_aware choose them)")
     h, w = self.input_hw
     if h % self.patch or w % self.patch:
       raise ConfigError(f"ViT patch {self.patch} does not divide the input "
-                        f"{h}x{w} (set model.patch)")
+                        f"{h}x{w} (set model.vit.patch, or data.image_size)")
     self.backbone = Backbone(self.patch, self.dim, self.depth, self.heads,
                              self.mlp_dim, (h // self.patch, w // self.patch),
                              self.gelu_approximate)
     self.head = nn.Dense(self.num_classes)
     r = self.adapter_dim or self.dim // 4
     if self.adapter_init not in ADAPTER_INITS:
-      raise ConfigError(f"adapter_init={self.adapter_init!r}: allowed "
-                        f"{ADAPTER_INITS}")
+      raise ConfigError(f"fedsdaf.adapter_init={self.adapter_init!r}: "
+                        f"allowed {ADAPTER_INITS}")
     adapter = Adapter(r, self.gelu_approximate,
                       zero_up=self.adapter_init == "zero")
     if self.adapters != "none":
@@ -243,8 +246,9 @@ class ViT(nn.Module):
       self.adw = Stack(adapter, self.depth)
       if self.fusion:
         if self.dim % self.fusion_heads:
-          raise ConfigError(f"model.fusion_heads={self.fusion_heads} does not "
-                            f"divide model.dim={self.dim}")
+          raise ConfigError(f"fedsdaf.fusion_heads={self.fusion_heads} does "
+                            f"not divide the ViT width {self.dim} "
+                            "(model.vit.dim; 0 there: the released size's)")
         self.fuse = Stack(Fusion(self.fusion_heads), self.depth)
 
   def _adapted(self, i: int, h: Array, path: str) -> Array:

@@ -58,6 +58,7 @@ import math
 import os
 import re
 from typing import Any, Mapping
+import zipfile
 
 import jax
 import jax.numpy as jnp
@@ -250,12 +251,17 @@ def read_weights(path: str) -> dict[str, np.ndarray]:
   if not path.endswith(".npz"):
     return weights_lib.read_state_dict(path)
   if not os.path.isfile(path):
-    raise DataError(f"weights file {path!r} does not exist")
+    raise DataError(f"{weights_lib.FIELD}: weights file {path!r} does not "
+                    "exist")
   try:
+    # Not a zip archive: numpy would try it as a pickle ("Cannot load file
+    # containing pickled data"), a message about something else.
+    if not zipfile.is_zipfile(path):
+      raise ValueError("not a zip archive (an .npz is one)")
     with np.load(path, allow_pickle=False) as z:
       state = {k: z[k] for k in z.files}
-  except (OSError, ValueError) as e:
-    raise DataError(f"{path!r} is not a readable .npz of arrays: {e}") from None
+  except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+    raise weights_lib.invalid_file(path, e) from None
   if state and all(k.startswith(_AUGREG_PREFIX) for k in state):
     state = {k[len(_AUGREG_PREFIX):]: v for k, v in state.items()}
   return state
@@ -290,8 +296,8 @@ def _fit_grid(state: dict, template: Params, layout: str, grid, source: str
   if tuple(p_file) != tuple(want[:2]):
     raise DataError(
         f"{source}: patch size {tuple(p_file)} in the file ({marker!r} "
-        f"{tuple(have)}), {tuple(want[:2])} in the model: set model.patch="
-        f"{p_file[0]} (patch= in get_model)")
+        f"{tuple(have)}), {tuple(want[:2])} in the model: set "
+        f"model.vit.patch={p_file[0]} (patch= in get_model)")
   pos = state.get(name)
   want_pos = template["backbone"]["pos_embedding"].shape
   if pos is None or np.ndim(pos) != 3 or tuple(np.shape(pos)) == tuple(want_pos):

@@ -38,8 +38,10 @@ from __future__ import annotations
 import os
 import pickle
 from typing import Any, Mapping
+import zipfile
 
 import numpy as np
+from safetensors import SafetensorError
 from safetensors.numpy import load_file
 
 from fedjax_dg.errors import ConfigError, DataError
@@ -266,13 +268,42 @@ def to_torch(params: Params, layout: str = "torchvision"
   return out
 
 
+FIELD = "model.weights"  # the config field that names a weights file
+# What a weights file must hold, by its name's ending ("": any other).
+EXPECTED = {
+    ".safetensors": "a safetensors file of tensors, as "
+                    "safetensors.torch.save_file(model.state_dict(), path) "
+                    "writes",
+    ".npz": "a numpy .npz archive of arrays, as the AugReg ViT releases and "
+            "np.savez write",
+    "": "a PyTorch state dict, as torch.save(model.state_dict(), path) writes",
+}
+
+
+def invalid_file(path: str, error: Exception) -> DataError:
+  """"file X is not a valid weights file (expected ...)": what the reader
+  said, what to do; for a file no reader could make sense of (cut short, an
+  HTML error page saved under the file's name, another format)."""
+  kind = next((e for e in EXPECTED if e and path.endswith(e)), "")
+  detail = (str(error).strip().splitlines() or [""])[0][:200]
+  return DataError(
+      f"{FIELD}: file {path!r} is not a valid weights file (expected "
+      f"{EXPECTED[kind]}; reading it failed with {type(error).__name__}: "
+      f"{detail}). Download it again (a transfer cut short or an HTML error "
+      f"page saved under its name looks like this), or set {FIELD} to "
+      "another file")
+
+
 def read_state_dict(path: str) -> dict[str, np.ndarray]:
   """A state dict from `.safetensors` (no torch needed) or a torch pickle
   (`torch.save(model.state_dict(), path)`, needs torch) as numpy arrays."""
   if not os.path.isfile(path):
-    raise DataError(f"weights file {path!r} does not exist")
+    raise DataError(f"{FIELD}: weights file {path!r} does not exist")
   if path.endswith(".safetensors"):
-    return dict(load_file(path))
+    try:
+      return dict(load_file(path))
+    except (SafetensorError, OSError, ValueError) as e:
+      raise invalid_file(path, e) from None
   try:
     import torch
   except ImportError:
@@ -283,12 +314,17 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
   try:
     state = torch.load(path, map_location="cpu", weights_only=True)
   except pickle.UnpicklingError as e:
-    raise DataError(f"{path!r} is not a plain state dict (save "
+    if not zipfile.is_zipfile(path):  # not what torch.save writes at all
+      raise invalid_file(path, e) from None
+    raise DataError(f"{FIELD}: {path!r} is not a plain state dict (save "
                     f"model.state_dict(), not the model): {e}") from None
+  except (RuntimeError, EOFError, ValueError, OSError) as e:  # cut short etc.
+    raise invalid_file(path, e) from None
   if not isinstance(state, Mapping) or not all(
       isinstance(v, torch.Tensor) for v in state.values()):
-    raise DataError(f"{path!r} holds a {type(state).__name__}, not a state "
-                    "dict of tensors (torch.save(model.state_dict(), path))")
+    raise DataError(f"{FIELD}: {path!r} holds a {type(state).__name__}, not a "
+                    "state dict of tensors (torch.save(model.state_dict(), "
+                    "path))")
   return {k: v.detach().numpy() for k, v in state.items()}
 
 

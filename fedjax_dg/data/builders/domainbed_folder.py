@@ -2,8 +2,8 @@
 
 PACS, VLCS and OfficeHome are distributed as image folders (DomainBed's
 `domainbed/scripts/download.py` fetches and unpacks them). The builders read the
-folder once into an array_record dataset with features `image` (encoded bytes, RGB),
-`label` (class index, class names = sorted class folder names, identical in every
+folder once into an array_record dataset with features `image` (encoded bytes, RGB;
+a user's folder whose images are all grayscale: one channel), `label` (class index, class names = sorted class folder names, identical in every
 domain) and `domain` (index into the DomainBed domain names).
 """
 
@@ -125,23 +125,46 @@ def scan(
   return FolderIndex(root, tuple(domains), class_names, tuple(files))
 
 
-def encoded_image(path: str) -> str | bytes:
-  """The file path for RGB JPEG/PNG files, else the image converted to RGB PNG.
+def _unreadable(path: str, e: Exception) -> DataError:
+  return DataError(f"{path}: not a readable image ({type(e).__name__}: {e}); "
+                   "replace or delete the file and prepare again")
+
+
+def encoded_image(path: str, channels: int = 3) -> str | bytes:
+  """The file path for JPEG/PNG files already in the stored mode (RGB, or
+  with `channels=1` grayscale "L"), else the image converted to it as PNG.
 
   Every image is decoded here, at prepare time: a broken or truncated file is
   a DataError naming it, never a crash of a later run with no file name.
   """
+  mode = "L" if channels == 1 else "RGB"
   try:
     with Image.open(path) as im:
       im.load()  # decodes every pixel: a truncated file fails here
-      if im.format in ("JPEG", "PNG") and im.mode == "RGB":
+      if im.format in ("JPEG", "PNG") and im.mode == mode:
         return path
       buf = io.BytesIO()
-      im.convert("RGB").save(buf, format="PNG")
+      im.convert(mode).save(buf, format="PNG")
   except (OSError, SyntaxError, ValueError) as e:  # PIL's "cannot identify" etc.
-    raise DataError(f"{path}: not a readable image ({type(e).__name__}: {e}); "
-                    "replace or delete the file and prepare again") from e
+    raise _unreadable(path, e) from e
   return buf.getvalue()
+
+
+def is_grayscale(path: str) -> bool:
+  """Whether an image file holds gray levels only (its mode's base is "L":
+  1-bit, 8-bit or 16-bit gray, with or without alpha), from its header."""
+  try:
+    with Image.open(path) as im:
+      return Image.getmodebase(im.mode) == "L"
+  except (OSError, SyntaxError, ValueError) as e:
+    raise _unreadable(path, e) from e
+
+
+def folder_channels(index: FolderIndex) -> int:
+  """1 when every image of a user's folder is grayscale (stored gray: a third
+  of the memory of RGB, and the models' first layer sees one channel), else 3
+  (grayscale files among RGB ones become RGB)."""
+  return 1 if all(is_grayscale(p) for p, _, _ in index.files) else 3
 
 
 def _instructions(
@@ -161,6 +184,7 @@ class DomainBedFolder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   VERSION = tfds.core.Version("1.0.0")
   RELEASE_NOTES = {"1.0.0": "Initial release."}
   DOMAINS: tuple[str, ...] = ()
+  CHANNELS = 3  # 1: a user's folder of grayscale images only
   HOMEPAGE = ""
   MANUAL_DOWNLOAD_INSTRUCTIONS = ""
 
@@ -183,7 +207,7 @@ class DomainBedFolder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     return self.dataset_info_from_configs(
         description=self.__doc__,
         features=tfds.features.FeaturesDict({
-            "image": tfds.features.Image(shape=(None, None, 3)),
+            "image": tfds.features.Image(shape=(None, None, self.CHANNELS)),
             "label": label,
             "domain": tfds.features.ClassLabel(names=self.DOMAINS),
         }),
@@ -203,7 +227,7 @@ class DomainBedFolder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   def _generate_examples(self, index: FolderIndex) -> Iterator[tuple[str, dict]]:
     for path, label, domain in index.files:
       yield os.path.relpath(path, index.root), {
-          "image": encoded_image(path),
+          "image": encoded_image(path, self.CHANNELS),
           "label": label,
           "domain": domain,
       }
@@ -248,7 +272,8 @@ class OfficeHome(DomainBedFolder, skip_registration=True):
 FOLDER_INSTRUCTIONS = (
     "A folder of your own: <root>/<domain>/<class>/<image> with any number of "
     "domains and classes (a domain may lack a class); JPEG, PNG and the other "
-    "formats PIL reads, RGB or grayscale (stored as RGB). Prepare it with "
+    "formats PIL reads, RGB or grayscale (stored gray when every image is, "
+    "else as RGB). Prepare it with "
     "`fedjax-dg prepare folder --manual-dir ROOT --name NAME`.")
 NAME_PATTERN = r"[a-z][a-z0-9_]{0,63}"
 
@@ -266,14 +291,17 @@ def folder_domains(path: str, name: str) -> tuple[str, ...]:
   return domains
 
 
-def folder_builder(name: str, domains: Sequence[str]) -> type:
-  """A DomainBed-folder builder for a user's dataset `name` (TFDS name too)."""
+def folder_builder(name: str, domains: Sequence[str], channels: int = 3
+                   ) -> type:
+  """A DomainBed-folder builder for a user's dataset `name` (TFDS name too),
+  its images stored with `channels` (1: grayscale, 3: RGB)."""
   if not re.fullmatch(NAME_PATTERN, name):
     raise ConfigError(f"dataset name {name!r}: use lowercase letters, digits and "
                       "_ (a letter first, at most 64), e.g. my_photos")
 
   def body(ns):
     ns.update(__module__=__name__, name=name, DOMAINS=tuple(domains),
+              CHANNELS=channels,
               MANUAL_DOWNLOAD_INSTRUCTIONS=FOLDER_INSTRUCTIONS,
               __doc__=f"{name}: a user's image folder, domains {list(domains)}.")
 
