@@ -41,7 +41,7 @@ from fedjax_dg import distributed
 from fedjax_dg import plots
 from fedjax_dg import presets
 from fedjax_dg import tables
-from fedjax_dg.errors import ConfigError, DataError, Stopped
+from fedjax_dg.errors import ConfigError, DataError, DiskFull, Stopped
 
 MANIFEST = "sweep.json"
 REPORT_DIR = "report"
@@ -310,6 +310,10 @@ def run_sweep(config_path: str | None = None, sets=(), grid=(), seeds=None, *,
       raise ConfigError(f"{out} already holds a sweep: continue it with --resume {out}")
     if out and os.path.isdir(out) and os.listdir(out):
       raise ConfigError(f"--out {out} exists and is not empty")
+    if out:
+      experiment.check_output_dir(out, "--out")
+    else:
+      experiment.check_output_dir(p.base.output_dir)
   num_targets = check(p)
   work = [_work(cfg, n) for cfg, n in zip(p.configs, num_targets)]
   runs = sum(len(cfg.algorithms) * n for cfg, n in zip(p.configs, num_targets))
@@ -327,7 +331,12 @@ def run_sweep(config_path: str | None = None, sets=(), grid=(), seeds=None, *,
         experiment.make_run_dir(p.base.output_dir, f"sweep-{p.base.name}")
         if distributed.is_main() else ""))
     if distributed.is_main():
-      os.makedirs(sweep_dir, exist_ok=True)
+      try:
+        os.makedirs(sweep_dir, exist_ok=True)
+      except OSError as e:
+        raise ConfigError(f"--out {sweep_dir}: cannot create it "
+                          f"({type(e).__name__}: {e}): give a writable "
+                          "folder") from None
     manifest = dict(
         version=1, name=p.base.name, config=p.config_path, sets=p.sets,
         grid=[[k, v] for k, v in p.grid], seeds=p.seeds,
@@ -363,6 +372,9 @@ def run_sweep(config_path: str | None = None, sets=(), grid=(), seeds=None, *,
       results = experiment.run(cfg, run_dir=cell_dir, echo=echo)
     except KeyboardInterrupt as e:  # the sweep continues, not the cell
       raise Stopped(sweep_dir) from e
+    except DiskFull as e:  # every later cell would fail the same way
+      e.run_dir = sweep_dir  # `sweep --resume` continues this cell
+      raise
     except Exception as e:  # noqa: BLE001 -- recorded; the next cell still runs
       failures += 1
       entry.update(status="failed", error=f"{type(e).__name__}: {e}")
