@@ -6,6 +6,7 @@ import argparse
 import os
 import shlex
 import sys
+import textwrap
 
 from fedjax_dg import distributed
 from fedjax_dg.errors import ConfigError
@@ -45,22 +46,63 @@ def _config(config_path: str | None, overrides: list[str],
   return cfg
 
 
+def _resume_config(run_dir: str, overrides: list[str],
+                   module: str | None = None):
+  """The config `run_dir` was run with (its config.json) with the `--set`
+  overrides: what `--resume DIR` runs without --config. A --set that changes
+  a stored value is refused later (`experiment.check_resume`); with
+  `module` (demo), a run of another config is refused here."""
+  import importlib
+  import json
+  from fedjax_dg import config as config_lib
+  from fedjax_dg import sweep
+  path = os.path.join(run_dir, "config.json")
+  if not os.path.isdir(run_dir):
+    raise ConfigError(f"--resume {run_dir}: no such run directory")
+  if not os.path.isfile(path):
+    if os.path.isfile(os.path.join(run_dir, sweep.MANIFEST)):
+      raise ConfigError(f"--resume {run_dir}: a sweep directory; continue it "
+                        f"with: fedjax-dg sweep --resume {run_dir}")
+    raise ConfigError(f"--resume {run_dir}: holds no config.json, so it is not "
+                      "a run directory of fedjax-dg run / demo")
+  with open(path) as f:
+    cfg = config_lib.from_json(json.load(f))
+  if module:
+    want = importlib.import_module(module).get_config().name
+    if cfg.name != want:
+      raise ConfigError(
+          f"--resume {run_dir}: a run of name={cfg.name!r}, not of this demo "
+          f"({want!r}): continue it with fedjax-dg run --resume {run_dir}")
+  return config_lib.apply_overrides(cfg, overrides)
+
+
 def _run(config_path: str | None, overrides: list[str], resume: str | None,
          module: str | None = None, processes=None) -> int:
-  """Runs an experiment file (`config_path`) or a packaged config (`module`)."""
+  """Runs an experiment file (`config_path`) or a packaged config (`module`);
+  `resume` without `config_path`: the run directory's own config."""
   from fedjax_dg import experiment, report
+  if resume is None and config_path is None and module is None:
+    raise ConfigError("run needs --config experiments/<file>.py (or --resume "
+                      "DIR to continue a run directory)")
   setup_jax(processes)
-  cfg = _config(config_path, overrides, module)
+  if resume is not None and config_path is None:
+    cfg = _resume_config(resume, overrides, module)
+  else:
+    cfg = _config(config_path, overrides, module)
   results = experiment.run(cfg, run_dir=resume, resume=resume is not None)
   if not distributed.is_main():  # process 0 reports and writes
     return 0
   print()
-  print(report.text_table(results))
+  print(report.terminal_summary(results))
   if report.warnings_text(results):
     print(report.warnings_text(results), file=sys.stderr)
   paths = report.write_all(results, results["run_dir"])
-  print(f"\nwrote {os.path.join(results['run_dir'], 'results.json')}, "
-        + ", ".join(paths))
+  names = ["results.json"] + [os.path.relpath(p, results["run_dir"])
+                              for p in paths]
+  print(f"\nrun directory: {results['run_dir']}")
+  print(textwrap.fill(f"wrote there: {', '.join(names)} (table.md: the full "
+                      "table, best over rounds too)", report.WIDTH,
+                      subsequent_indent="  ", break_on_hyphens=False))
   return 0
 
 
@@ -68,12 +110,15 @@ def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(prog="fedjax-dg", description=__doc__)
   sub = parser.add_subparsers(dest="command", required=True)
   p_run = sub.add_parser("run", help="run an experiment config")
-  p_run.add_argument("--config", required=True, help="experiments/<file>.py")
+  p_run.add_argument("--config", help="experiments/<file>.py (with --resume: "
+                     "optional, the run directory's config.json is used)")
   p_demo = sub.add_parser("demo", help="hFedF vs FedAvg on Rotated Fashion-MNIST")
   p_demo.add_argument("--full", action="store_true",
                       help=f"the paper-scale protocol ({FULL})")
   for p in (p_run, p_demo):
-    p.add_argument("--resume", help="continue an interrupted run directory")
+    p.add_argument("--resume", metavar="DIR", help="continue an interrupted "
+                   "run directory with the config it stores (config.json); a "
+                   "--config or --set that disagrees with it is refused")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. --set train.rounds=50")
   p_prep = sub.add_parser(
@@ -116,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
                       help="stacked bars per client (default) or a heatmap")
   sub.add_parser("doctor", help="is this machine ready? backend, devices, "
                  "versions, data; what to do for each problem (exit code 1 "
-                 "when something required is missing)")
+                 "when something required is missing; datasets are optional)")
   p_sweep = sub.add_parser(
       "sweep", help="grid values x seeds of a config, one run directory per cell")
   p_sweep.add_argument("--config", help="experiments/<file>.py")
@@ -189,6 +234,10 @@ def main(argv: list[str] | None = None) -> int:
                 processes=distributed.from_args(args))
   except ConfigError as e:  # a setting or input to fix; anything else is a bug
     print(f"fedjax-dg: error: {e}", file=sys.stderr)
+    run_dir = getattr(e, "run_dir", None)  # errors.DiskFull
+    if run_dir is not None:
+      print("Once there is space, continue with:\n  "
+            + resume_command(args, run_dir), file=sys.stderr)
     return 2
   except KeyboardInterrupt as e:
     run_dir = getattr(e, "run_dir", None)  # errors.Stopped
@@ -203,17 +252,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def resume_command(args, run_dir: str) -> str:
-  """The command line (shell-quoted) that continues `run_dir` with the same
-  config and --set values as the parsed `args` of run / demo / sweep."""
-  if args.command == "sweep":  # its settings are in the sweep's manifest
-    return shlex.join(["fedjax-dg", "sweep", "--resume", run_dir])
+  """The command line (shell-quoted) that continues `run_dir` (a run or
+  sweep directory of the parsed `args` of run / demo / sweep): its settings
+  are in the directory (config.json, the sweep's manifest)."""
   words = ["fedjax-dg", args.command]
-  if args.command == "run":
-    words += ["--config", args.config]
   if getattr(args, "full", False):
     words.append("--full")
-  for item in args.set:
-    words += ["--set", item]
   return shlex.join(words + ["--resume", run_dir])
 
 

@@ -182,6 +182,33 @@ def drift(saved: dict, now: dict) -> list[str]:
           if a[k] != b[k]]
 
 
+def from_json(stored: dict) -> ConfigDict:
+  """The config of a run directory's config.json (a resolved config's JSON)
+  as a locked config of `base_config`, JSON lists back to tuples: what
+  `fedjax-dg run --resume DIR` runs when no --config is given. A key that
+  `base_config` no longer has is skipped, as `drift` skips it."""
+  cfg = base_config()
+  for key, value in flatten(stored).items():
+    try:
+      old = lookup(cfg, key)
+    except ConfigError:
+      continue
+    if isinstance(old, ConfigDict):  # an empty section stored as {}
+      continue
+    if isinstance(old, tuple) and isinstance(value, list):
+      value = tuple(value)
+    elif (isinstance(old, float) and isinstance(value, int)
+          and not isinstance(value, bool)):
+      value = float(value)
+    try:
+      cfg.update_from_flattened_dict({key: value})
+    except TypeError as e:
+      raise ConfigError(f"config.json: {key}={value!r} is not a value of "
+                        f"{type(old).__name__} like {old!r} (written by "
+                        "another fedjax_dg?): resume with --config") from e
+  return cfg
+
+
 def _from_ml_collections(error: Exception) -> bool:
   frames = traceback.extract_tb(error.__traceback__)
   return bool(frames) and "ml_collections" in frames[-1].filename

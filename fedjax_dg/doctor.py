@@ -1,7 +1,13 @@
 """`fedjax-dg doctor`: is this machine ready? Backend and devices, the library
-versions, the data directory in effect, whether the offline benchmark is
-prepared and where its raw Fashion-MNIST files are; one line of what to do for
-each problem. Exit code 0 when everything required is there, else 1.
+versions, the data directory in effect, the datasets prepared there, whether
+the offline benchmark is prepared and where its raw Fashion-MNIST files are;
+one line of what to do for each problem. Exit code 0 when everything required
+is there (Python, JAX and its devices, the packages), else 1.
+
+Datasets are optional: a user who runs only a folder of their own needs
+neither the offline benchmark (only `make demo`, `fedjax-dg demo` and
+`make test` use it) nor the raw Fashion-MNIST files; they are listed as
+`optional` with what to do, and do not fail the check.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import importlib.metadata
 import os
 
 OK, MISSING, NOTE = "ok", "MISSING", "note"
+OPTIONAL = "optional"  # missing, but needed only by some commands: exit 0
 # The dataset `make demo` / `make test` prepare and the demo runs on.
 OFFLINE_DATASET = "rotated_fashion_mnist"
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "tensorboardX")
@@ -22,9 +29,10 @@ INSTALL_FIX = ("pip install -r requirements.lock && pip install --no-deps -e . "
 @dataclasses.dataclass(frozen=True)
 class Check:
   name: str
-  status: str     # OK, MISSING (required: exit code 1) or NOTE (informational)
+  status: str     # OK, MISSING (required: exit code 1), OPTIONAL (missing,
+                  # needed only by some commands) or NOTE (informational)
   value: str
-  fix: str = ""   # what to do, for MISSING and NOTE
+  fix: str = ""   # what to do, for MISSING, OPTIONAL and NOTE
 
 
 def package_checks(version=importlib.metadata.version) -> list[Check]:
@@ -71,11 +79,19 @@ def data_checks(data_dir: str | None = None,
   prepared = bool(sources.is_prepared(OFFLINE_DATASET, data_dir))
   has_raw = rfm.has_idx_files(raw_dir)
   out = [Check("data dir", OK, f"{data_dir} ({origin})")]
+  own = sorted(n for n in sources.available(data_dir)
+               if sources.is_prepared(n, data_dir))
+  out.append(Check("prepared", OK if own else NOTE,
+                   ", ".join(own) if own else "no dataset yet",
+                   "" if own else "a folder of yours: fedjax-dg prepare folder "
+                   "--manual-dir DIR --name NAME; `fedjax-dg datasets` lists "
+                   "every dataset"))
   if prepared:
     out.append(Check(OFFLINE_DATASET, OK, "prepared"))
   else:
     out.append(Check(
-        OFFLINE_DATASET, MISSING, f"not prepared in {data_dir}",
+        OFFLINE_DATASET, OPTIONAL, f"not prepared in {data_dir}",
+        "used only by the demo (make demo, fedjax-dg demo) and make test: "
         f"make data, or: fedjax-dg prepare {OFFLINE_DATASET} (writes into "
         f"{data_dir}; set ${sources.ENV_DATA_DIR} to prepare elsewhere)"))
   raw_fix = (f"sudo apt-get install dataset-fashion-mnist, or export "
@@ -86,8 +102,10 @@ def data_checks(data_dir: str | None = None,
     out.append(Check("fashion-mnist raw", NOTE, f"no IDX files in {raw_dir}",
                      "needed only to prepare again: " + raw_fix))
   else:
-    out.append(Check("fashion-mnist raw", MISSING, f"no IDX files in {raw_dir}",
-                     raw_fix + " (needed by prepare)"))
+    out.append(Check("fashion-mnist raw", OPTIONAL,
+                     f"no IDX files in {raw_dir}",
+                     f"needed only to prepare {OFFLINE_DATASET} (and the other "
+                     "Fashion-MNIST datasets): " + raw_fix))
   return out
 
 
@@ -102,12 +120,16 @@ def table(rows: list[Check]) -> str:
   width = max(len(r.name) for r in rows)
   lines = []
   for r in rows:
-    lines.append(f"{r.name:<{width}}  {r.status:<7}  {r.value}")
+    lines.append(f"{r.name:<{width}}  {r.status:<8}  {r.value}")
     if r.fix:
-      lines.append(f"{'':<{width}}  {'':<7}  -> {r.fix}")
+      lines.append(f"{'':<{width}}  {'':<8}  -> {r.fix}")
   missing = sum(r.status == MISSING for r in rows)
+  optional = [r.name for r in rows if r.status == OPTIONAL]
   lines.append("all required checks passed" if not missing else
                f"{missing} required check(s) failed: see the -> lines")
+  if optional:
+    lines.append(f"optional, not needed for your own data: {', '.join(optional)}"
+                 " missing (see the -> lines for what uses them)")
   return "\n".join(lines)
 
 

@@ -56,6 +56,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import logging
 import math
 import os
 import time
@@ -74,7 +75,8 @@ from fedjax_dg.client.lanes import packed_update
 from fedjax_dg.client.update import (SHUFFLES, local_steps, local_training,
                                      train_client)
 from fedjax_dg.data.images import is_streamed
-from fedjax_dg.errors import ConfigError, DataError, NonFiniteError
+from fedjax_dg.errors import (ConfigError, DataError, DiskFull, NonFiniteError,
+                              is_disk_full)
 
 PyTree = Any
 MAPPINGS = ("auto", "vmap", "map", "shard")
@@ -184,7 +186,7 @@ class RunResult:
   history: list[dict]            # one entry per evaluation (between chunks)
   round_metrics: dict[str, list] # per-round training metrics
   final: dict                    # last evaluation on the full target split
-  seconds: float
+  seconds: float                 # wall time, every resumed part included
   # `features_max` target examples: {"features": [n, F], "labels": [n]} of
   # the evaluated model (`Model.features`); None when not asked for, without
   # a target split, or for a personalized algorithm (one model per client).
@@ -681,15 +683,42 @@ def _pad_clients(arrays, multiple: int):
   return x, y, mask
 
 
+class _QuietDiskFull(logging.Filter):
+  """Drops the tracebacks orbax logs (absl) from its writer threads when a
+  write fails for want of space: the run ends with one `DiskFull` message
+  naming the directory instead of hundreds of lines."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    error = record.exc_info[1] if record.exc_info else None
+    return not (error is not None and is_disk_full(error))
+
+
 class _Checkpointer:
-  """Orbax checkpoints of the scan carry (as a flat list of leaves) + host history."""
+  """Orbax checkpoints of the scan carry (as a flat list of leaves) + host
+  history. A write that fails for want of space (ENOSPC, however orbax
+  wraps it) is a `DiskFull` naming the directory."""
 
   def __init__(self, directory: str, keep: int = 1):
     import orbax.checkpoint as ocp
     self._ocp = ocp
-    self.manager = ocp.CheckpointManager(
-        os.path.abspath(directory),
-        options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
+    self._dir = os.path.abspath(directory)
+    self._quiet = _QuietDiskFull()
+    logging.getLogger("absl").addFilter(self._quiet)
+    try:
+      self.manager = ocp.CheckpointManager(
+          self._dir,
+          options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
+    except Exception as e:  # pylint: disable=broad-except
+      logging.getLogger("absl").removeFilter(self._quiet)
+      if is_disk_full(e):
+        raise self._full(e, "creating the") from None
+      raise
+
+  def _full(self, error: Exception, doing: str) -> DiskFull:
+    return DiskFull(
+        f"{doing} checkpoint in {self._dir} failed: no space left on device "
+        f"({type(error).__name__}). Free space on that disk; the complete "
+        "checkpoints written before are kept")
 
   def latest(self) -> int | None:
     return self.manager.latest_step()
@@ -712,13 +741,35 @@ class _Checkpointer:
     # placement updates its client state in place.
     leaves = {str(i): np.array(x) if isinstance(x, np.ndarray) else np.asarray(x)
               for i, x in enumerate(jax.tree.leaves(carry))}
-    # Asynchronous: the next chunk runs while this one is written.
-    self.manager.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(leaves), meta=ocp.args.JsonSave(meta)))
+    # Asynchronous: the next chunk runs while this one is written (an
+    # earlier write's failure surfaces here or at `close`).
+    try:
+      self.manager.save(step, args=ocp.args.Composite(
+          state=ocp.args.StandardSave(leaves), meta=ocp.args.JsonSave(meta)))
+    except Exception as e:  # pylint: disable=broad-except
+      if is_disk_full(e):
+        raise self._full(e, f"writing round {step}'s") from None
+      raise
 
-  def close(self) -> None:
-    self.manager.wait_until_finished()
-    self.manager.close()
+  def close(self, failing: bool = False) -> None:
+    """Waits for the last write and closes; `failing` (an error is already
+    on its way out): a failure here is not raised over it."""
+    error = None
+    try:
+      self.manager.wait_until_finished()
+    except Exception as e:  # pylint: disable=broad-except
+      error = e
+    try:
+      self.manager.close()
+    except Exception as e:  # pylint: disable=broad-except
+      error = error or e
+    finally:
+      logging.getLogger("absl").removeFilter(self._quiet)
+    if error is None or failing:
+      return
+    if is_disk_full(error):
+      raise self._full(error, "finishing the last") from None
+    raise error
 
   def _damaged(self, step: int, error: Exception) -> DataError:
     return DataError(
@@ -1026,10 +1077,12 @@ def run(alg: Algorithm, data, model, cfg: EngineConfig, *,
   ckpt = (_Checkpointer(checkpoint_dir, cfg.checkpoints_to_keep)
           if checkpoint_dir else None)
   restored = None
+  spent = 0.0  # seconds of the parts before a resume (the checkpoint's)
   if ckpt is not None and ckpt.latest() is not None:
     like = jax.eval_shape(alg.init, init_key)
     restored, meta = ckpt.restore(ckpt.latest(), like)
     r0, history, round_metrics = meta["round"], meta["history"], meta["round_metrics"]
+    spent = float(meta.get("seconds", 0.0))
   if placement == "host":
     feed = _OnHost(progs, train, data.packed_val, cfg, root_key, r0)
   else:
@@ -1039,6 +1092,7 @@ def run(alg: Algorithm, data, model, cfg: EngineConfig, *,
 
   bar = _progress(cfg, alg.name, r0)
   t0 = time.perf_counter()
+  failing = False
   try:
     while r0 < cfg.rounds:
       length = min(cfg.eval_every, cfg.rounds - r0)
@@ -1067,19 +1121,23 @@ def run(alg: Algorithm, data, model, cfg: EngineConfig, *,
                           ("ood", "ood_acc")) if key in entry})
       if ckpt is not None:
         ckpt.save(r0, state, dict(round=r0, history=history,
-                                  round_metrics=round_metrics))
+                                  round_metrics=round_metrics,
+                                  seconds=spent + time.perf_counter() - t0))
+  except BaseException:
+    failing = True
+    raise
   finally:  # a stopped run still leaves complete checkpoints
     if bar is not None:
       bar.close()
     if ckpt is not None:
-      ckpt.close()
+      ckpt.close(failing)
   final = dict(round=r0, **feed.evaluate(state, frozen, ood_full, details=True))
   server, clients = state
   feats = target_features(alg, model,
                           progs.layout.to_one_device(feed.on_device(state)),
                           progs.layout.to_one_device(frozen), data, cfg)
   return RunResult(alg.name, server, clients, history, round_metrics, final,
-                   time.perf_counter() - t0, feats)
+                   spent + time.perf_counter() - t0, feats)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 3))

@@ -1,8 +1,11 @@
 """The errors a user can fix: the `fedjax-dg` command prints them without a
 traceback (any other exception is a bug and shows its traceback).
 
-Low in the import graph (imports nothing), so every layer raises them.
+Low in the import graph (imports nothing of the project), so every layer
+raises them.
 """
+
+import errno
 
 
 class ConfigError(ValueError):
@@ -32,3 +35,38 @@ class NeedsDataError(ConfigError):
   """An algorithm derives something from the run's data and was built without
   it. Raised after its settings are checked, so validation before any data is
   read builds it without data and takes this error as "settings valid"."""
+
+
+class DiskFull(ConfigError):
+  """A write into a run (or sweep) directory failed for want of space (ENOSPC,
+  also when orbax wraps it): names the directory; the CLI adds the command
+  that continues the run once space is freed (`run_dir`, set by
+  `experiment.run`; a resume is exact from the last complete checkpoint)."""
+
+  def __init__(self, message: str, run_dir: str | None = None):
+    super().__init__(message)
+    self.run_dir = run_dir
+
+
+def is_disk_full(error: BaseException) -> bool:
+  """Whether `error` or an exception it was raised from / during is an
+  OSError ENOSPC (orbax and the asynchronous writers wrap it in their own
+  errors; some keep only the message)."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    if isinstance(error, DiskFull) or (
+        isinstance(error, OSError) and error.errno == errno.ENOSPC):
+      return True
+    if "No space left on device" in str(error) or "ENOSPC" in str(error):
+      return True
+    error = error.__cause__ or error.__context__
+  return False
+
+
+class StandInWarning(UserWarning):
+  """Something of the protocol was replaced by a stand-in that makes the
+  numbers meaningless or different from the paper's: random weights where a
+  pretrained network belongs (CCST's AdaIN, a frozen ViT backbone), source
+  domains left out of a partition. `experiment.run` records each in
+  results.json's `warnings` and table.md, not only on stderr."""

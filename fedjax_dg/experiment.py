@@ -15,6 +15,7 @@ import math
 import os
 import shutil
 import time
+import warnings
 
 import jax
 import numpy as np
@@ -22,11 +23,32 @@ import numpy as np
 from fedjax_dg import algorithms, distributed, engine, metrics_log
 from fedjax_dg import config as config_lib
 from fedjax_dg.config import ConfigDict
-from fedjax_dg.errors import ConfigError, NeedsDataError, Stopped
+from fedjax_dg.errors import (ConfigError, DiskFull, NeedsDataError,
+                              StandInWarning, Stopped, is_disk_full)
 
 
-def make_run_dir(root: str, name: str) -> str:
-  """A new directory `<root>/<name>-<timestamp>[-k]`; never reuses an existing one."""
+def check_output_dir(root: str, field: str = "output_dir") -> None:
+  """`root` (the config's `field`) can hold a new run directory: its nearest
+  existing folder is a folder and writable; else a ConfigError naming the
+  field and the path. Checked before any data is read."""
+  path = os.path.abspath(root or ".")
+  probe = path
+  while not os.path.exists(probe):
+    probe = os.path.dirname(probe)
+  fix = (f"set {field} to a writable folder" + (
+      " (--set output_dir=...)" if field == "output_dir" else ""))
+  if not os.path.isdir(probe):
+    raise ConfigError(f"{field}={root!r}: {probe!r} is a file, not a folder, "
+                      f"so no run directory can be made there: {fix}")
+  if not os.access(probe, os.W_OK | os.X_OK):
+    raise ConfigError(f"{field}={root!r}: {probe!r} is not writable (read-only "
+                      f"or another user's): {fix}")
+
+
+def make_run_dir(root: str, name: str, field: str = "output_dir") -> str:
+  """A new directory `<root>/<name>-<timestamp>[-k]`; never reuses an existing
+  one. A folder that cannot be made is a ConfigError naming `field` (the
+  setting that chose `root`) and the path."""
   stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
   base = os.path.join(root, f"{name}-{stamp}")
   path, k = base, 1
@@ -35,12 +57,19 @@ def make_run_dir(root: str, name: str) -> str:
       os.makedirs(path)
       return path
     except FileExistsError:
+      if not os.path.isdir(path):
+        check_output_dir(root, field)
       k += 1
       path = f"{base}-{k}"
-    except PermissionError as e:
-      raise ConfigError(f"cannot create the run directory {path!r} ({e}): set "
-                        "output_dir to a writable folder (--set output_dir=...)"
-                        ) from e
+    except OSError as e:
+      if is_disk_full(e):
+        raise DiskFull(f"cannot create the run directory {path!r}: the disk "
+                       f"is full; free space or set {field} to another disk"
+                       ) from None
+      check_output_dir(root, field)  # names a file or read-only folder
+      raise ConfigError(f"{field}={root!r}: cannot create the run directory "
+                        f"{path!r} ({type(e).__name__}: {e}): set {field} to a "
+                        "writable folder") from None
 
 
 def engine_config(cfg: ConfigDict) -> engine.EngineConfig:
@@ -141,11 +170,33 @@ def check_algorithms(cfg: ConfigDict) -> dict:
     runs_on = getattr(algorithms.spec(name).module, "MODELS", ())
     on_vit = "vit_tiny" in runs_on or cfg.model.name.startswith("vit_")
     try:
-      built[name] = algorithms.build(name, vit_probe if on_vit else probe, n,
-                                     cfg)
+      with warnings.catch_warnings():  # said once, by the run's own build
+        warnings.simplefilter("ignore", StandInWarning)
+        built[name] = algorithms.build(name, vit_probe if on_vit else probe,
+                                       n, cfg)
     except NeedsDataError:
       built[name] = None
   return built
+
+
+def stand_ins(call, where: str, echo=None):
+  """(call(), the `StandInWarning`s it raised as "where: message" strings):
+  what `run` records in results.json's `warnings`. Each is also echoed
+  (`echo`), never only a stderr line."""
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always", StandInWarning)
+    out = call()
+  said = []
+  for w in caught:
+    if issubclass(w.category, StandInWarning):
+      text = str(w.message)
+      said.append(text if text.startswith(f"{where}:") else f"{where}: {text}")
+    else:  # another warning: as it would have been shown
+      warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+  for line in said:
+    if echo is not None:
+      echo(f"WARNING: {line}")
+  return out, said
 
 
 def check_streaming(cfg: ConfigDict, probes: dict | None = None) -> None:
@@ -300,8 +351,9 @@ def check_resume(cfg: ConfigDict, run_dir: str, data: dict) -> None:
   changed = config_lib.drift(stored, json.loads(cfg.to_json()))
   if changed:
     raise ConfigError(
-        f"{run_dir} was run with other settings ({'; '.join(changed)}): resume "
-        "it with the same config and --set values, or start a new run")
+        f"{run_dir} was run with other settings ({'; '.join(changed)}): "
+        f"continue it with its own (`fedjax-dg run --resume {run_dir}` alone "
+        "reads its config.json), or start a new run for the new settings")
   path = os.path.join(run_dir, "data.json")
   if os.path.exists(path):
     with open(path) as f:
@@ -427,15 +479,24 @@ def run(cfg: ConfigDict, run_dir: str | None = None, *, resume: bool = False,
   """Runs every (target domain, algorithm) of `cfg`; returns the results dict.
 
   `run_dir` (a sweep's cell, or `resume`: an earlier run to continue) is
-  continued if it holds a run: only with the same settings and data.
+  continued if it holds a run: only with the same settings and data. A run
+  directory this call made is removed again when the run fails before
+  leaving anything to continue (no finished run, no checkpoint).
   """
   cfg = resolve(cfg)
   validate(cfg)
+  if run_dir is None:
+    check_output_dir(cfg.output_dir)
   # Data, federations and engine settings are all checked before a run directory
   # is created or anything is computed.
   dataset = load_dataset(cfg)
   targets = target_domains(cfg, dataset.domain_names)
-  feds = [federate(cfg, dataset, target) for target in targets]
+  feds, said = [], []
+  for target in targets:
+    fed, w = stand_ins(lambda t=target: federate(cfg, dataset, t),
+                       f"target {target}")
+    feds.append(fed)
+    said += w
   ecfg = engine_config(cfg)
   for fed in feds:
     ecfg.validate(fed.num_clients)
@@ -461,41 +522,109 @@ def run(cfg: ConfigDict, run_dir: str | None = None, *, resume: bool = False,
       warning = environment_changes(json.load(f), env)
     if warning:
       echo(f"WARNING: {warning}")
-  if main:
-    os.makedirs(run_dir, exist_ok=True)
-    with open(os.path.join(run_dir, "config.json"), "w") as f:
-      f.write(cfg.to_json(indent=2))
-    with open(os.path.join(run_dir, "data.json"), "w") as f:
-      json.dump(data, f)
-    if not os.path.exists(env_path):  # where the run began
-      with open(env_path, "w") as f:
-        json.dump(env, f)
   results = dict(name=cfg.name, run_dir=run_dir, dataset=dataset.name,
                  domains=list(dataset.domain_names), targets=[str(t) for t in targets],
-                 algorithms=list(cfg.algorithms), environment=env, runs=[])
-  if resume and os.path.exists(os.path.join(run_dir, "results.json")):
-    with open(os.path.join(run_dir, "results.json")) as f:
-      results["runs"] = json.load(f)["runs"]
-  done = {(r["algorithm"], r["target"]) for r in results["runs"]}
-  echo(f"run directory: {run_dir}" + (" (resuming)" if resume else ""))
-  log = metrics_log.RunLog(run_dir) if main else metrics_log.NoLog()
+                 algorithms=list(cfg.algorithms), environment=env, runs=[],
+                 warnings=[], seconds=0.0)
+  log = metrics_log.NoLog()
   try:
+    if main:
+      _write_start(run_dir, cfg, data, env, env_path)
+    if resume and os.path.exists(os.path.join(run_dir, "results.json")):
+      with open(os.path.join(run_dir, "results.json")) as f:
+        before = json.load(f)
+      results["runs"] = before["runs"]
+      results["warnings"] = list(before.get("warnings", []))
+      results["seconds"] = float(before.get("seconds") or 0.0)
+    for line in said:
+      echo(f"WARNING: {line}")
+      if line not in results["warnings"]:
+        results["warnings"].append(line)
+    done = {(r["algorithm"], r["target"]) for r in results["runs"]}
+    echo(f"run directory: {run_dir}" + (" (resuming)" if resume else ""))
+    log = metrics_log.RunLog(run_dir) if main else metrics_log.NoLog()
     for r in results["runs"]:  # kept from results.json: their lines as well
       log.sync(r["algorithm"], r["target"], r["history"])
     _run_all(cfg, dataset, targets, feds, ecfg, run_dir, results, done, log,
              echo)
   except KeyboardInterrupt as e:  # says which directory --resume continues
     raise Stopped(run_dir) from e
+  except DiskFull as e:  # the checkpointer's: names its folder
+    e.run_dir = run_dir
+    raise
+  except Exception as e:
+    if is_disk_full(e):  # results.json, metrics, features: one message
+      raise DiskFull(
+          f"writing into {run_dir} failed: no space left on device "
+          f"({type(e).__name__}). Free space on that disk", run_dir) from None
+    if main and not resume:
+      log.close()
+      _remove_if_empty(run_dir, echo)
+    raise
   finally:  # a stopped run keeps its metrics up to its last evaluation
     log.close()
   return results
 
 
+def _write_start(run_dir, cfg, data, env, env_path) -> None:
+  """The run directory's config.json, data.json and (where the run began)
+  environment.json."""
+  os.makedirs(run_dir, exist_ok=True)
+  with open(os.path.join(run_dir, "config.json"), "w") as f:
+    f.write(cfg.to_json(indent=2))
+  with open(os.path.join(run_dir, "data.json"), "w") as f:
+    json.dump(data, f)
+  if not os.path.exists(env_path):  # where the run began
+    with open(env_path, "w") as f:
+      json.dump(env, f)
+
+
+def _remove_if_empty(run_dir: str, echo) -> None:
+  """Removes a run directory made by a run that failed before leaving
+  anything to continue or read: no results.json, no checkpoint file. Its
+  config.json, data.json, environment.json and empty logs go with it."""
+  if os.path.exists(os.path.join(run_dir, "results.json")):
+    return
+  for _, _, files in os.walk(os.path.join(run_dir, "checkpoints")):
+    if files:
+      return
+  shutil.rmtree(run_dir, ignore_errors=True)
+  echo(f"removed {run_dir}: the run failed before anything was computed")
+
+
 def _run_all(cfg, dataset, targets, feds, ecfg, run_dir, results, done, log,
              echo) -> None:
   """`run`'s loop over (target, algorithm), after every check and with the run
-  directory made; fills `results` and writes results.json after each run."""
-  t0 = time.perf_counter()
+  directory made; fills `results` and writes results.json after each run.
+
+  results.json's `seconds` is the wall time of every part of the run (an
+  interrupted run and its resumes), `seconds_this_part` that of this call
+  alone. Each part counts up to its last write of results.json: after every
+  finished run, at the end and at Ctrl-C (a killed process loses the time
+  since its last write; each run's own `seconds` also counts its parts, up
+  to its last checkpoint: `engine.run`)."""
+  t0, before = time.perf_counter(), results["seconds"]
+  main = distributed.is_main()
+
+  def write():
+    results["seconds_this_part"] = time.perf_counter() - t0
+    results["seconds"] = before + results["seconds_this_part"]
+    if main:
+      _write(run_dir, results)
+
+  try:
+    _run_each(cfg, dataset, targets, feds, ecfg, run_dir, results, done, log,
+              echo, write)
+  except KeyboardInterrupt:  # the time so far counts in the total
+    write()
+    raise
+  write()
+
+
+def _run_each(cfg, dataset, targets, feds, ecfg, run_dir, results, done, log,
+              echo, write) -> None:
+  """`_run_all`'s loop; `write()` after each finished run."""
+  main = distributed.is_main()
   # One model and one Algorithm object per client count: runs with equal shapes
   # (other target domains, seeds) reuse the same traced and compiled programs.
   model, built = None, {}
@@ -504,11 +633,12 @@ def _run_all(cfg, dataset, targets, feds, ecfg, run_dir, results, done, log,
       model = make_model(cfg, fed, *normalization(cfg, dataset, fed))
     elif cfg.data.normalization == "train":
       model = make_model(cfg, fed, fed.mean, fed.std)
-    holding = [list(c) for c in fed.client_domains]
-    echo(f"target {target}: {fed.num_clients} clients holding "
-         f"{holding if len(holding) <= 12 else str(holding[:12])[:-1] + ', ...]'}, "
-         f"{int(np.sum(fed.packed_train.n))} training examples, "
-         f"server split {fed.server_size} examples")
+    holding = " | ".join("+".join(str(d) for d in c)
+                         for c in fed.client_domains[:12])
+    echo(f"target {target}: {fed.num_clients} clients (domains {holding}"
+         f"{' | ...' if fed.num_clients > 12 else ''}), "
+         f"{int(np.sum(fed.packed_train.n))} training examples"
+         + (f", server split {fed.server_size}" if fed.server_size else ""))
     for name in cfg.algorithms:
       if (name, str(target)) in done:
         echo(f"{name} / {target}: already finished, kept from results.json")
@@ -516,7 +646,10 @@ def _run_all(cfg, dataset, targets, feds, ecfg, run_dir, results, done, log,
       key = (name, fed.num_clients, model,
              id(fed) if algorithms.uses_data(name, cfg) else None)
       if key not in built:
-        built[key] = algorithms.build(name, model, fed.num_clients, cfg, data=fed)
+        built[key], said = stand_ins(
+            lambda: algorithms.build(name, model, fed.num_clients, cfg,
+                                     data=fed), name, echo)
+        results["warnings"] += [w for w in said if w not in results["warnings"]]
         # Finished runs keep their checkpoints (keep_checkpoints): every run
         # of this algorithm still to do adds its own.
         later = [t for t in targets[i:] if (name, str(t)) not in done]
@@ -529,26 +662,22 @@ def _run_all(cfg, dataset, targets, feds, ecfg, run_dir, results, done, log,
                        on_eval=log.callback(name, target))
       log.sync(name, target, res.history)
       distributed.barrier("fedjax_dg: checkpoints closed")
-      main = distributed.is_main()
       if main and not cfg.train.keep_checkpoints:
         shutil.rmtree(ckpt, ignore_errors=True)
       if main and res.features is not None:
         save_features(run_dir, name, target, res.features)
-      warnings = algorithms.spec(name).diagnose(res.round_metrics)
-      for w in warnings:
+      warnings_ = algorithms.spec(name).diagnose(res.round_metrics)
+      for w in warnings_:
         echo(f"WARNING ({target}): {w}")
       results["runs"].append(dict(
           algorithm=name, target=str(target), seconds=res.seconds,
-          warnings=warnings,
+          warnings=warnings_,
           server_examples=fed.server_size,
           final=res.final, history=res.history,
           round_metrics={k: v for k, v in res.round_metrics.items()
                          if k != "cohort"}))
-      if main:
-        _write(run_dir, results)
-  results["seconds"] = time.perf_counter() - t0
-  if distributed.is_main():
-    _write(run_dir, results)
+      write()
+
 
 def features_path(run_dir: str, name: str, target) -> str:
   return os.path.join(run_dir, "features", f"{name}--{target}.npz")

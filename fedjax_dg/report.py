@@ -1,4 +1,13 @@
-"""Paper-style tables of a run's results dict, and its figures (`plots`)."""
+"""Paper-style tables of a run's results dict, and its figures (`plots`).
+
+`table.md` holds the full table (per held-out target: final and best over
+rounds, id and ood); a terminal gets `terminal_summary` instead (at most 100
+columns: per algorithm its μ with the spread over targets, then per-domain
+tables wrapped to the width). A μ over fewer targets than the run holds
+(a run still missing) is marked `PARTIAL` there and in table.md, never shown
+as a complete mean; the stand-ins the run used (results.json's `warnings`:
+random weights where pretrained ones belong...) are printed with both.
+"""
 
 from __future__ import annotations
 
@@ -10,14 +19,44 @@ from fedjax_dg import plots
 from fedjax_dg.data.sources import eval_label
 
 
+# Marks a mean over fewer held-out targets than the run has (`missing_runs`).
+PARTIAL = "†"
+WIDTH = 100  # terminal columns of `terminal_summary`
+
+
 def _cell(values) -> str:
-  values = [v for v in values if v is not None]
-  if not values:
+  """Mean ± std (over targets) in percent; `PARTIAL` when some, not all, of
+  `values` are missing (None): a mean over fewer targets than expected."""
+  present = [v for v in values if v is not None]
+  if not present:
     return "-"
-  mean = 100 * float(np.mean(values))
-  if len(values) == 1:
-    return f"{mean:.1f}"
-  return f"{mean:.1f} ± {100 * float(np.std(values)):.1f}"
+  mean = 100 * float(np.mean(present))
+  mark = PARTIAL if len(present) < len(values) else ""
+  if len(present) == 1:
+    return f"{mean:.1f}{mark}"
+  return f"{mean:.1f} ± {100 * float(np.std(present)):.1f}{mark}"
+
+
+def missing_runs(results: dict) -> list[tuple[str, str]]:
+  """(algorithm, target) of every run the results' config asks for that
+  results.json does not hold (a run stopped or failed part way)."""
+  done = {(r["algorithm"], str(r["target"])) for r in results["runs"]}
+  return [(a, str(t)) for a in results["algorithms"] for t in results["targets"]
+          if (a, str(t)) not in done]
+
+
+def missing_text(results: dict) -> str:
+  """'' or one line naming the runs results.json lacks, per algorithm."""
+  missing = missing_runs(results)
+  if not missing:
+    return ""
+  per = {}
+  for a, t in missing:
+    per.setdefault(a, []).append(t)
+  total = len(results["algorithms"]) * len(results["targets"])
+  return (f"{PARTIAL} PARTIAL: {len(missing)} of {total} runs missing ("
+          + "; ".join(f"{a}: targets {', '.join(ts)}" for a, ts in per.items())
+          + f"); a mean marked {PARTIAL} is over the finished targets only")
 
 
 def best_over_rounds(run: dict, key: str) -> tuple[float | None, int | None]:
@@ -91,10 +130,76 @@ def text_table(results: dict) -> str:
 
 
 def warnings_text(results: dict) -> str:
-  """The runs' warnings (`algorithms.Spec.diagnose`), one line each with its
-  target; empty when there are none."""
-  return "\n".join(f"WARNING ({r['target']}): {w}" for r in results["runs"]
-                   for w in r.get("warnings", []))
+  """The run's stand-ins (results.json's `warnings`: random weights where
+  pretrained ones belong, domains left out...) and the runs' warnings
+  (`algorithms.Spec.diagnose`, with their target), one line each; empty
+  when there are none."""
+  return "\n".join([f"WARNING: {w}" for w in results.get("warnings", [])]
+                   + [f"WARNING ({r['target']}): {w}" for r in results["runs"]
+                      for w in r.get("warnings", [])])
+
+
+def _wrap_columns(label: str, names: list[str], rows: list[tuple[str, list]],
+                  width: int) -> list[str]:
+  """A text table (row label, then one column per name) split into blocks
+  of columns so that no line is wider than `width`; each block repeats the
+  row labels."""
+  lab = min(max([len(label)] + [len(r) for r, _ in rows]), width // 3)
+  widths = [max(len(n), max((len(c[i]) for _, c in rows), default=1))
+            for i, n in enumerate(names)]
+  blocks, start = [], 0
+  while start < len(names):
+    end, used = start, lab
+    while end < len(names) and (end == start
+                                or used + 2 + widths[end] <= width):
+      used += 2 + widths[end]
+      end += 1
+    blocks.append(range(start, end))
+    start = end
+  lines = []
+  for block in blocks:
+    fmt = lambda first, cells: "  ".join(
+        [first[:lab].ljust(lab)] + [cells[i].rjust(widths[i]) for i in block]
+    ).rstrip()[:width]
+    lines.append(fmt(label, names))
+    lines += [fmt(r, cells) for r, cells in rows]
+  return lines
+
+
+def terminal_summary(results: dict, width: int = WIDTH) -> str:
+  """What a terminal shows of a run (every line at most `width` columns):
+  per algorithm id μ and ood μ (final evaluation) with the spread (std)
+  over the held-out targets, then the per-domain final accuracies, wrapped
+  to the width. The full table (best over rounds too) is table.md."""
+  targets = [str(t) for t in results["targets"]]
+  lab = eval_label(targets)
+  runs = {(r["algorithm"], str(r["target"])): r for r in results["runs"]}
+  value = lambda a, t, key: ((runs[(a, t)].get("final") or {}).get(key)
+                             if (a, t) in runs else None)
+  name_w = min(max(len(a) for a in results["algorithms"]), width // 3)
+  lines = [f"final accuracy (%), μ ± std over {len(targets)} held-out "
+           f"target{'s' if len(targets) != 1 else ''}:"]
+  for a in results["algorithms"]:
+    cells = [f"{m} μ {_cell([value(a, t, key) for t in targets])}"
+             for m, key in (("id", "id_acc"), (lab, "ood_acc"))]
+    lines.append(f"  {a[:name_w].ljust(name_w)}  " + "   ".join(
+        c.ljust(20) for c in cells).rstrip())
+  for m, key in ((lab, "ood_acc"), ("id", "id_acc")):
+    rows = [(a, [_cell([value(a, t, key)]) for t in targets])
+            for a in results["algorithms"]]
+    if all(c == "-" for _, cells in rows for c in cells):
+      continue  # no id split (data.val_fraction=0)
+    lines += ["", f"{m} accuracy (%) per held-out target (final):"]
+    lines += _wrap_columns("algorithm", targets, rows, width)
+  partial = missing_text(results)
+  if partial:
+    lines += [""] + _wrap_text(partial, width)
+  return "\n".join(line[:width] for line in lines)
+
+
+def _wrap_text(text: str, width: int) -> list[str]:
+  import textwrap
+  return textwrap.wrap(text, width, break_on_hyphens=False)
 
 
 def calibration_table(results: dict) -> str:
@@ -128,10 +233,17 @@ def write_all(results: dict, run_dir: str) -> list[str]:
             f"evaluation; best = the highest evaluation over rounds (the "
             f"HyperGenFL paper's reported number; optimistic: it picks the round "
             f"on the evaluation data).\n\n")
+    if results.get("warnings"):  # before the numbers they qualify
+      f.write("**Stand-ins: these numbers do not follow the protocol "
+              "(results.json `warnings`):**\n\n"
+              + "".join(f"- **{w}**\n" for w in results["warnings"]) + "\n")
     f.write(markdown_table(results) + "\n")
-    if warnings_text(results):
-      f.write("\n" + "\n\n".join(f"**{w}**" for w in
-                                   warnings_text(results).splitlines()) + "\n")
+    if missing_text(results):
+      f.write(f"\n**{missing_text(results)}**\n")
+    diagnosed = [f"WARNING ({r['target']}): {w}" for r in results["runs"]
+                 for w in r.get("warnings", [])]
+    if diagnosed:
+      f.write("\n" + "\n\n".join(f"**{w}**" for w in diagnosed) + "\n")
     lines = best_rounds(results)
     if lines:
       f.write("\n" + "\n".join(f"- {line}" for line in lines) + "\n")

@@ -41,7 +41,7 @@ from fedjax_dg import distributed
 from fedjax_dg import plots
 from fedjax_dg import presets
 from fedjax_dg import tables
-from fedjax_dg.errors import ConfigError, DataError, Stopped
+from fedjax_dg.errors import ConfigError, DataError, DiskFull, Stopped
 
 MANIFEST = "sweep.json"
 REPORT_DIR = "report"
@@ -310,6 +310,10 @@ def run_sweep(config_path: str | None = None, sets=(), grid=(), seeds=None, *,
       raise ConfigError(f"{out} already holds a sweep: continue it with --resume {out}")
     if out and os.path.isdir(out) and os.listdir(out):
       raise ConfigError(f"--out {out} exists and is not empty")
+    if out:
+      experiment.check_output_dir(out, "--out")
+    else:
+      experiment.check_output_dir(p.base.output_dir)
   num_targets = check(p)
   work = [_work(cfg, n) for cfg, n in zip(p.configs, num_targets)]
   runs = sum(len(cfg.algorithms) * n for cfg, n in zip(p.configs, num_targets))
@@ -327,7 +331,12 @@ def run_sweep(config_path: str | None = None, sets=(), grid=(), seeds=None, *,
         experiment.make_run_dir(p.base.output_dir, f"sweep-{p.base.name}")
         if distributed.is_main() else ""))
     if distributed.is_main():
-      os.makedirs(sweep_dir, exist_ok=True)
+      try:
+        os.makedirs(sweep_dir, exist_ok=True)
+      except OSError as e:
+        raise ConfigError(f"--out {sweep_dir}: cannot create it "
+                          f"({type(e).__name__}: {e}): give a writable "
+                          "folder") from None
     manifest = dict(
         version=1, name=p.base.name, config=p.config_path, sets=p.sets,
         grid=[[k, v] for k, v in p.grid], seeds=p.seeds,
@@ -363,6 +372,9 @@ def run_sweep(config_path: str | None = None, sets=(), grid=(), seeds=None, *,
       results = experiment.run(cfg, run_dir=cell_dir, echo=echo)
     except KeyboardInterrupt as e:  # the sweep continues, not the cell
       raise Stopped(sweep_dir) from e
+    except DiskFull as e:  # every later cell would fail the same way
+      e.run_dir = sweep_dir  # `sweep --resume` continues this cell
+      raise
     except Exception as e:  # noqa: BLE001 -- recorded; the next cell still runs
       failures += 1
       entry.update(status="failed", error=f"{type(e).__name__}: {e}")
@@ -402,9 +414,50 @@ def _cell_outputs(results: dict, cell_dir: str, echo) -> None:
 # -------------------------------------------------------------------- report
 
 
+def _json_override(config: dict, item: str) -> None:
+  """Applies one `key=value` cell override to a config's JSON (in place):
+  the value parsed as `config.coerce` would, for the fields the report reads
+  (seed, data.d, algorithms, hfedf switches, scenario)."""
+  key, raw = item.split("=", 1)
+  *path, leaf = key.strip().split(".")
+  node = config
+  for part in path:
+    node = node.setdefault(part, {})
+  old = node.get(leaf)
+  if isinstance(old, str):
+    node[leaf] = raw
+  elif isinstance(old, list):
+    node[leaf] = [v.strip() for v in raw.split(",")]
+  else:
+    node[leaf] = config_lib.coerce(raw, old)
+
+
+def _cell_config(cell_dir: str, manifest: dict, cell: dict) -> dict:
+  """A cell's config.json, or (a cell that never started) the sweep's base
+  config with the cell's overrides."""
+  path = os.path.join(cell_dir, "config.json")
+  if os.path.isfile(path):
+    with open(path) as f:
+      return json.load(f)
+  config = copy.deepcopy(manifest.get("base_config") or {})
+  for item in cell.get("overrides", ()):
+    try:
+      _json_override(config, item)
+    except (ConfigError, ValueError):
+      pass  # a field the report does not read
+  return config
+
+
 def load_records(sweep_dir: str) -> tuple[dict, list[dict]]:
   """(manifest, records) of a sweep directory, or of a single run directory
-  (one `fedjax-dg run` output, read as a one-cell sweep)."""
+  (one `fedjax-dg run` output, read as a one-cell sweep).
+
+  Every run the directory planned that has not finished (a target of a
+  stopped run, every run of a pending / failed cell: a seed or grid point)
+  is a `missing` record (`tables.missing_run`): the tables mark what it
+  leaves partial, and `manifest["missing"]` lists it as {cell: (status,
+  [(algorithm, target)])}; cells are "complete" in `manifest["complete"]`.
+  """
   if os.path.isfile(os.path.join(sweep_dir, MANIFEST)):
     manifest = read_manifest(sweep_dir)
   elif os.path.isfile(os.path.join(sweep_dir, "results.json")):
@@ -413,24 +466,62 @@ def load_records(sweep_dir: str) -> tuple[dict, list[dict]]:
   else:
     raise DataError(f"{sweep_dir} holds neither {MANIFEST} (a sweep) nor "
                             "results.json (a run)")
-  records = []
+  records, loaded, unstarted = [], [], []
   for cell in manifest["cells"]:
     cell_dir = os.path.normpath(os.path.join(sweep_dir, cell["name"]))
+    name = os.path.basename(cell_dir) if cell["name"] == "." else cell["name"]
+    config = _cell_config(cell_dir, manifest, cell)
     path = os.path.join(cell_dir, "results.json")
     if not os.path.isfile(path):
+      unstarted.append((cell, name, config))
       continue
     with open(path) as f:
       results = json.load(f)
-    config = {}
-    if os.path.isfile(os.path.join(cell_dir, "config.json")):
-      with open(os.path.join(cell_dir, "config.json")) as f:
-        config = json.load(f)
-    name = os.path.basename(cell_dir) if cell["name"] == "." else cell["name"]
-    records += tables.records_from_cell(name, cell["settings"], config, results)
+    loaded.append((cell, name, config, results))
+    if results.get("warnings"):
+      manifest.setdefault("warnings", {})[name] = list(results["warnings"])
     manifest.setdefault("dataset", results.get("dataset"))
     held = manifest.setdefault("targets", [])
     held += [str(t) for t in results.get("targets", ()) if str(t) not in held]
+  held = manifest.get("targets", [])
+  missing, complete = {}, []
+  for cell, name, config, results in loaded:
+    done = {(r["algorithm"], str(r["target"])) for r in results["runs"]}
+    planned = [(a, str(t)) for a in results.get("algorithms", ())
+               for t in results.get("targets", ())]
+    absent = [p for p in planned if p not in done]
+    if absent:  # a run directory's own status is unknown: stopped or running
+      missing[name] = (cell.get("status", "?") if cell["name"] != "."
+                       else "unfinished", absent)
+    elif cell.get("status") == "done" or cell["name"] == ".":
+      complete.append(name)
+    records += tables.records_from_cell(
+        name, cell["settings"], config,
+        dict(results, runs=results["runs"]
+             + [tables.missing_run(a, t) for a, t in absent]))
+  if loaded:  # a cell that never wrote results.json: every run it plans
+    for cell, name, config in unstarted:
+      absent = [(a, t) for a in config.get("algorithms", ()) for t in held]
+      missing[name] = (cell.get("status", "?"), absent)
+      records += tables.records_from_cell(
+          name, cell["settings"], config,
+          dict(runs=[tables.missing_run(a, t) for a, t in absent]))
+  manifest["missing"], manifest["complete"] = missing, complete
   return manifest, records
+
+
+def missing_lines(manifest: dict) -> list[str]:
+  """One line per cell with unfinished runs: its status and which
+  algorithms / targets (a whole cell: its seed and grid point)."""
+  lines = []
+  for name, (status, absent) in manifest.get("missing", {}).items():
+    per = {}
+    for a, t in absent:
+      per.setdefault(a, []).append(t)
+    what = "; ".join(f"{a}: targets {', '.join(ts)}" for a, ts in per.items())
+    lines.append(f"- `{name}` ({status}): {len(absent)} run(s) missing: "
+                 + (what or "none planned known"))
+  return lines
 
 
 def report_tables(records: list[dict], ds=None) -> list[tuple[str, tables.Table]]:
@@ -456,7 +547,7 @@ def report_tables(records: list[dict], ds=None) -> list[tuple[str, tables.Table]
 def write_report(sweep_dir: str, out: str | None = None, ds=None) -> list[str]:
   """Writes report.md, one .md and .csv per table, runs.csv and curves.png."""
   manifest, records = load_records(sweep_dir)
-  if not records:
+  if not tables.finished(records):
     raise ConfigError(f"{sweep_dir}: no finished run yet, nothing to report")
   out = out or os.path.join(sweep_dir, REPORT_DIR)
   os.makedirs(out, exist_ok=True)
@@ -474,19 +565,28 @@ def write_report(sweep_dir: str, out: str | None = None, ds=None) -> list[str]:
     write(f"{stem}.csv", table.csv())
   write("runs.csv", tables.long_table(records).csv())
   cells = manifest["cells"]
-  status = {s: [c["name"] for c in cells if c.get("status") == s]
-            for s in ("done", "running", "failed", "pending")}
+  done, absent = len(tables.finished(records)), len(records) - len(
+      tables.finished(records))
   head = [f"# Sweep report: {manifest.get('name')} ({manifest.get('dataset')})", "",
-          f"Directory `{os.path.abspath(sweep_dir)}`; {len(status['done'])}/"
-          f"{len(cells)} cells finished, {len(records)} runs."]
+          f"Directory `{os.path.abspath(sweep_dir)}`; "
+          f"{len(manifest['complete'])}/{len(cells)} cells complete, {done} of "
+          f"{done + absent} planned runs finished."]
   if manifest.get("config"):
     head.append(f"Config `{manifest['config']}`, --set {manifest.get('sets')}, "
                 f"grid {manifest.get('grid')}, seeds {manifest.get('seeds')}.")
-  for s in ("running", "failed", "pending"):
-    if status[s]:
-      head.append(f"**{s}**: {', '.join(status[s])} (their runs so far are "
-                  "included)" if s == "running" else f"**{s}**: "
-                  f"{', '.join(status[s])}")
+  if manifest.get("warnings"):
+    head += ["", "**Stand-ins: numbers that do not follow the protocol** "
+             "(each cell's results.json `warnings`):", ""]
+    head += [f"- `{cell}`: {w}" for cell, ws in manifest["warnings"].items()
+             for w in ws]
+  if absent:
+    head += ["", f"**{tables.PARTIAL} PARTIAL: {absent} planned run(s) have not "
+             f"finished**; every value they leave partial is marked "
+             f"{tables.PARTIAL} (a mean over the finished runs only). "
+             "Missing:", ""] + missing_lines(manifest) + [
+             "", "Continue with `fedjax-dg "
+             + ("sweep" if os.path.isfile(os.path.join(sweep_dir, MANIFEST))
+                else "run") + f" --resume {sweep_dir}`, then report again."]
   head += ["", "id = each client's model on its own held-out 10 % source split "
            "(mean over clients); ood = on the unseen target domain. Final = the "
            "evaluation after the last round (the papers' protocol); best = the "
@@ -538,12 +638,12 @@ def compare(dirs: list[str], out: str | None = None) -> list[str]:
   labels = column_labels(dirs)
   loaded = [load_records(d) for d in dirs]
   for d, (_, records) in zip(dirs, loaded):
-    if not records:
+    if not tables.finished(records):
       raise ConfigError(f"{d}: no finished run yet, nothing to compare")
   check_comparable(labels, [m for m, _ in loaded])
   groups = [(label, records) for label, (_, records) in zip(labels, loaded)]
   out = out or experiment.make_run_dir(
-      os.path.dirname(os.path.abspath(dirs[0])), "compare")
+      os.path.dirname(os.path.abspath(dirs[0])), "compare", field="--out")
   os.makedirs(out, exist_ok=True)
   written = {}
   parts = [(stem, table) for stem, table in (
@@ -559,9 +659,15 @@ def compare(dirs: list[str], out: str | None = None) -> list[str]:
   manifest = loaded[0][0]
   head = [f"# Comparison of {len(dirs)} runs ({manifest.get('dataset')}, "
           f"targets {', '.join(manifest.get('targets', []))})", ""]
-  head += [f"- `{label}`: `{os.path.abspath(d)}` ({m.get('name')}; "
-           f"{len(records)} runs)" for label, d, (m, records)
-           in zip(labels, dirs, loaded)]
+  for label, d, (m, records) in zip(labels, dirs, loaded):
+    done = len(tables.finished(records))
+    head.append(f"- `{label}`: `{os.path.abspath(d)}` ({m.get('name')}; "
+                f"{done} runs)" + (
+                    f"; {tables.PARTIAL} PARTIAL, {len(records) - done} "
+                    "planned runs not finished:" if len(records) > done else ""))
+    head += ["  " + line for line in missing_lines(m)]
+    head += [f"  - stand-in (`{cell}`): {w}"
+             for cell, ws in m.get("warnings", {}).items() for w in ws]
   written["report.md"] = "\n".join(head + [""] + [t.markdown() for _, t in parts])
   paths = []
   for name in ["report.md"] + [n for n in written if n != "report.md"]:
@@ -592,9 +698,13 @@ def main_report(args) -> int:
       raise ConfigError("--d selects the per-domain tables of one sweep "
                         "directory; a comparison of several has none")
     paths = compare(args.dirs, args.out)       # report.md first
-  else:
-    paths = write_report(args.dirs[0], args.out, args.d)  # its first table
-  with open(paths[0]) as f:
-    print(f.read())
+    with open(paths[0]) as f:
+      print(f.read())
+  else:  # report.md's head (what finished, what is missing) and first table
+    paths = write_report(args.dirs[0], args.out, args.d)
+    with open(next(p for p in paths if p.endswith("report.md"))) as f:
+      text = f.read()
+    second = text.find("\n### ", text.find("### ") + 1)
+    print(text if second < 0 else text[:second])
   print("wrote " + ", ".join(paths))
   return 0

@@ -24,6 +24,13 @@ averaged (identical duplicates from irrelevant grid keys collapse), then the mea
 and sample standard deviation (`ddof=1`) over seeds are taken per target, and μ is
 the mean over target domains of those per-target means (the papers' μ column).
 Tables show accuracies in percent; the long CSV keeps fractions.
+
+Partial results: `sweep.load_records` adds a *missing* record (`missing=True`,
+no metrics) for every run a sweep or run directory planned that has not
+finished (a stopped run, a pending or failed cell: targets or seeds). A value
+over fewer runs than planned is marked `PARTIAL` ("†") in every table, the
+notes say so, and the CSVs count them (`missing_runs`, `..._seeds`): never a
+mean over a partial set shown as complete.
 """
 
 from __future__ import annotations
@@ -53,6 +60,11 @@ ABLATION_ORDER = ("hFedF", "hFedF w/o GradAlign", "hFedF w/o EMA",
 
 METRICS = {"final": ("id_acc", "ood_acc"),
            "best": ("best_id_acc", "best_ood_acc")}
+# Marks a value over fewer runs than planned (targets or seeds missing).
+PARTIAL = "†"
+PARTIAL_NOTE = (f" {PARTIAL} = partial: some of the planned runs (targets or "
+                "seeds) have not finished; the value is over the finished ones "
+                "only (report.md lists what is missing).")
 
 
 def eval_label(records: list[dict]) -> str:
@@ -163,7 +175,15 @@ def run_record(cell: str, seed: int, d: int, settings: dict, config: dict,
       ood_acc=final.get("ood_acc"),
       best_id_acc=best_id, best_id_round=best_id_round,
       best_ood_acc=best_ood, best_ood_round=best_ood_round,
-      ood_at_best_id=ood_at_best_id, seconds=run.get("seconds"), curve=curve)
+      ood_at_best_id=ood_at_best_id, seconds=run.get("seconds"), curve=curve,
+      missing=bool(run.get("missing")))
+
+
+def missing_run(algorithm: str, target) -> dict:
+  """A results.json-shaped run that was planned and has not finished: its
+  record (`run_record`) has `missing=True` and no metrics."""
+  return dict(algorithm=algorithm, target=str(target), missing=True,
+              final={}, history=[])
 
 
 def records_from_cell(cell: str, settings: dict, config: dict,
@@ -183,6 +203,7 @@ class Stat:
   mean: float
   std: float | None   # sample std over seeds; None with one seed
   seeds: int
+  absent: int = 0     # planned runs (seeds) of this target not finished
 
 
 @dataclasses.dataclass
@@ -191,6 +212,12 @@ class Agg:
   per_target: dict[str, Stat]
   mu: float | None
   runs: int
+  absent: int = 0     # planned runs not finished: seeds or whole targets
+
+
+def mark(stat) -> str:
+  """`PARTIAL` for a Stat / Agg over fewer runs than planned, else ''."""
+  return PARTIAL if stat is not None and stat.absent else ""
 
 
 def _std(values, ddof: int) -> float | None:
@@ -206,7 +233,12 @@ def aggregate(records: list[dict], metric: str, ddof: int = 1, *,
   record fields as the row / column keys: {(row, scenario): Agg}."""
   by_seed: dict[tuple, dict[int, list[float]]] = {}
   runs: dict[tuple, int] = {}
+  absent: dict[tuple, int] = {}
   for r in records:
+    if r.get("missing"):
+      key = (r[rows], r[columns], r["target"])
+      absent[key] = absent.get(key, 0) + 1
+      continue
     if r.get(metric) is None:
       continue
     key = (r[rows], r[columns], r["target"])
@@ -217,10 +249,32 @@ def aggregate(records: list[dict], metric: str, ddof: int = 1, *,
     values = [float(np.mean(v)) for _, v in sorted(seeds.items())]
     agg = out.setdefault((variant, d), Agg({}, None, runs[(variant, d)]))
     agg.per_target[target] = Stat(float(np.mean(values)), _std(values, ddof),
-                                  len(values))
+                                  len(values),
+                                  absent.get((variant, d, target), 0))
   for agg in out.values():
     agg.mu = float(np.mean([s.mean for s in agg.per_target.values()]))
+  for (variant, d, _), n in absent.items():  # the μ over what finished
+    if (variant, d) in out:
+      out[(variant, d)].absent += n
   return out
+
+
+def missing_count(records: list[dict], variant: str, d=None) -> int:
+  """Planned runs of `variant` (at `d`, or every d) that have not finished."""
+  return sum(1 for r in records if r.get("missing") and r["variant"] == variant
+             and (d is None or r["d"] == d))
+
+
+def _notes(notes: str, rows: list[list[str]]) -> str:
+  """`notes` with the PARTIAL explanation when a row holds a marked value."""
+  if any(PARTIAL in cell for row in rows for cell in row[1:]):
+    return notes + PARTIAL_NOTE
+  return notes
+
+
+def finished(records: list[dict]) -> list[dict]:
+  """The records of finished runs (not `missing`)."""
+  return [r for r in records if not r.get("missing")]
 
 
 def _first_seen(items) -> list:
@@ -339,7 +393,8 @@ def table2(records: list[dict], which: str = "final") -> Table:
   header = ["algorithm"] + [f"d={d} {m}" for d in ds
                             for m in ("μ_id", f"μ_{lab}")]
   csv_header = ["variant", "algorithm", "settings"] + [
-      f"d{d}_{m}{s}" for d in ds for m in ("id", "ood") for s in ("", "_vs_fedavg")]
+      f"d{d}_{m}{s}" for d in ds for m in ("id", "ood")
+      for s in ("", "_vs_fedavg")] + ["missing_runs"]
   rows, csv_rows, values = [], [], []
   for row in rows_meta:
     ref = _reference(rows_meta, row)
@@ -349,11 +404,12 @@ def table2(records: list[dict], which: str = "final") -> Table:
       for agg in (agg_id, agg_ood):
         x = mu(agg, v, d)
         r = mu(agg, ref, d) if ref else None
-        line.append((pct(x) + " " + arrow(x, r)).strip())
+        line.append((pct(x) + mark(agg.get((v, d))) + " "
+                     + arrow(x, r)).strip())
         nums.append(x)
         out += [_num(x), "" if x is None or r is None else 100 * (x - r)]
     rows.append(line)
-    csv_rows.append(out)
+    csv_rows.append(out + [missing_count(records, v)])
     values.append(nums)
   _bold_best(rows, values,
              [federated(r["algorithm"]) for r in rows_meta],
@@ -365,7 +421,8 @@ def table2(records: list[dict], which: str = "final") -> Table:
   notes = (f"Accuracy (%), {label}; μ = mean over held-out target domains of the "
            "mean over seeds. Arrows compare with FedAvg; bold = best federated "
            "method per column.")
-  return Table(f"Table 2 shape ({which})", header, rows, csv_header, csv_rows, notes)
+  return Table(f"Table 2 shape ({which})", header, rows, csv_header, csv_rows,
+               _notes(notes, rows))
 
 
 SCENARIO_ORDER = ("standard", "advanced", "extreme")
@@ -405,7 +462,8 @@ def scenario_table(records: list[dict]) -> Table | None:
         stds = [st.std for st in agg.per_target.values()] if agg else []
         std = stds[0] if len(stds) == 1 else None
         seeds = min(st.seeds for st in agg.per_target.values()) if agg else 0
-        line.append(pct(mean) + (f" ± {100 * std:.1f}" if std is not None else ""))
+        line.append(pct(mean) + (f" ± {100 * std:.1f}" if std is not None else "")
+                    + mark(agg))
         nums.append(mean)
         out += [_num(mean), "" if std is None else 100 * std, seeds]
     rows.append(line)
@@ -416,7 +474,7 @@ def scenario_table(records: list[dict]) -> Table | None:
            "evaluation over rounds (what the HyperGenFL paper reports), final = "
            "after the last round; mean ± std over seeds. Bold = best per column.")
   return Table("Scenario table (HyperGenFL Tables 2-5 shape)", header, rows,
-               csv_header, csv_rows, notes)
+               csv_header, csv_rows, _notes(notes, rows))
 
 
 def per_domain(records: list[dict], d: int, which: str = "final") -> Table:
@@ -435,6 +493,7 @@ def per_domain(records: list[dict], d: int, which: str = "final") -> Table:
     for t in targets:
       csv_header += [f"{m}_{t}_mean", f"{m}_{t}_std", f"{m}_{t}_seeds"]
     csv_header += [f"{m}_mu"]
+  csv_header.append("missing_runs")
   rows, csv_rows, values = [], [], []
   for row in rows_meta:
     ref = _reference(rows_meta, row)
@@ -451,16 +510,18 @@ def per_domain(records: list[dict], d: int, which: str = "final") -> Table:
           out += ["", "", 0]
           nums.append(None)
           continue
-        text = pct(s.mean) + ("" if s.std is None else f" ± {pct(s.std)}")
+        text = (pct(s.mean) + ("" if s.std is None else f" ± {pct(s.std)}")
+                + mark(s))
         line.append((text + " " + arrow(s.mean, rs.mean if rs else None)).strip())
         out += [100 * s.mean, "" if s.std is None else 100 * s.std, s.seeds]
         nums.append(s.mean)
       x = a.mu if a else None
-      line.append((pct(x) + " " + arrow(x, ra.mu if ra else None)).strip())
+      line.append((pct(x) + mark(a) + " "
+                   + arrow(x, ra.mu if ra else None)).strip())
       out.append(_num(x))
       nums.append(x)
     rows.append(line)
-    csv_rows.append(out)
+    csv_rows.append(out + [missing_count(sub, v)])
     values.append(nums)
   _bold_best(rows, values, [federated(r["algorithm"]) for r in rows_meta],
              [r["extra"] for r in rows_meta])
@@ -468,7 +529,7 @@ def per_domain(records: list[dict], d: int, which: str = "final") -> Table:
            "mean ± sample std over seeds; μ = mean over domains. Arrows compare "
            "with FedAvg.")
   return Table(f"Per-domain accuracy, d = {d} (Tables 4/5 shape, {which})", header,
-               rows, csv_header, csv_rows, notes)
+               rows, csv_header, csv_rows, _notes(notes, rows))
 
 
 def table3(records: list[dict], which: str = "final") -> Table | None:
@@ -507,7 +568,10 @@ def table3(records: list[dict], which: str = "final") -> Table | None:
         r = agg[(ref, d)].mu if ref and ref != row["variant"] and (ref, d) in agg \
             else None
         delta = None if x is None or r is None else 100 * (x - r)
-        line.append(pct(x) + ("" if delta is None else f" ({delta:+.1f})"))
+        partial = mark(agg.get((row["variant"], d))) or (
+            mark(agg.get((ref, d))) if delta is not None else "")
+        line.append(pct(x) + partial
+                    + ("" if delta is None else f" ({delta:+.1f})"))
         out += [_num(x), "" if delta is None else delta]
     rows.append(line)
     csv_rows.append(out)
@@ -517,7 +581,7 @@ def table3(records: list[dict], which: str = "final") -> Table | None:
   notes = (f"Accuracy (%), {which} evaluation, μ over target domains and seeds; in "
            f"brackets the difference to {to} in points.")
   return Table(f"Table 3 shape: hFedF variants ({which})", header, rows,
-               csv_header, csv_rows, notes)
+               csv_header, csv_rows, _notes(notes, rows))
 
 
 def comparison(groups: list[tuple[str, list[dict]]],
@@ -552,10 +616,10 @@ def comparison(groups: list[tuple[str, list[dict]]],
       for t in targets:
         s = a.per_target.get(t) if a else None
         line.append("-" if s is None else pct(s.mean) + (
-            "" if s.std is None else f" ± {pct(s.std)}"))
+            "" if s.std is None else f" ± {pct(s.std)}") + mark(s))
         stats += ["", "", 0] if s is None else [
             100 * s.mean, "" if s.std is None else 100 * s.std, s.seeds]
-      line.append(pct(a.mu if a else None))
+      line.append(pct(a.mu if a else None) + mark(a))
       mus.append(_num(a.mu if a else None))
     rows.append(line)
     csv_rows.append([v["variant"], v["algorithm"]] + stats + mus)
@@ -566,7 +630,7 @@ def comparison(groups: list[tuple[str, list[dict]]],
            "directory: mean ± sample std over seeds (no std with one seed); μ = "
            "mean over targets.")
   return Table(f"Comparison: {what} accuracy", header, rows, csv_header,
-               csv_rows, notes)
+               csv_rows, _notes(notes, rows))
 
 
 SUMMARY_METRICS = ("id_acc", "ood_acc", "best_id_acc", "best_ood_acc",
@@ -582,7 +646,7 @@ def summary(records: list[dict]) -> Table:
   header = ["algorithm", "d", "μ_id", f"μ_{lab}", "best μ_id", f"best μ_{lab}",
             f"μ_{lab} at best id", "targets", "seeds"]
   csv_header = ["variant", "algorithm", "settings", "d"] + [
-      m for m in SUMMARY_METRICS] + ["targets", "seeds", "runs"]
+      m for m in SUMMARY_METRICS] + ["targets", "seeds", "runs", "missing_runs"]
   rows, csv_rows = [], []
   for row in rows_meta:
     for d in _sorted_ds(records):
@@ -591,17 +655,21 @@ def summary(records: list[dict]) -> Table:
         continue
       mus = [aggs[m][(row["variant"], d)].mu if (row["variant"], d) in aggs[m]
              else None for m in SUMMARY_METRICS]
+      marks = [mark(aggs[m].get((row["variant"], d))) for m in SUMMARY_METRICS]
       seeds = max(s.seeds for s in base.per_target.values())
-      rows.append([row["variant"], str(d)] + [pct(x) for x in mus]
+      rows.append([row["variant"], str(d)]
+                  + [pct(x) + k for x, k in zip(mus, marks)]
                   + [str(len(base.per_target)), str(seeds)])
       csv_rows.append([row["variant"], row["algorithm"], row["label"], d]
                       + [_num(x) for x in mus]
-                      + [len(base.per_target), seeds, base.runs])
+                      + [len(base.per_target), seeds, base.runs,
+                         missing_count(records, row["variant"], d)])
   notes = ("Accuracy (%), μ over target domains of the mean over seeds. best = the "
            "highest evaluation over rounds; 'at best id' = ood accuracy at the "
            "round of the highest id accuracy (selection on the clients' own "
            "validation splits).")
-  return Table("Summary per setting", header, rows, csv_header, csv_rows, notes)
+  return Table("Summary per setting", header, rows, csv_header, csv_rows,
+               _notes(notes, rows))
 
 
 LONG_FIELDS = ("cell", "seed", "d", "algorithm", "variant", "target",
@@ -612,6 +680,7 @@ LONG_FIELDS = ("cell", "seed", "d", "algorithm", "variant", "target",
 def long_table(records: list[dict]) -> Table:
   """Every (cell, algorithm, target, seed) run: final and best-over-rounds
   metrics (fractions, not percent) and one column per grid key."""
+  records = finished(records)
   keys = _first_seen(k for r in records for k in r["settings"] if k != "seed")
   csv_header = list(LONG_FIELDS) + keys
   csv_rows = [[r[f] for f in LONG_FIELDS] + [r["settings"].get(k, "") for k in keys]

@@ -44,6 +44,9 @@ def test_run_writes_results_table_and_plots_and_never_overwrites(tiny_config, ca
   printed = capsys.readouterr().out
   assert "hfedf" in printed and "ood μ" in printed
   (run_dir,) = os.listdir(out)
+  # What a terminal shows: no line wider than 100 columns (but the run
+  # directory's own, as long as its path); the full table is table.md.
+  assert max(len(l) for l in printed.splitlines() if run_dir not in l) <= 100
   res = json.load(open(os.path.join(out, run_dir, "results.json")))
   assert {(r["algorithm"], r["target"]) for r in res["runs"]} == {
       ("hfedf", "0"), ("hfedf", "75"), ("fedavg", "0"), ("fedavg", "75")}
@@ -194,8 +197,8 @@ def test_a_bug_is_not_dressed_as_a_config_error(tiny_config, monkeypatch):
 
 
 def test_ctrl_c_says_how_to_continue(tiny_config, monkeypatch, capsys):
-  """Ctrl-C prints the run directory and the command that continues it (same
-  config and --set values, shell-quoted)."""
+  """Ctrl-C prints the run directory and the command that continues it
+  (`--resume DIR` alone: the directory stores its config, shell-quoted)."""
   import shlex
   from fedjax_dg import experiment, sweep
   path, out = tiny_config
@@ -228,8 +231,7 @@ def test_ctrl_c_says_how_to_continue(tiny_config, monkeypatch, capsys):
   run_dir = os.path.join(out, new)
   assert f"Finished runs are in {run_dir} " in err and "Traceback" not in err
   command = err.strip().splitlines()[-1].strip()
-  assert command == shlex.join(["fedjax-dg", "run", "--config", path] + sets
-                               + ["--resume", run_dir])
+  assert command == shlex.join(["fedjax-dg", "run", "--resume", run_dir])
   # Pasted, it resumes that directory with the settings it was run with.
   words = shlex.split(command)
   assert words[0] == "fedjax-dg"
@@ -255,3 +257,335 @@ def test_ctrl_c_says_how_to_continue(tiny_config, monkeypatch, capsys):
   assert err.strip().splitlines()[-1].strip() == shlex.join(
       ["fedjax-dg", "sweep", "--resume", sweep_dir])
   assert os.path.exists(os.path.join(sweep_dir, sweep.MANIFEST))
+
+
+# ------------------------------------------- issue 23: runs that end badly
+
+
+def _small(out, *extra):
+  """`run` arguments of a one-round FedAvg on tiny data, into `out`."""
+  return (["--set", f"output_dir={out}", "--set", "algorithms=fedavg",
+           "--set", "train.rounds=1"] + list(extra))
+
+
+@pytest.fixture(scope="module")
+def small_run(tiny_config, tmp_path_factory):
+  """A finished run directory: FedAvg, targets 0 and 75, one round."""
+  path, _ = tiny_config
+  out = str(tmp_path_factory.mktemp("small") / "runs")
+  assert cli.main(["run", "--config", path] + _small(out)) == 0
+  (name,) = os.listdir(out)
+  return os.path.join(out, name)
+
+
+def _copy_run(run_dir, tmp_path):
+  import shutil
+  dst = str(tmp_path / os.path.basename(run_dir))
+  shutil.copytree(run_dir, dst)
+  return dst
+
+
+def test_resume_runs_the_stored_config_and_refuses_another(small_run, tmp_path,
+                                                           tiny_config, capsys):
+  """`run --resume DIR` needs no --config / --set: config.json is used; a
+  --config or --set that disagrees is refused before anything is written.
+  results.json's `seconds` is the total over the parts."""
+  run_dir = _copy_run(small_run, tmp_path)
+  path_json = os.path.join(run_dir, "results.json")
+  res = json.load(open(path_json))
+  res["runs"] = [r for r in res["runs"] if r["target"] != "75"]
+  res["seconds"] = 1000.0  # as if the first part had run that long
+  json.dump(res, open(path_json, "w"))
+  capsys.readouterr()
+  assert cli.main(["run", "--resume", run_dir]) == 0
+  printed = capsys.readouterr().out
+  assert printed.count("already finished, kept from results.json") == 1
+  res = json.load(open(path_json))
+  assert sorted(r["target"] for r in res["runs"]) == ["0", "75"]
+  assert 0 < res["seconds_this_part"] < 1000
+  assert res["seconds"] == pytest.approx(1000.0 + res["seconds_this_part"])
+
+  files = {f: open(os.path.join(run_dir, f)).read()
+           for f in ("config.json", "results.json", "data.json")}
+  path, _ = tiny_config
+  other = tmp_path / "other.py"
+  other.write_text(open(path).read().replace("c.train.rounds = 2",
+                                             "c.train.rounds = 3"))
+  for args, needle in (
+      (["--set", "train.rounds=2"], "train.rounds: 1 -> 2"),
+      (["--config", str(other)] + _small(os.path.dirname(run_dir))[:4],
+       "train.rounds: 1 -> 3")):
+    assert cli.main(["run", "--resume", run_dir] + args) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "fedjax-dg run --resume" in err, err
+  assert cli.main(["demo", "--resume", run_dir]) == 2
+  assert "not of this demo ('demo')" in capsys.readouterr().err
+  for f, text in files.items():
+    assert open(os.path.join(run_dir, f)).read() == text, f
+  assert cli.main(["run", "--resume", str(tmp_path)]) == 2
+  assert "holds no config.json" in capsys.readouterr().err
+  assert cli.main(["run"]) == 2
+  assert "run needs --config" in capsys.readouterr().err
+
+
+def test_a_resumed_runs_seconds_count_every_part(tiny_config, tmp_path,
+                                                 monkeypatch, capsys):
+  """Stopped after round 1's checkpoint (that part's time inflated by 1000
+  s in it) and resumed: the run's `seconds` and results.json's count both
+  parts, not only the last."""
+  from fedjax_dg import engine
+  path, _ = tiny_config
+  out = str(tmp_path / "runs")
+  args = ["run", "--config", path] + _small(
+      out, "--set", "data.targets=0", "--set", "train.rounds=2")
+  real_save = engine._Checkpointer.save
+
+  def save(self, step, carry, meta):
+    if step == 2:
+      raise KeyboardInterrupt
+    real_save(self, step, carry, dict(meta, seconds=meta["seconds"] + 1000.0))
+
+  monkeypatch.setattr(engine._Checkpointer, "save", save)
+  assert cli.main(args) == 130
+  (name,) = os.listdir(out)
+  run_dir = os.path.join(out, name)
+  first = json.load(open(os.path.join(run_dir, "results.json")))
+  assert first["runs"] == [] and first["seconds"] > 0  # stopped: time kept
+  monkeypatch.setattr(engine._Checkpointer, "save", real_save)
+  assert cli.main(["run", "--resume", run_dir]) == 0
+  res = json.load(open(os.path.join(run_dir, "results.json")))
+  (run,) = res["runs"]
+  assert [h["round"] for h in run["history"]] == [1, 2]
+  assert 1000 < run["seconds"] < 1000 + res["seconds"]
+  assert res["seconds"] == pytest.approx(first["seconds"]
+                                         + res["seconds_this_part"])
+
+
+@pytest.mark.parametrize("fails", ["save", "wait_until_finished"])
+def test_a_full_disk_ends_with_one_message_and_the_resume_command(
+    tiny_config, tmp_path, monkeypatch, capsys, fails):
+  """ENOSPC while orbax writes a checkpoint (raised by its save, or by the
+  asynchronous write surfacing at the end): one message naming the
+  checkpoint directory and the command that continues; no traceback. The
+  sweep stops there (every later cell would fail alike)."""
+  import errno
+  import shlex
+  import orbax.checkpoint as ocp
+  path, _ = tiny_config
+  out = str(tmp_path / "runs")
+
+  def full(self, *args, **kwargs):
+    raise RuntimeError("orbax: commit failed") from OSError(
+        errno.ENOSPC, "No space left on device", "/x")
+
+  monkeypatch.setattr(ocp.CheckpointManager, fails, full)
+  assert cli.main(["run", "--config", path]
+                  + _small(out, "--set", "data.targets=0")) == 2
+  err = capsys.readouterr().err
+  (name,) = os.listdir(out)
+  run_dir = os.path.join(out, name)
+  ckpt = os.path.join(run_dir, "checkpoints", "fedavg--0")
+  lines = err.strip().splitlines()
+  assert "Traceback" not in err and len(lines) == 3, err
+  assert lines[0].startswith("fedjax-dg: error: ") and ckpt in lines[0]
+  assert "no space left on device" in lines[0]
+  assert lines[-1].strip() == shlex.join(["fedjax-dg", "run", "--resume",
+                                          run_dir])
+  sweep_dir = str(tmp_path / "sweep")
+  assert cli.main(["sweep", "--config", path, "--out", sweep_dir]
+                  + _small(out, "--set", "data.targets=0")[2:]) == 2
+  err = capsys.readouterr().err
+  assert "Traceback" not in err and err.strip().splitlines()[-1].strip() == (
+      shlex.join(["fedjax-dg", "sweep", "--resume", sweep_dir]))
+  manifest = json.load(open(os.path.join(sweep_dir, "sweep.json")))
+  assert [c["status"] for c in manifest["cells"]] == ["running"]
+  monkeypatch.undo()
+  assert cli.main(shlex.split(lines[-1])[1:]) == 0   # space freed: resumed
+  assert len(json.load(open(os.path.join(run_dir, "results.json")))["runs"]) == 1
+
+
+def test_disk_full_is_found_however_it_is_wrapped():
+  import errno
+  import logging
+  from fedjax_dg import engine, errors
+  enospc = OSError(errno.ENOSPC, "No space left on device")
+  try:
+    try:
+      raise enospc
+    except OSError:
+      raise ValueError("write failed")  # context, not cause
+  except ValueError as e:
+    in_context = e
+  for error, full in ((enospc, True), (in_context, True),
+                      (RuntimeError("[Errno 28] No space left on device"), True),
+                      (OSError(errno.EACCES, "Permission denied"), False),
+                      (ValueError("bad value"), False)):
+    assert errors.is_disk_full(error) == full, error
+  record = lambda e: logging.LogRecord("absl", logging.ERROR, "f", 1, "m", (),
+                                       (type(e), e, None))
+  quiet = engine._QuietDiskFull()
+  assert not quiet.filter(record(in_context))
+  assert quiet.filter(record(ValueError("bad value")))
+
+
+def test_a_run_failing_at_build_leaves_no_run_directory(tiny_config, tmp_path,
+                                                        monkeypatch, capsys):
+  from fedjax_dg import algorithms, errors, experiment
+  path, _ = tiny_config
+  out = tmp_path / "runs"
+  real = algorithms.build
+
+  def build(name, model, num_clients, cfg, data=None):
+    if data is not None:  # the run's build, after the run directory exists
+      raise errors.ConfigError("fedavg: a setting only the data refute")
+    return real(name, model, num_clients, cfg, data=data)
+
+  monkeypatch.setattr(experiment.algorithms, "build", build)
+  assert cli.main(["run", "--config", path]
+                  + _small(out, "--set", "data.targets=0")) == 2
+  assert "a setting only the data refute" in capsys.readouterr().err
+  assert os.listdir(out) == []
+
+
+def test_an_unwritable_output_dir_is_a_config_error_naming_it(
+    tiny_config, tmp_path, monkeypatch, capsys):
+  from fedjax_dg import experiment
+  path, _ = tiny_config
+  afile = tmp_path / "afile"
+  afile.write_text("")
+  readonly = tmp_path / "ro"
+  readonly.mkdir()
+  real_access = os.access
+  monkeypatch.setattr(os, "access", lambda p, mode: (
+      False if str(p) == str(readonly) else real_access(p, mode)))
+  for where, needle in ((afile, f"{str(afile)!r} is a file, not a folder"),
+                        (afile / "sub", f"{str(afile)!r} is a file"),
+                        (readonly / "runs", f"{str(readonly)!r} is not "
+                                            "writable")):
+    assert cli.main(["run", "--config", path, "--set",
+                     f"output_dir={where}"]) == 2
+    err = capsys.readouterr().err
+    assert f"output_dir={str(where)!r}" in err and needle in err, err
+    assert "--set output_dir=" in err
+  assert cli.main(["sweep", "--config", path, "--out", str(afile / "sw")]) == 2
+  assert f"--out={str(afile / 'sw')!r}: {str(afile)!r} is a file" in (
+      capsys.readouterr().err)
+  # A folder that cannot be made for another reason still names the field.
+  def refuse(p, *a, **k):
+    raise PermissionError(13, "Permission denied", p)
+  monkeypatch.setattr(os, "makedirs", refuse)
+  with pytest.raises(experiment.ConfigError, match=r"^--out='/x': cannot "
+                     "create the run directory '/x/compare-"):
+    experiment.make_run_dir("/x", "compare", field="--out")
+
+
+def test_stand_ins_are_recorded_in_results_and_table(tiny_config, tmp_path,
+                                                     capsys):
+  """CCST without AdaIN weights and a partition leaving a source domain out:
+  each a line of results.json's `warnings` and of table.md (and kept by a
+  resume that rebuilds nothing), not only a stderr line."""
+  from fedjax_dg.algorithms import ccst
+  path, _ = tiny_config
+  out = str(tmp_path / "runs")
+  assert cli.main(["run", "--config", path] + _small(
+      out, "--set", "algorithms=ccst", "--set", "ccst.depth=1",
+      "--set", "data.targets=0", "--set", "data.num_clients=4")) == 0
+  (name,) = os.listdir(out)
+  run_dir = os.path.join(out, name)
+  want = ["target 0: domain_split: num_partitions * d = 4 < 5 source domains, "
+          "so the smallest domains [5] are left unused", ccst.RANDOM_WEIGHTS]
+  res = json.load(open(os.path.join(run_dir, "results.json")))
+  assert res["warnings"] == want
+  table = open(os.path.join(run_dir, "table.md")).read()
+  assert table.index("Stand-ins") < table.index("| algorithm |")
+  assert all(f"- **{w}**" in table for w in want)
+  assert all(f"WARNING: {w}" in capsys.readouterr().err for w in want[1:])
+  assert cli.main(["run", "--resume", run_dir]) == 0
+  assert json.load(open(os.path.join(run_dir, "results.json")))["warnings"] \
+      == want
+
+
+def test_fedsdafs_random_frozen_backbone_is_a_stand_in(fed3):
+  import dataclasses
+  import warnings
+  from conftest import model_for
+  from fedjax_dg import algorithms, config as config_lib
+  from fedjax_dg.errors import StandInWarning
+  model, cfg = model_for("fedsdaf", fed3), config_lib.base_config()
+  with pytest.warns(StandInWarning, match="fedsdaf: no model.weights: the "
+                    "frozen ViT backbone is randomly initialized"):
+    algorithms.build("fedsdaf", model, 3, cfg)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error", StandInWarning)
+    algorithms.build("fedsdaf", dataclasses.replace(model, weights="w.npz"), 3,
+                     cfg)
+
+
+def _results(algs, targets, value, missing=()):
+  """A results dict as `experiment.run` returns it; accuracy value(a, t)."""
+  runs = [dict(algorithm=a, target=t, warnings=[],
+               final=dict(round=1, id_acc=value(a, t, "id"),
+                          ood_acc=value(a, t, "ood")),
+               history=[dict(round=1, id_acc=value(a, t, "id"),
+                             ood_acc=value(a, t, "ood"))])
+          for a in algs for t in targets if (a, t) not in missing]
+  return dict(name="demo", run_dir="/r", dataset="rotated_fashion_mnist",
+              targets=list(targets), algorithms=list(algs), runs=runs,
+              warnings=[])
+
+
+def _acc(a, t, m):
+  """Distinct made-up accuracies (fractions)."""
+  return (len(a) * 7 + int(t) + (3 if m == "id" else 0)) % 97 / 100
+
+
+@pytest.mark.parametrize("algs,targets", [
+    (("hfedf", "fedavg"), ("0", "15", "30", "45", "60", "75")),  # the demo
+    (("hfedf_no_gradalign", "fedavg", "local_only", "central", "hfedf"),
+     ("0", "15", "30", "45", "60", "75")),
+    (("fedavg",), tuple(str(15 * i) for i in range(24))),       # wrapped
+])
+def test_the_printed_summary_fits_100_columns_and_says_the_means(algs,
+                                                                 targets):
+  import numpy as np
+  from fedjax_dg import report
+  text = report.terminal_summary(_results(algs, targets, _acc))
+  lines = text.splitlines()
+  assert max(len(line) for line in lines) <= 100, text
+  for a in algs:   # μ ± std over targets, computed here with numpy
+    (line,) = [l for l in lines if l.strip().startswith(a + " ")
+               and "μ" in l]
+    for m in ("id", "ood"):
+      vals = [100 * _acc(a, t, m) for t in targets]
+      assert (f"{m} μ {np.mean(vals):.1f} ± {np.std(vals):.1f}") in line
+  # Every per-target value is printed under its target's column.
+  header = [l for l in lines if l.startswith("algorithm")]
+  cols = {t: None for t in targets}
+  for l in lines:
+    if l.startswith("algorithm"):
+      names = l.split()[1:]
+    elif l.split() and l.split()[0] == algs[0] and "μ" not in l:
+      for t, v in zip(names, l.split()[1:]):
+        cols.setdefault(t, v)
+        cols[t] = cols[t] or v
+  assert len(header) >= 2
+  assert all(cols[t] == f"{100 * _acc(algs[0], t, 'ood'):.1f}" for t in targets)
+
+
+def test_a_partial_run_is_marked_in_the_summary_and_table_md(tmp_path):
+  from fedjax_dg import report
+  targets = ("0", "15", "30", "45", "60", "75")
+  res = _results(("hfedf", "fedavg"), targets, _acc,
+                 missing={("fedavg", t) for t in ("45", "60", "75")})
+  text = report.terminal_summary(res)
+  fedavg = next(l for l in text.splitlines() if l.strip().startswith("fedavg"))
+  mean = 100 * sum(_acc("fedavg", t, "ood") for t in targets[:3]) / 3
+  assert f"ood μ {mean:.1f}" in fedavg and fedavg.count("†") == 2
+  hfedf = next(l for l in text.splitlines() if l.strip().startswith("hfedf"))
+  assert "†" not in hfedf
+  assert "PARTIAL: 3 of 12 runs missing (fedavg: targets 45, 60, 75)" in text
+  report.write_all(res, str(tmp_path))
+  table = open(tmp_path / "table.md").read()
+  row = next(l for l in table.splitlines() if l.startswith("| fedavg |"))
+  assert row.count("†") == 4   # id μ, best id μ, ood μ, best ood μ
+  assert "PARTIAL: 3 of 12 runs missing" in table

@@ -611,3 +611,93 @@ def test_fedsdaf_experiments_plan_and_validate_before_any_data(path):
     sets = [v for f, v in zip(args[2::2], args[3::2]) if f == "--set"]
     assert [c.name for c in sweep.plan(path, sets).cells] == [
         c.name for c in default.cells]
+
+
+# ------------------------------------------------- partial sweeps and runs
+
+
+def test_report_of_a_stopped_run_names_what_is_missing_and_marks_it(tmp_path,
+                                                                    capsys):
+  """A run stopped part way (FedAvg has target A only): the report says
+  which runs are missing and marks every mean they leave partial; the
+  values are over the finished runs (computed here from _value)."""
+  run, out = str(tmp_path / "run"), str(tmp_path / "rep")
+  _write_cell(run, 0)
+  res = _json(os.path.join(run, "results.json"))
+  res["runs"] = [r for r in res["runs"]
+                 if (r["algorithm"], r["target"]) != ("fedavg", "B")]
+  with open(os.path.join(run, "results.json"), "w") as f:
+    json.dump(res, f)
+  assert cli.main(["report", run, "--out", out]) == 0
+  printed = capsys.readouterr().out
+  assert "0/1 cells complete, 3 of 4 planned runs finished" in printed
+  assert "PARTIAL: 1 planned run(s) have not finished" in printed
+  assert "- `run` (unfinished): 1 run(s) missing: fedavg: targets B" in printed
+  assert "fedjax-dg run --resume" in printed
+  rows = _rows_csv(os.path.join(out, "per_domain_d1.csv"))
+  assert rows["FedAvg"]["missing_runs"] == "1" and rows["hFedF"][
+      "missing_runs"] == "0"
+  assert rows["FedAvg"]["ood_B_seeds"] == "0"
+  assert float(rows["FedAvg"]["ood_mu"]) == pytest.approx(
+      100 * _value("fedavg", 1, "A", 0, "ood"))
+  md = open(os.path.join(out, "per_domain_d1.md")).read()
+  fedavg = next(l for l in md.splitlines() if l.startswith("| FedAvg |"))
+  hfedf = next(l for l in md.splitlines() if l.startswith("| hFedF |"))
+  assert fedavg.count("†") == 2 and "†" not in hfedf   # id μ, ood μ
+  assert "† = partial" in md
+  t2 = open(os.path.join(out, "table2.md")).read()
+  assert next(l for l in t2.splitlines() if l.startswith("| FedAvg |")
+              ).count("†") == 2
+  assert _rows_csv(os.path.join(out, "summary.csv"))["FedAvg"][
+      "missing_runs"] == "1"
+  runs = _csv(os.path.join(out, "runs.csv"))
+  assert len(runs) == 3   # finished runs only
+
+
+def _rows_csv(path):
+  return {r["variant"]: r for r in _csv(path)}
+
+
+def test_report_of_a_sweep_missing_a_seed_counts_and_marks_it(tmp_path,
+                                                              capsys):
+  """Seed 2 of 0, 1, 2 never ran (pending, no directory): per target the
+  mean ± std over the two seeds that did, marked partial, the missing
+  cell listed with its runs (from the manifest's base config); a comparison
+  with a complete run marks the partial side."""
+  sw, out = str(tmp_path / "sw"), str(tmp_path / "rep")
+  _write_sweep(sw, (0, 1))
+  manifest = _json(os.path.join(sw, "sweep.json"))
+  manifest["base_config"] = dict(seed=0, algorithms=["fedavg", "hfedf"],
+                                 data=dict(d=1))
+  manifest["cells"].append(dict(name="seed=2", settings={"seed": "2"},
+                                overrides=["seed=2"], status="pending"))
+  with open(os.path.join(sw, "sweep.json"), "w") as f:
+    json.dump(manifest, f)
+  assert cli.main(["report", sw, "--out", out]) == 0
+  printed = capsys.readouterr().out
+  assert "2/3 cells complete, 8 of 12 planned runs finished" in printed
+  assert ("- `seed=2` (pending): 4 run(s) missing: fedavg: targets A, B; "
+          "hfedf: targets A, B") in printed
+  assert "fedjax-dg sweep --resume" in printed
+  rows = _rows_csv(os.path.join(out, "per_domain_d1.csv"))
+  for name, alg in (("FedAvg", "fedavg"), ("hFedF", "hfedf")):
+    seeds = [_value(alg, 1, "A", s, "ood") for s in (0, 1)]
+    assert rows[name]["ood_A_seeds"] == "2" and rows[name]["missing_runs"] == "2"
+    assert float(rows[name]["ood_A_mean"]) == pytest.approx(
+        100 * statistics.mean(seeds))
+    assert float(rows[name]["ood_A_std"]) == pytest.approx(
+        100 * statistics.stdev(seeds))
+  md = open(os.path.join(out, "per_domain_d1.md")).read()
+  assert next(l for l in md.splitlines() if l.startswith("| FedAvg |")
+              ).count("†") == 6   # id A, B, μ and ood A, B, μ
+  run = str(tmp_path / "run")
+  _write_cell(run, 0)
+  cmp_out = str(tmp_path / "cmp")
+  assert cli.main(["report", sw, run, "--out", cmp_out]) == 0
+  report = open(os.path.join(cmp_out, "report.md")).read()
+  assert "4 planned runs not finished" in report
+  line = next(l for l in open(os.path.join(cmp_out, "comparison_ood.md"))
+              if l.startswith("| FedAvg |"))
+  cells = [c.strip() for c in line.strip().strip("|").split("|")]
+  assert all("†" in c for c in cells[1:4]) and not any("†" in c
+                                                       for c in cells[4:])

@@ -60,7 +60,8 @@ from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.algorithms.fedccrl import StylePool, pool_slots
 from fedjax_dg.client import objectives
 from fedjax_dg.client.update import epoch_permutations
-from fedjax_dg.errors import ConfigError, DataError, NeedsDataError
+from fedjax_dg.errors import (ConfigError, DataError, NeedsDataError,
+                              StandInWarning)
 from fedjax_dg.models import adain
 
 DISPLAY_NAME = "CCST"
@@ -230,7 +231,7 @@ def build(model, optimizer, *, depth: int = 4,  # encoder ends at relu{depth}_1
   if vgg:
     net = adain.load(vgg, decoder, depth)
   else:
-    warnings.warn(RANDOM_WEIGHTS, stacklevel=2)
+    warnings.warn(RANDOM_WEIGHTS, StandInWarning, stacklevel=2)
     net = jax.device_get(adain.init(
         jax.random.fold_in(jax.random.key(seed), 0xADA1), depth, min(h, w)))
   style = dict(depth=depth, chunk=style_chunk, eps=eps)

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -48,7 +49,7 @@ from fedjax_dg.algorithms.feddg_ga import (GapMetrics, ga_server_update,
                                            slice_metrics)
 from fedjax_dg.client.objectives import masked_mean
 from fedjax_dg.client.update import RunProgress
-from fedjax_dg.errors import ConfigError
+from fedjax_dg.errors import ConfigError, StandInWarning
 from fedjax_dg.models import vit as vit_lib
 from fedjax_dg.server import ga, weighted_mean
 
@@ -182,10 +183,18 @@ def adapted_model(model, *, domain_invariant: bool = True,
   return dataclasses.replace(model, module=module)
 
 
-def frozen_backbone(vmodel, held=FROZEN):
+def frozen_backbone(vmodel, held=FROZEN, who: str = "fedsdaf"):
   """`Algorithm.frozen` of a ViT whose `held` entries are not trained: the
   backbone read once (eagerly: `model.weights` is read here), never the
-  file's head (other classes)."""
+  file's head (other classes). Without `model.weights` the frozen backbone
+  is a random one: a `StandInWarning` naming `who` (the run records it)."""
+  if not vmodel.weights:
+    warnings.warn(
+        f"{who}: no model.weights: the frozen ViT backbone is randomly "
+        "initialized and never trained, so only the adapters and head learn, "
+        "on random features (the paper's backbone is ImageNet-pretrained; "
+        "docs/models.md, \"ViT\", says where weights come from)",
+        StandInWarning, stacklevel=2)
 
   def frozen(key):
     full = dataclasses.replace(vmodel, skip_head=True).init(key)
@@ -221,7 +230,7 @@ def adapter_setting(model, loss_of, who: str):
     p = sample(key)
     return {k: p[k] for k in GLOBAL}
 
-  return vmodel, frozen_backbone(vmodel), init, loss
+  return vmodel, frozen_backbone(vmodel, who=who), init, loss
 
 
 def build(model, optimizer, *, num_clients: int,
@@ -279,7 +288,7 @@ def build(model, optimizer, *, num_clients: int,
       return server, None
     return server, client_init(key, jnp.arange(num_clients))
 
-  backbone = frozen_backbone(vmodel)
+  backbone = frozen_backbone(vmodel, who=name)
 
   def frozen(key):
     out = backbone(key)

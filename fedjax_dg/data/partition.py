@@ -23,7 +23,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from fedjax_dg.errors import ConfigError
+from fedjax_dg.errors import ConfigError, StandInWarning
 
 PARTITIONERS = ("domain_split", "k_per_domain", "iid", "dirichlet")
 ALIASES = {"hfedf": "domain_split", "k_clients_per_domain": "k_per_domain"}
@@ -118,7 +118,7 @@ def domain_split(
     warnings.warn(
         f"domain_split: num_partitions * d = {num_partitions * d} < {s} source "
         f"domains, so the smallest domains {unused} are left unused",
-        stacklevel=2,
+        StandInWarning, stacklevel=2,
     )
   rng = np.random.default_rng(seed)
   sequence = []
