@@ -2,20 +2,25 @@
 
     python tests/make_mobilenet_logits.py    # in an environment with torch + torchvision
 
+e.g. `python3 -m venv /tmp/tv && /tmp/tv/bin/pip install numpy torch==2.14.1
+torchvision==0.29.1` (beside torch 2.13.0, torchvision 0.28.0 failed to import
+here: "operator torchvision::nms does not exist").
+
 `tests/test_models_mobilenet.py::test_seeded_weights_give_torchvisions_logits`
 compares the library's MobileNetV3-Large with these logits in every `make test`,
-without PyTorch: the weights (`state_dict`) and inputs (`inputs`) are deterministic
-functions of a numpy generator, so only the logits (12 KB) are committed, never a
-weights file. The file was written with torch 2.14.1 / torchvision 0.29.1 on CPU
-(versions recorded in the file). This module imports numpy only at the top: the
-test imports it without torch.
+without PyTorch: the weights (`state_dict`) and inputs (`inputs`) are
+deterministic functions of a numpy generator, so only the logits (12 KB) are
+committed, never a weights file. The file was written with torch 2.14.1 /
+torchvision 0.29.1 on CPU (versions recorded in the file). This module imports
+numpy only at the top: the test imports it without torch.
 
 The weights are in torchvision's `mobilenet_v3_large().state_dict()` layout
 (names and shapes from tests/data/mobilenet_v3_large_state_shapes.json): convs
-and Linears N(0, 2 / fan_in) (He; the logits then differ from image to image
-by about as much as from class to class), every BatchNorm with non-trivial weight, bias,
-running mean and running variance (eval mode folds them into an affine map), so
-that no part of the network is an identity and every block's output matters.
+and Linears N(0, 2 / fan_in) (He: with N(0, 1 / fan_in) the signal fades over
+the 15 blocks and every image gets the same logits, the biases'), every
+BatchNorm with non-trivial weight, bias, running mean and running variance
+(eval mode folds them into an affine map), so that no part of the network is
+an identity and every block's output matters.
 """
 
 from __future__ import annotations
