@@ -1,6 +1,10 @@
 """FedCCRL: its augmentations against PIL / numpy, its losses against plain
-numpy loops of Eq. 11-16, the style pool, the cosine schedule over the run, and
-the algorithm end to end."""
+numpy loops of Eq. 11-16, the whole local objective (Eq. 12, 14-16) on the
+views it built against numpy, the views' plumbing, the style pool's ceil(r n)
+on unequal clients, the cosine schedule over the run, and the algorithm end to
+end. AugMix's operations, level mapping and random draws: tests/test_augment.py."""
+
+import math
 
 import jax
 import jax.numpy as jnp
@@ -9,11 +13,12 @@ import optax
 import pytest
 from PIL import Image, ImageOps
 
-from conftest import synthetic_federation
+from conftest import synthetic_federation, with_sizes
 from fedjax_dg import algorithms, engine, models, optim
 from fedjax_dg.algorithms import fedccrl
 from fedjax_dg.client import augment, objectives
-from fedjax_dg.client.update import Batch, ClientContext, local_update
+from fedjax_dg.client.update import (Batch, ClientContext, ClientData,
+                                     local_update)
 from fedjax_dg.config import base_config
 from fedjax_dg.errors import ConfigError, NeedsDataError
 
@@ -286,6 +291,208 @@ def test_style_pool_holds_statistics_of_each_clients_own_images(setup):
     mus = imgs.mean((1, 2))
     for j in np.flatnonzero(pool.valid[c]):
       assert np.min(np.abs(mus - pool.mu[c, j]).max(1)) < 1e-4
+
+
+# --------------------------------------------------------------------------
+# The objective on the views it built, the views' plumbing, the pool's sizes.
+
+
+class _Spy:
+  """A model that records what `features` saw and returned (tracers inside
+  jit: `_run_loss` returns them from the same jitted function)."""
+
+  def __init__(self, model):
+    self._model, self.seen = model, []
+
+  def __getattr__(self, name):
+    return getattr(self._model, name)
+
+  def features(self, params, x, **kw):
+    z = self._model.features(params, x, **kw)
+    self.seen.append((x, z))
+    return z
+
+
+@pytest.fixture(scope="module")
+def unequal():
+  """Three clients of 13, 7 and 2 examples (a padded width of 13) on 12x12x1
+  images; an MLP (features: its hidden layer)."""
+  fed = with_sizes(synthetic_federation(num_clients=3, per_domain=14, size=12),
+                   (13, 7, 2))
+  assert fed.train.x.shape[1] == 13
+  model = models.get_model("mlp", input_shape=fed.image_shape,
+                           num_classes=fed.num_classes, mean=fed.mean,
+                           std=fed.std)
+  return fed, model
+
+
+def _noisy_shift(im, chain_key, mix_key):
+  """A cheap AugMix stand-in: a per-image brightness shift and pixel noise."""
+  shift = jax.random.uniform(mix_key, (), minval=-60.0, maxval=60.0)
+  return jnp.clip(im + shift + 10.0 * jax.random.normal(chain_key, im.shape),
+                  0.0, 255.0)
+
+
+def _fake_augmix(monkeypatch, fake):
+  """Replaces AugMix by `fake(im, chain_key, mix_key)`; -> the list its
+  keyword arguments are appended to (one entry per traced view)."""
+  calls = []
+
+  def augmix(im, chain_key, mix_key, **kw):
+    calls.append(kw)
+    return fake(im, chain_key, mix_key)
+
+  monkeypatch.setattr(augment, "augmix", augmix)
+  return calls
+
+
+def _run_loss(unequal, pool=None, head_scale=1.0, **hp):
+  """FedCCRL (`hp`) built on a spy of the model; its loss under jit on client
+  1's first 6 examples (the last 2 padded). -> (loss, xs = [X; X1; X2],
+  features, batch, params, the algorithm's first pool)."""
+  fed, model = unequal
+  spy = _Spy(model)
+  alg = fedccrl.build(spy, optax.sgd(0.1), data=fed, num_clients=fed.num_clients,
+                      **hp)
+  if pool is None and hp.get("ccdt", True):
+    pool = alg.init(jax.random.key(0))[0].pool
+  params = model.init(jax.random.key(1))
+  params = dict(params, fc2=jax.tree.map(lambda a: a * head_scale, params["fc2"]))
+  batch = Batch(jnp.asarray(fed.train.x[1, :6]), jnp.asarray(fed.train.y[1, :6]),
+                jnp.asarray([1.0] * 4 + [0.0] * 2))
+  ctx = ClientContext(id=jnp.int32(1), round=jnp.int32(0), start=params,
+                      shared=pool)
+
+  @jax.jit
+  def run(params, batch, key, ctx):
+    loss = alg.loss(params, batch, key, ctx)
+    (xs, z), = spy.seen[-1:]
+    return loss, xs, z
+
+  loss, xs, z = run(params, batch, jax.random.key(5), ctx)
+  return (float(loss), np.asarray(xs, np.float64), np.asarray(z, np.float64),
+          batch, params, pool)
+
+
+def _log_softmax(logits):
+  m = logits.max(1, keepdims=True)
+  return logits - m - np.log(np.exp(logits - m).sum(1, keepdims=True))
+
+
+def test_the_objective_is_eq15_on_its_own_views_against_numpy(unequal,
+                                                              monkeypatch):
+  """L = L_CLS + lambda1 L_RA + lambda2 L_JS (Eq. 15) recomputed in float64 from
+  the features the loss computed for [X; X1; X2]: L_CLS the mean of the three
+  cross-entropies (Eq. 16), L_RA = (L_SC(Z1, Z) + L_SC(Z2, Z)) / 2 (Eq. 12,
+  each the plain loop of Eq. 11 over the real rows), L_JS the mean KL to the
+  mean prediction (Eq. 14); padded rows take no part. X comes first and is the
+  batch itself; the two views (AugMix a noisy stand-in here) differ from it
+  and from each other. lambda1, lambda2 unequal and not 1, each term well
+  above the tolerance: a dropped weight or term, or a view in the wrong place
+  of Eq. 12, shows."""
+  _fake_augmix(monkeypatch, _noisy_shift)
+  lam1, lam2 = 0.3, 0.7
+  model = unequal[1]
+  loss, xs, z, batch, params, _ = _run_loss(unequal, ccdt=False, head_scale=8.0,
+                                            lambda1=lam1, lambda2=lam2)
+  x, v1, v2 = np.split(xs, 3)
+  np.testing.assert_allclose(x, model.normalize(batch.x), rtol=1e-6, atol=1e-6)
+  real = np.asarray(batch.mask) > 0
+  for a, b in ((v1, x), (v2, x), (v1, v2)):
+    assert np.abs(a - b)[real].mean() > 0.1
+  logits = np.asarray(model.head(params, jnp.asarray(z, jnp.float32)), np.float64)
+  y = np.asarray(batch.y)[real]
+  zs = [a[real] for a in np.split(z, 3)]
+  logp = [_log_softmax(l)[real] for l in np.split(logits, 3)]
+  ce = np.mean([-lp[np.arange(len(y)), y].mean() for lp in logp])
+  ra = 0.5 * (_supcon_numpy(zs[1], zs[0], y, 0.1)
+              + _supcon_numpy(zs[2], zs[0], y, 0.1))
+  p = [np.exp(lp) for lp in logp]
+  mix = sum(p) / 3
+  js = np.mean([np.sum(q * (lq - np.log(mix)), 1) for q, lq in zip(p, logp)],
+               axis=0).mean()
+  # The terms, and L_SC's order (pairs with the original, not with each other).
+  assert ra > 0.1 and js > 0.01 and ce > 0.1, (ce, ra, js)
+  swapped = 0.5 * (_supcon_numpy(zs[1], zs[2], y, 0.1)
+                   + _supcon_numpy(zs[0], zs[2], y, 0.1))
+  assert abs(swapped - ra) > 1e-3
+  np.testing.assert_allclose(loss, ce + lam1 * ra + lam2 * js, rtol=1e-5)
+
+
+def test_views_restyle_toward_a_foreign_statistic(unequal):
+  """CCDT alone: each view image's per-channel (mean, std) is lam * a pooled
+  statistic of *another* client + (1 - lam) * its own, one lam in [0, 1] for
+  both (MixStyle's mix, Eq. 6-7), drawn per image."""
+  fed, _ = unequal
+  _, xs, _, batch, _, pool = _run_loss(unequal, difp=False, alpha=1.0, r=0.5)
+  x, *views = np.split(xs, 3)
+  stats = lambda im: np.concatenate([im.mean((0, 1)),
+                                     np.sqrt(im.var((0, 1)) + 1e-6)])
+  entries = [(c, j) for c, j in zip(*np.nonzero(np.asarray(pool.valid)))]
+  assert {c for c, _ in entries} == set(range(fed.num_clients))
+  found, moved = set(), 0
+  for v in views:
+    for b in np.flatnonzero(np.asarray(batch.mask) > 0):
+      t = stats(v[b]) - stats(x[b])
+      if np.abs(t).max() < 1e-2:
+        continue  # lam near 0: any statistic fits
+      moved += 1
+      fits = []
+      for c, j in entries:
+        d = np.concatenate([pool.mu[c, j], pool.sig[c, j]]) - stats(x[b])
+        lam = float(d @ t / (d @ d))
+        if -1e-6 <= lam <= 1 + 1e-6 and np.abs(lam * d - t).max() < 1e-3:
+          fits.append((c, j))
+      assert fits and all(c != 1 for c, _ in fits), (b, fits)
+      found.update(fits)
+  assert moved >= 4 and len(found) >= 2  # drawn per image, not per batch
+
+
+def test_difp_gets_pixels_keys_and_settings_and_is_normalized_back(unequal,
+                                                                   monkeypatch):
+  """DIFP alone: AugMix gets each image's pixel values (`to_pixels`), a chain
+  key and a mix key per image (the chain key shared by the batch with
+  augmix_per_batch), and the configured width / severity / beta; its output is
+  normalized back (an identity AugMix gives back X). The stand-in writes
+  uniform(chain key) and uniform(mix key) into pixel (0, 0) and (0, 1)."""
+  u = lambda key: jax.random.uniform(key, ()) * 255.0
+  mark = lambda im, kc, km: im.at[0, 0].set(u(kc)).at[0, 1].set(u(km))
+  for per_batch in (False, True):
+    calls = _fake_augmix(monkeypatch, mark)
+    _, xs, _, _, _, _ = _run_loss(unequal, ccdt=False, augmix_width=2,
+                                  augmix_severity=2.5, beta=0.7,
+                                  augmix_per_batch=per_batch)
+    assert calls == [dict(width=2, severity=2.5, beta=0.7)] * 2
+    x, v1, v2 = np.split(xs, 3)
+    np.testing.assert_allclose(v1[:, 1:], x[:, 1:], atol=1e-5)
+    np.testing.assert_allclose(v2[:, 0, 2:], x[:, 0, 2:], atol=1e-5)
+    chain, mix = v1[:, 0, 0, 0], v1[:, 0, 1, 0]
+    assert np.ptp(mix) > 1e-3
+    assert (np.ptp(chain) < 1e-6) == per_batch, (per_batch, chain)
+    assert np.abs(v1[:, 0, :2] - v2[:, 0, :2]).min() > 1e-4  # own keys per view
+
+
+def test_style_pool_keeps_ceil_r_n_statistics_per_client(unequal):
+  """S = ceil(r n_max) slots, ceil(r n_i) valid statistics per client (Eq. 8,
+  Alg. 1), on 13, 7, 2 examples (padded to 13) with r = 0.25: 4 slots and
+  4, 2, 1 statistics where floor gives 3 and 3, 1, 0; the same in each
+  round's `client_aux`."""
+  fed, model = unequal
+  assert fedccrl.pool_slots(0.25, 13) == 4
+  assert [fedccrl.pool_slots(r, 10) for r in (0.05, 0.15, 1.0)] == [1, 2, 10]
+  alg = fedccrl.build(model, optax.sgd(0.1), data=fed,
+                      num_clients=fed.num_clients, r=0.25)
+  server, _ = alg.init(jax.random.key(0))
+  valid = np.asarray(server.pool.valid)
+  assert valid.shape == (3, 4)
+  want = [math.ceil(0.25 * n) for n in fed.train.n]
+  assert want == [4, 2, 1]
+  np.testing.assert_array_equal(valid.sum(1), want)
+  aux = jax.jit(alg.client_aux)(
+      None, None, ClientData(jnp.asarray(fed.train.x[1]),
+                             jnp.asarray(fed.train.y[1]), jnp.int32(7)),
+      jax.random.key(3))
+  np.testing.assert_array_equal(np.asarray(aux.valid), [1, 1, 0, 0])
 
 
 def test_fedccrl_learns_and_refreshes_the_pool(setup):

@@ -1,7 +1,9 @@
 """MobileNetV3-Large: torchvision's architecture, the weights converter, loops.
 
 Torch-free except `test_torchvision_and_timm_weights_give_their_logits`, which
-runs where PyTorch and torchvision (and optionally timm) are installed. The
+runs where PyTorch and torchvision (and optionally timm) are installed;
+`test_seeded_weights_give_torchvisions_logits` compares with torchvision's
+logits committed once (tests/make_mobilenet_logits.py), in every run. The
 names and shapes of both libraries' state dicts were written once to
 tests/data/mobilenet_v3_large_state_shapes.json (torchvision 0.28.0, timm
 1.0.31: `{k: list(v.shape) for k, v in model.state_dict().items()}`).
@@ -20,6 +22,7 @@ import numpy as np
 import pytest
 from jax import lax
 
+import make_mobilenet_logits
 from fedjax_dg import models
 from fedjax_dg.errors import ConfigError, DataError
 from fedjax_dg.models import layers, mobilenet, weights
@@ -318,6 +321,35 @@ def test_torchvision_and_timm_weights_give_their_logits(tmp_path):
       assert scale > 1e-3, (layout, scale)
       np.testing.assert_allclose(logits, ref, rtol=0, atol=1e-4 * scale,
                                  err_msg=f"{layout} {path.suffix}")
+
+
+def test_seeded_weights_give_torchvisions_logits():
+  """The architecture against torchvision without PyTorch: weights drawn from a
+  seeded numpy generator in torchvision's layout (He-scaled convs, BatchNorms
+  with random statistics), loaded by the converter, give the logits that
+  torchvision's `mobilenet_v3_large` computed for them in eval mode on three
+  72x56 images (tests/data/mobilenet_v3_logits.npz, 12 KB). Regenerate with
+  `python tests/make_mobilenet_logits.py` in an environment with torch and
+  torchvision (e.g. `pip install torch==2.14.1 torchvision==0.29.1 numpy`).
+
+  Measured: max |difference| 1.3e-6 with logits up to 1.25 (torch 2.14.1 /
+  torchvision 0.29.1 against XLA:CPU); the tolerance 1e-4 leaves 75x for
+  another CPU's rounding. Every block counts: the SE gate's sigmoid in place
+  of the hard sigmoid moves logits by ~0.1, a dropped residual by ~1."""
+  data = np.load(make_mobilenet_logits.PATH)
+  want = data["logits"]
+  x = make_mobilenet_logits.inputs()
+  assert x.shape == make_mobilenet_logits.INPUT_SHAPE and want.shape == (3, 1000)
+  # The images differ in their logits (pooling has not averaged them away).
+  assert np.abs(want[0] - want[1]).max() > 0.1
+  model = models.get_model("mobilenet_v3_large", input_shape=x.shape[1:],
+                           num_classes=1000, norm="affine")
+  params = weights.to_flax(make_mobilenet_logits.state_dict(),
+                           jax.eval_shape(model.init, jax.random.key(0)),
+                           layout="torchvision")
+  got = jax.jit(functools.partial(model.apply, normalized=True))(params, x)
+  np.testing.assert_allclose(np.asarray(got), want, rtol=0, atol=1e-4,
+                             err_msg=str(data["made_with"]))
 
 
 def test_config_keys_reach_get_model(tmp_path):

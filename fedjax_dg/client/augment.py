@@ -12,8 +12,11 @@ shear_x, shear_y, translate_x, translate_y (no colour / contrast / brightness /
 sharpness, which overlap ImageNet-C), severity 3, `sample_level` uniform in
 [0.1, severity], geometric operations with bilinear resampling and zero fill;
 `width` chains of random depth 1..3 mixed by Dirichlet(beta) weights, the mix
-blended with the original by m ~ Beta(beta, beta). Every operation is checked
-against PIL (tests/test_augment.py).
+blended with the original by m ~ Beta(beta, beta). Every operation and its
+level -> parameter mapping is checked against PIL (tests/test_augment.py);
+rotate and shear differ from PIL on a one-pixel band along the warped image's
+edge, where `affine` blends toward 0 and PIL repeats the edge pixel
+(docs/faithfulness.md, "AugMix's rotate and shear at the image border").
 """
 
 from __future__ import annotations
@@ -121,7 +124,9 @@ def solarize(x: Array, threshold: Array) -> Array:
 def affine(x: Array, matrix: Array) -> Array:
   """PIL `Image.transform(size, AFFINE, (a, b, c, d, e, f), BILINEAR)`: output
   pixel (i, j) (row, column) samples the input at column a u + b v + c, row
-  d u + e v + f with (u, v) = (j + 0.5, i + 0.5); bilinear, zero outside."""
+  d u + e v + f with (u, v) = (j + 0.5, i + 0.5); bilinear, neighbours outside
+  the image count 0, the blend rounded (PIL clamps them, zeroes only a sample
+  point outside, truncates: the module docstring)."""
   h, w, _ = x.shape
   a, b, c, d, e, f = (matrix[k] for k in range(6))
   v, u = jnp.meshgrid(jnp.arange(h) + 0.5, jnp.arange(w) + 0.5, indexing="ij")
