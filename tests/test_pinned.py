@@ -10,9 +10,11 @@ cohort of 3, a server split; `tests/pinned.py`) serves two checks:
   code before the Algorithm-API refactor; regenerate it (`python
   tests/pinned.py`) only for a change meant to change numbers.
 
-Tolerances allow for another CPU's float rounding (XLA:CPU code differs between
-instruction sets), nothing more: a changed key or step moves these numbers by
-orders of magnitude more.
+Tolerances (`pinned.TOLERANCE`, on `pinned.errors`' scales) allow for another
+CPU's float rounding (XLA:CPU code differs between instruction sets, thread
+counts, optimization levels), measured with `python tests/pinned.py --spread`
+(docs/testing.md, "Pinned numbers"), with margin, nothing more: a changed key,
+step or default moves these numbers by orders of magnitude more.
 """
 
 import json
@@ -40,17 +42,14 @@ def run(setup, key):
   return _RUNS[key]
 
 
-def check_pinned(key, alg, res):
+def check_pinned(key, alg, res, fed):
   want, got = PINNED[key], pinned.summarize(alg, res)
-  np.testing.assert_allclose(got["eval_params"], want["eval_params"],
-                             rtol=1e-4, atol=1e-5, err_msg=f"{key}: parameters")
-  np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-4,
-                             err_msg=f"{key}: per-round loss")
   assert [sorted(h) for h in got["history"]] == [sorted(h) for h in want["history"]]
-  for g, w in zip(got["history"], want["history"]):
-    for k in w:
-      np.testing.assert_allclose(g[k], w[k], rtol=1e-4, atol=1e-6,
-                                 err_msg=f"{key}: history {k}")
+  assert len(got["loss"]) == len(want["loss"])
+  errors = pinned.errors(got, want, fed)
+  over = {part: f"{errors[part]:.2g} > {tol:g}"
+          for part, tol in pinned.TOLERANCE.items() if not errors[part] <= tol}
+  assert not over, f"{key}: off its pinned numbers: {over}"
 
 
 BASE = [k for k in PINNED if k not in pinned.VARIANTS]
@@ -71,17 +70,17 @@ def test_learns_above_chance_and_reproduces_pinned_numbers(setup, key):
   # Adapters on a frozen *random* ViT (FedSDAF's) learn less in 6 rounds than
   # whole networks do.
   frozen_random = alg.frozen is not None and alg.model is not None
-  assert res.final["id_acc"] > chance + (0.2 if frozen_random else 0.25), (
+  assert res.final["id_acc"] > chance + (0.15 if frozen_random else 0.25), (
       res.final)
   assert res.final["ood_acc"] > chance + 0.2, res.final
   assert res.history[-1]["train_loss"] < res.history[0]["train_loss"]
-  check_pinned(key, alg, res)
+  check_pinned(key, alg, res, fed)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("key", list(pinned.VARIANTS))
 def test_variants_reproduce_pinned_numbers(setup, key):
-  check_pinned(key, *run(setup, key))
+  check_pinned(key, *run(setup, key), setup[0])
 
 
 def test_hfedf_generates_personalized_models_and_reports_gradalign(setup):
@@ -96,3 +95,38 @@ def test_hfedf_generates_personalized_models_and_reports_gradalign(setup):
   assert float(jnp.max(jnp.abs(first[0] - first[1]))) > 0  # clients differ
   # Embedding dimension floor(1 + N/4).
   assert res.server.hp.embeddings.shape == (fed.num_clients, 2)
+
+
+def test_errors_are_on_each_leafs_scale_and_count_flipped_examples(setup):
+  """`pinned.errors` (what the tolerances apply to): rounding-sized moves of
+  a leaf stay rounding-sized, whatever its sum cancels to; a move of 1 % of
+  one leaf shows at 1e-2; an accuracy is counted in examples."""
+  fed = setup[0]
+  rng = np.random.default_rng(0)
+  leaves = [rng.normal(size=64), rng.normal(size=(8, 4)) + 3.0,
+            np.concatenate([rng.normal(size=31), [0.0]])]
+  leaves[0] -= leaves[0].mean()  # its sum is 0 up to rounding
+
+  def summary(ls, id_acc=0.5, ood_acc=0.5):
+    return dict(eval_params=pinned.digest(ls), sizes=pinned.leaf_sizes(ls),
+                loss=[1.0, 0.5],
+                history=[dict(train_loss=0.5, id_acc=id_acc, ood_acc=ood_acc)])
+
+  want = summary(leaves)
+  rounded = [x * (1 + 1e-7 * rng.normal(size=x.shape)) for x in leaves]
+  e = pinned.errors(summary(rounded), want, fed)
+  assert e["params"] < 1e-5 and e["flips"] == 0, e
+  # A plain relative difference of the cancelling sum is not small.
+  i = 0
+  assert abs(pinned.digest(rounded)[i] - want["eval_params"][i]) > 1e-3 * abs(
+      want["eval_params"][i])
+  moved = [leaves[0], leaves[1] * 1.01, leaves[2]]
+  assert 1e-2 <= pinned.errors(summary(moved), want, fed)["params"] < 3e-2
+  shifted = [leaves[0], leaves[1], leaves[2] + 1e-2 * np.std(leaves[2])]
+  assert pinned.errors(summary(shifted), want, fed)["params"] > 5e-3
+  n_id = fed.num_clients * int(fed.packed_val.n[fed.packed_val.n > 0].min())
+  flip = summary(leaves, id_acc=0.5 + 1 / n_id, ood_acc=0.5 - 2 / len(
+      fed.target_y))
+  assert pinned.errors(flip, want, fed)["flips"] == pytest.approx(2.0)
+  # Another number of leaves (a changed model) is never within tolerance.
+  assert pinned.errors(summary(leaves[:2]), want, fed)["params"] == np.inf
