@@ -1,8 +1,18 @@
 """Shared fixtures: a small synthetic multi-domain dataset that models can learn."""
 
 import dataclasses
+import os
 
-import jax
+# XLA's backend optimizations off (what flax's own tests do): most tests compile
+# a small program once and run it for milliseconds, so compile time is most of
+# the suite (1.3-1.4x faster without; docs/testing.md). Numbers move by
+# rounding only (the pinned tolerances cover it: `tests/pinned.py --spread`,
+# setting "no opt"). Set before jax is imported, so the CLI tests'
+# subprocesses inherit it; JAX_DISABLE_MOST_OPTIMIZATIONS=0 runs the suite
+# optimized (`make test-all` runs the slow tests so).
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+
+import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 import numpy as np
 import pytest
 

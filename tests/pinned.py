@@ -72,6 +72,12 @@ def config():
   c.hfedf.ema_warmup = 2          # the EMA acts from round 3
   c.hfedf.server_lr = 1e-2
   c.pfedhn.server_lr = 0.1
+  # Fixed one-hot client embeddings (Table 6), not the all-ones ones of Alg. 1:
+  # with all-ones embeddings the attention's gradients vanish in exact
+  # arithmetic and AdamW rescales their rounding to lr-sized steps, so those
+  # runs move by 2e-2 with the float summation order (optimizations off,
+  # 2 devices: docs/faithfulness.md, "HyperGenFL"); one-hot ones by 2e-7.
+  c.hypergenfl.embeddings = "onehot"
   for name in ("feddf", "fedbe", "fedlaw"):
     c[name].steps = 4
     c[name].batch_size = 8
@@ -205,7 +211,8 @@ def pinned_names() -> list[str]:
 # Code-generation settings that emulate other CPUs on this one (`--spread`):
 # name -> (XLA_FLAGS, JAX_DISABLE_MOST_OPTIMIZATIONS, CPUs the process may use;
 # None: all). `--xla_cpu_max_isa` caps the instruction set LLVM may use;
-# one CPU gives XLA's thread pool one thread.
+# one CPU gives XLA's thread pool one thread; two host devices shard the
+# cohort where the engine's `auto` placement does.
 SETTINGS = {
     "native": ("", "0", None),
     "AVX2": ("--xla_cpu_max_isa=AVX2", "0", None),
@@ -213,6 +220,7 @@ SETTINGS = {
     "SSE4_2": ("--xla_cpu_max_isa=SSE4_2", "0", None),
     "1 thread": ("", "0", {0}),
     "no opt": ("", "1", None),
+    "2 devices": ("--xla_force_host_platform_device_count=2", "0", None),
 }
 
 
