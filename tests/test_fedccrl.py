@@ -56,40 +56,38 @@ def test_pixel_operations_equal_pil(constant_channel):
     np.testing.assert_array_equal(got[..., 1], 77)
 
 
-def _inside(matrix, h, w):
-  """Output pixels whose four bilinear source neighbours lie in the image."""
-  a, b, c, d, e, f = matrix
-  v, u = np.meshgrid(np.arange(h) + 0.5, np.arange(w) + 0.5, indexing="ij")
-  col, row = a * u + b * v + c - 0.5, d * u + e * v + f - 0.5
-  return ((np.floor(col) >= 0) & (np.floor(col) + 1 <= w - 1)
-          & (np.floor(row) >= 0) & (np.floor(row) + 1 <= h - 1))
-
-
 @pytest.mark.parametrize("matrix", [(1, 0.25, 0, 0, 1, 0), (1, 0, 0, -0.2, 1, 0),
                                     (1, 0, 3, 0, 1, 0), (1, 0, 0, 0, 1, -2)])
 def test_affine_equals_pil_bilinear(matrix):
+  """Every pixel, the band along the warped edge included (PIL clamps the
+  neighbours there, zeroes only a sample point outside the image and
+  truncates): equal where float32 computes PIL's float64 sample points
+  exactly (the dyadic shear 0.25, whole-pixel translations); at the decimal
+  shear -0.2, whose blends are often integers in decimal arithmetic, float32
+  and float64 round some of those to either side: one grey level on 10 of
+  the 360 values (tests/test_augment.py bounds this residual)."""
   x = _image()
   want = np.asarray(Image.fromarray(x).transform(
       (10, 12), Image.AFFINE, matrix, resample=Image.BILINEAR), np.float32)
   got = np.asarray(augment.affine(jnp.asarray(x, jnp.float32),
                                   jnp.asarray(matrix, jnp.float32)))
-  inside = _inside(matrix, 12, 10)
-  assert inside.sum() > 40
-  assert np.max(np.abs(got - want)[inside]) <= 1  # rounding of the blend
-  if matrix[1] == matrix[3] == 0:  # integer translations: exact everywhere
+  if matrix[3] == -0.2:
+    assert np.abs(got - want).max() <= 1 and np.sum(got != want) <= 30
+  else:
     np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("degrees", [7.0, -9.0])
 def test_rotation_equals_pil(degrees):
+  """Every pixel, the border band included; float32's rotation matrix and
+  sample points may move a blend within ~1e-3 of an integer by one grey
+  level (none here)."""
   x = _image()
   m = np.asarray(augment.rotation_matrix(jnp.asarray(degrees), 12, 10))
   got = np.asarray(augment.affine(jnp.asarray(x, jnp.float32), jnp.asarray(m)))
   want = np.asarray(Image.fromarray(x).rotate(degrees, resample=Image.BILINEAR),
                     np.float32)
-  inside = _inside(m, 12, 10)
-  assert inside.sum() > 40
-  assert np.max(np.abs(got - want)[inside]) <= 1
+  assert np.abs(got - want).max() <= 1 and np.sum(got != want) <= 3
 
 
 def test_one_chain_of_depth_one_is_a_blend_with_one_operation():
