@@ -191,17 +191,19 @@ def _check_warp(got, want, x, matrix, where):
 
 @pytest.fixture(scope="module")
 def ops_at_levels():
-  """apply_op and the reference at every (operation, level, sign), one jit."""
+  """apply_op and the reference at every (operation, level, sign), one jit,
+  and at ON_EDGE (last: its own test)."""
   x = _image()
   combos = [(k, level, sign) for k in range(len(augment.OPS)) for level in LEVELS
             for sign in (1.0, -1.0)]
-  op, level, sign = (jnp.asarray(v) for v in zip(*combos))
+  all_ = combos + [(augment.OPS.index(ON_EDGE[0]),) + ON_EDGE[1:]]
+  op, level, sign = (jnp.asarray(v) for v in zip(*all_))
   got = np.asarray(jax.jit(jax.vmap(
       lambda o, l, s: augment.apply_op(jnp.asarray(x, jnp.float32), o, l, s)))(
           op, level.astype(jnp.float32), sign.astype(jnp.float32)))
   want = [np.asarray(REFERENCE[augment.OPS[k]](Image.fromarray(x), lv, s),
-                     np.float64) for k, lv, s in combos]
-  return x, combos, got, want
+                     np.float64) for k, lv, s in all_]
+  return x, combos, got[:-1], want[:-1], (got[-1], want[-1])
 
 
 def test_operation_names_are_the_references():
@@ -216,7 +218,7 @@ def test_level_to_parameter_mapping_equals_the_reference_on_pil(name,
   (autocontrast within one grey level: PIL stretches in float64),
   translations exactly, rotate and shear as `_check_warp` says (a few values
   one grey level off at level 1.0, shear 0.03: decimal arithmetic)."""
-  x, combos, got, want = ops_at_levels
+  x, combos, got, want, _ = ops_at_levels
   k = augment.OPS.index(name)
   checked = off = 0
   for (op, level, sign), g, w in zip(combos, got, want):
@@ -238,6 +240,27 @@ def test_level_to_parameter_mapping_equals_the_reference_on_pil(name,
   # (autocontrast and equalize take none).
   outs = {got[i].tobytes() for i, c in enumerate(combos) if c[0] == k}
   assert (len(outs) == 1) == (name in ("autocontrast", "equalize")), name
+
+
+# A float32 level AugMix can draw (found among 400 random shear_y images; such
+# a point occurs in about one shear image in 10^5) where pixel (31, 19)'s
+# sample point lies 6.9e-7 inside the bottom edge: p u + v = 0.0256410 x 19.5
+# + 31.5 = 31.9999993 in float64, 32.0 in float32.
+ON_EDGE = ("shear_y", float(np.float32(0.8546997)), 1.0)
+
+
+def test_a_sample_point_within_float32_rounding_of_the_edge_falls_outside(
+    ops_at_levels):
+  """At ON_EDGE float32 rounds that sample point onto the edge: ours outputs
+  0 where PIL blends the clamped bottom row; every other pixel as
+  `_check_warp` says. A non-strict outside test (Y <= H inside) would take
+  the point in and equal PIL."""
+  x, _, _, _, (got, want) = ops_at_levels
+  name, level, sign = ON_EDGE
+  _, landed = _check_warp(got, want, x, _matrix(name, level, sign), ON_EDGE)
+  assert landed == 1
+  assert np.all(got[31, 19] == 0) and np.all(want[31, 19] > 0), (
+      got[31, 19], want[31, 19])
 
 
 WARP_SIZES = ((32, 32), (33, 33), (9, 13))  # CIFAR's, odd sides, not square
