@@ -1,6 +1,7 @@
 # Two commands do everything on a fresh machine:
 #   make demo   set up, prepare the embedded offline dataset, run the main job
-#   make test   set up, prepare the dataset, run the whole test suite
+#   make test   set up, prepare the dataset, run the default test suite
+#               (make test-all: the slow tests and the tutorials too)
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -13,7 +14,7 @@ FMNIST_DIR ?= /usr/share/datasets/fashion-mnist
 export FEDJAX_DG_DATA_DIR ?= $(abspath .data)
 export FEDJAX_DG_FASHION_MNIST_DIR ?= $(FMNIST_DIR)
 
-.PHONY: setup fashion-mnist data demo test test-notebooks bench mutation clean
+.PHONY: setup fashion-mnist data demo test test-slow test-notebooks test-all bench mutation clean
 
 setup: $(STAMP)
 
@@ -49,10 +50,18 @@ TEST_WORKERS ?= 2
 test: data
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
+# The tests marked `slow`: longer variants, and end-to-end runs that confirm
+# what faster default tests pin (docs/testing.md says which and why).
+test-slow: data
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m slow
+
 # The colab/ tutorials, executed at their tiny settings (colab/README.md has
 # their times); they prepare fashion_mnist / styled_fashion_mnist on first use.
 test-notebooks: data
 	$(PY) -m pytest -q -m notebooks tests/test_colab.py
+
+# Everything: the default suite, the slow tests, the tutorials (what CI runs).
+test-all: test test-slow test-notebooks
 
 # Benchmarks (not part of `make test`): installs the CPU PyTorch build for the reference
 # loop, and the torchvision and timm that the weights tests compare with (MobileNetV3, ViT).
