@@ -2,9 +2,10 @@
 ablation names, Table 10 presets, few-shot and client scaling end to end.
 
 Learned embeddings (the default) learning above chance is
-tests/test_algorithms.py::test_learns_above_chance[hfedf] (and the ablation
-names there); each engine run here covers several variants at once to keep the
-file fast (compilation dominates)."""
+tests/test_pinned.py::test_learns_above_chance_and_reproduces_pinned_numbers
+[hfedf] (and the ablation names'; hfedf@autoencoder's with -m slow); each engine run
+here covers several variants at once to keep the file fast (compilation
+dominates)."""
 
 import jax
 import jax.numpy as jnp
@@ -307,8 +308,8 @@ def test_autoencoder_embeddings_are_the_servers_fixed_table(two_per_domain):
 
 # Slow: the wiring (the autoencoder's table fixed on the server through a
 # step) is test_autoencoder_embeddings_are_the_servers_fixed_table; learning
-# above chance with learned embeddings is
-# tests/test_algorithms.py::test_learns_above_chance[hfedf].
+# above chance with learned embeddings is tests/test_pinned.py::
+# test_learns_above_chance_and_reproduces_pinned_numbers[hfedf].
 @pytest.mark.slow
 def test_autoencoder_embeddings_learn_above_chance(two_per_domain):
   fed = two_per_domain  # as the test above: the autoencoder program is reused
