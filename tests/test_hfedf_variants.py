@@ -3,9 +3,9 @@ ablation names, Table 10 presets, few-shot and client scaling end to end.
 
 Learned embeddings (the default) learning above chance is
 tests/test_pinned.py::test_learns_above_chance_and_reproduces_pinned_numbers
-[hfedf] (and the ablation names'; hfedf@autoencoder's with -m slow); each engine run
-here covers several variants at once to keep the file fast (compilation
-dominates)."""
+[hfedf] (and the ablation names'; hfedf@autoencoder's with -m slow); each
+engine run here covers several variants at once to keep the file fast
+(compilation dominates)."""
 
 import jax
 import jax.numpy as jnp
