@@ -68,18 +68,34 @@ def test_fedavg_round_equals_python_loop_over_clients(fed3):
   assert max_diff(got.server.params, params) < 1e-5
 
 
-def test_vmap_and_map_agree(fed3):
+@pytest.fixture(scope="module")
+def adam(fed3):
+  """(model, FedAvg with Adam), one pair for the module: `engine.run` keeps
+  its compiled programs per algorithm and model object (engine._programs),
+  so the runs below compile each program once."""
   model = mlp(fed3)
-  alg = fedavg(model, make_optimizer("adam", 1e-2), objectives.cross_entropy(model))
-  a = engine.run(alg, fed3, model, dataclasses.replace(CFG, client_mapping="map"))
+  return model, fedavg(model, make_optimizer("adam", 1e-2),
+                       objectives.cross_entropy(model))
+
+
+@pytest.fixture(scope="module")
+def adam_run(fed3, adam):
+  """The CFG run of `adam` (client_mapping "map"), shared by the tests that
+  compare other runs with it."""
+  model, alg = adam
+  return engine.run(alg, fed3, model, CFG)
+
+
+def test_vmap_and_map_agree(fed3, adam, adam_run):
+  model, alg = adam
+  assert CFG.client_mapping == "map"
   b = engine.run(alg, fed3, model, dataclasses.replace(CFG, client_mapping="vmap"))
-  assert max_diff(a.server, b.server) < 1e-5
+  assert max_diff(adam_run.server, b.server) < 1e-5
 
 
-def test_resume_from_checkpoint_is_bit_exact(fed3, tmp_path):
-  model = mlp(fed3)
-  alg = fedavg(model, make_optimizer("adam", 1e-2), objectives.cross_entropy(model))
-  full = engine.run(alg, fed3, model, CFG)
+def test_resume_from_checkpoint_is_bit_exact(fed3, adam, adam_run, tmp_path):
+  model, alg = adam
+  full = adam_run
   ckpt = str(tmp_path / "ckpt")
   half = engine.run(alg, fed3, model, dataclasses.replace(CFG, rounds=2),
                     checkpoint_dir=ckpt)
@@ -111,7 +127,8 @@ def test_cohort_and_persistent_client_state(fed3):
     changed = not leaves_equal(row(res.clients), row(init_clients))
     assert changed == (i in cohort), (i, cohort)
   # Different rounds draw different cohorts (with this seed), always of size 2.
-  many = engine.run(alg, fed3, model, dataclasses.replace(cfg, rounds=6, eval_every=6))
+  # (Chunks of one round, as above: the same compiled program.)
+  many = engine.run(alg, fed3, model, dataclasses.replace(cfg, rounds=6))
   cohorts = [tuple(sorted(c)) for c in many.round_metrics["cohort"]]
   assert all(len(set(c)) == 2 for c in cohorts) and len(set(cohorts)) > 1
 
@@ -148,10 +165,10 @@ def test_no_id_validation_split_means_no_id_accuracy_not_zero(tmp_path):
       assert (tmp_path / name).stat().st_size > 0
 
 
-def test_client_without_validation_examples_is_left_out_of_the_id_mean(fed3):
-  model = mlp(fed3)
-  alg = fedavg(model, make_optimizer("adam", 1e-2), objectives.cross_entropy(model))
-  full = engine.run(alg, fed3, model, CFG)
+def test_client_without_validation_examples_is_left_out_of_the_id_mean(
+    fed3, adam, adam_run):
+  model, alg = adam
+  full = adam_run
   n = np.asarray(fed3.val.n).copy()
   n[1] = 0
   part = engine.run(alg, dataclasses.replace(
