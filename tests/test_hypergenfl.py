@@ -49,6 +49,13 @@ def cohort(model, m, key=1, scale=0.3):
   return start, trained
 
 
+def normal(seed, shape, scale=1.0):
+  """N(0, scale^2) float32 draws from numpy (jax.random compiles a program
+  per shape when called outside jit)."""
+  return (scale * np.random.default_rng(seed).normal(size=shape)).astype(
+      np.float32)
+
+
 def flat(t):
   return np.concatenate([np.ravel(np.asarray(x)) for x in jax.tree.leaves(t)])
 
@@ -128,14 +135,16 @@ def test_resnet50_layers_groupnorm_is_one_module():
 @pytest.mark.parametrize("granularity", ["module", "tensor"])
 def test_weights_are_positive_and_sum_to_one_per_layer(granularity):
   _, hn, phi, layer_of = weight_net(tiny_model(), granularity=granularity)
-  sigma = jax.random.normal(jax.random.key(3), (5, 8))
+  sigma = normal(3, (5, 8))
   w = np.asarray(hn(phi, sigma))
   assert w.shape == (5, max(layer_of) + 1)
   assert np.all(w > 0)
   np.testing.assert_allclose(w.sum(0), 1.0, rtol=1e-6)
   # Attention couples the cohort: changing one client's embedding moves the
   # other clients' weights too.
-  w2 = np.asarray(hn(phi, sigma.at[0].add(1.0)))
+  moved = sigma.copy()
+  moved[0] += 1.0
+  w2 = np.asarray(hn(phi, moved))
   assert np.abs(w2[1:] - w[1:]).max() > 0
 
 
@@ -143,7 +152,7 @@ def test_eq4_softmax_is_over_each_clients_features():
   """z = softmax(MHA(sigma) + sigma) over the d features of each client: every
   row of the latent sums to one (a softmax over clients would make columns)."""
   module, _, phi, _ = weight_net(tiny_model())
-  sigma = jax.random.normal(jax.random.key(11), (5, 8))
+  sigma = normal(11, (5, 8))
   z = np.asarray(module.apply({"params": phi}, sigma,
                               method=AttentionScores.latent))
   np.testing.assert_allclose(z.sum(1), 1.0, rtol=1e-6)
@@ -181,7 +190,7 @@ def test_lambda_keeps_all_off_layers_uniform():
   module, hn, phi, layer_of = weight_net(tiny_model())
   phi = jax.tree.map(lambda x: x, phi)
   phi["decode"]["bias"] = phi["decode"]["bias"].at[1].set(-10.0)
-  w = np.asarray(hn(phi, jax.random.normal(jax.random.key(4), (3, 8))))
+  w = np.asarray(hn(phi, normal(4, (3, 8))))
   np.testing.assert_allclose(w[:, 1], 1 / 3, rtol=1e-6)
 
 
@@ -214,7 +223,7 @@ def test_aggregate_refuses_a_layer_map_of_another_length():
 def test_vjp_server_gradient_matches_brute_force_autodiff(kind, granularity):
   model = tiny_model()
   _, hn, phi, layer_of = weight_net(model, granularity=granularity)
-  sigma = 1.0 + 0.3 * jax.random.normal(jax.random.key(5), (4, 8))
+  sigma = 1.0 + normal(5, (4, 8), 0.3)
   start, trained = cohort(model, 4)
   agg, w, g_phi, g_sigma = jax.jit(
       lambda p, s: hg.server_grads(hn, layer_of, p, s, start, trained, kind))(
@@ -234,7 +243,7 @@ def test_vjp_server_gradient_matches_brute_force_autodiff(kind, granularity):
 def test_vjp_server_gradient_matches_finite_differences():
   model = tiny_model()
   _, hn, phi, layer_of = weight_net(model, lam=0.05)
-  sigma = 1.0 + jax.random.normal(jax.random.key(6), (3, 8))
+  sigma = 1.0 + normal(6, (3, 8))
   start, trained = cohort(model, 3, scale=1.0)
   _, _, g_phi, g_sigma = jax.jit(
       lambda p, s: hg.server_grads(hn, layer_of, p, s, start, trained))(phi, sigma)
@@ -262,8 +271,7 @@ def test_vjp_server_gradient_matches_finite_differences():
 def _one_step(kind, opt, model, m=4, n=6):
   """(start, trained, aggregate before, aggregate after) of one server step."""
   _, hn, phi, layer_of = weight_net(model)
-  hp = HyperParams(theta=phi, embeddings=1.0 + 0.5 * jax.random.normal(
-      jax.random.key(7), (n, 8)))
+  hp = HyperParams(theta=phi, embeddings=1.0 + normal(7, (n, 8), 0.5))
   step = hg.hypergenfl_step(hn, layer_of, opt, loss=kind)
   ids = jnp.array([4, 0, 5, 2])[:m]
   start, trained = cohort(model, m)
@@ -348,7 +356,7 @@ def test_only_the_active_clients_embedding_rows_change():
   model = tiny_model()
   _, hn, phi, layer_of = weight_net(model)
   n = 7
-  emb = 1.0 + 0.5 * jax.random.normal(jax.random.key(9), (n, 8))
+  emb = 1.0 + normal(9, (n, 8), 0.5)
   hp = HyperParams(theta=phi, embeddings=emb)
   step = hg.hypergenfl_step(hn, layer_of, optax.adamw(1e-2, weight_decay=0.1))
   update = jax.jit(step.update)
