@@ -219,11 +219,13 @@ SHARDED = textwrap.dedent("""
     opt = make_optimizer("adam", 1e-2)
     worst = 0.0
     algs = [fedavg(model, opt, loss), local_only(model, opt, loss, num_clients=n)]
-    if {with_hfedf}:  # a server step over the sharded (and padded) cohort
-      algs.append(hfedf(model, opt, loss, num_clients=n, ema_warmup=1))
-      # an optimizer state rebuilt from constants in each step (SAM's count)
+    if {with_hfedf}:
+      # FedSAM in FedAvg's place: FedAvg with SAM's optimizer, whose state is
+      # rebuilt from constants in each step (SAM's count); then a server step
+      # over the sharded (and padded) cohort.
       from fedjax_dg.algorithms.fedsam import fedsam
-      algs.append(fedsam(model, opt, loss))
+      algs = [fedsam(model, opt, loss), algs[1],
+              hfedf(model, opt, loss, num_clients=n, ema_warmup=1)]
     if {with_fedsdaf}:  # a frozen backbone, per-client adapters, GA's gaps
       from fedjax_dg import algorithms
       vit = models.get_model("vit_tiny", input_shape=fed.image_shape,
@@ -262,7 +264,9 @@ SHARDED = textwrap.dedent("""
 def test_sharded_over_host_devices_matches_one_device(devices, clients, mesh):
   """8 clients on 8 devices (slow: the default 2-device case covers its
   algorithms, and more: a padded cohort, hFedF's server step, lanes); 5 on 2
-  (the cohort padded to 6 inside the mapper)."""
+  (the cohort padded to 6 inside the mapper), with FedSAM for FedAvg (FedAvg
+  with SAM's optimizer: FedAvg's server, broadcast and evaluation, and SAM's
+  state), 2 lanes per device on it."""
   tests = os.path.dirname(os.path.abspath(__file__))
   script = SHARDED.format(tests=tests, devices=devices, clients=clients,
                           with_hfedf=devices == 2, with_fedsdaf=False)
