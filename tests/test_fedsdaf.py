@@ -133,7 +133,7 @@ def _player_losses(alg, frozen, glob, local, batch, alpha, direction):
 def test_bkd_gradient_blocks_are_each_players_own(fed, alpha, direction):
   alg, server, clients, frozen = _setup(fed, alpha=alpha, kl=direction)
   glob = _moved(server.params)
-  local = _moved(jax.tree.map(lambda a: a[0], clients), seed=6)
+  local = _moved(jax.tree.map(lambda a: np.asarray(a)[0], clients), seed=6)
   batch = _batch(fed)
   value, grads = jax.jit(jax.value_and_grad(alg.loss))(
       {**glob, **local}, batch, jax.random.key(0), _ctx(frozen, None))
@@ -175,22 +175,23 @@ def test_alternate_is_two_sgd_steps_in_turn(fed):
   alg = algorithms.create("fedsdaf", _vit(fed), optimizer=optax.sgd(lr),
                           hparams={}, num_clients=N)
   glob = server.params
-  local = jax.tree.map(lambda a: a[0], clients)
+  local = jax.tree.map(lambda a: np.asarray(a)[0], clients)
   n = 5
   x, y = fed.train.x[0], fed.train.y[0]
-  # One step over the client's first n rows (batch = n, one epoch).
-  trained, _ = local_update(alg.loss, alg.optimizer, {**glob, **local}, x, y,
-                            jnp.int32(n), jax.random.key(1),
-                            _ctx(frozen, None), batch_size=n, epochs=1)
+  # One step over the client's first n rows (batch = n, one epoch); one
+  # program per order (op by op, every op would compile on its own).
+  step = lambda a: jax.jit(lambda p: local_update(
+      a.loss, a.optimizer, p, x, y, jnp.int32(n), jax.random.key(1),
+      _ctx(frozen, None), batch_size=n, epochs=1)[0])
+  trained = step(alg)({**glob, **local})
   # The batch local_update drew: the n valid rows in some order; the losses
   # are means over the batch, so the order does not matter.
   batch = Batch(jnp.asarray(x[:n]), jnp.asarray(y[:n]), jnp.ones(n))
   di_loss, _ = _player_losses(alg, frozen, glob, local, batch, 1.0, "forward")
-  glob1 = jax.tree.map(lambda p, g: p - lr * g, glob,
-                       jax.jit(jax.grad(di_loss))(glob))
+  sgd = lambda p, g: np.asarray(p) - lr * np.asarray(g)
+  glob1 = jax.tree.map(sgd, glob, jax.jit(jax.grad(di_loss))(glob))
   _, dw_loss = _player_losses(alg, frozen, glob1, local, batch, 1.0, "forward")
-  local1 = jax.tree.map(lambda p, g: p - lr * g, local,
-                        jax.jit(jax.grad(dw_loss))(local))
+  local1 = jax.tree.map(sgd, local, jax.jit(jax.grad(dw_loss))(local))
   want = {**glob1, **local1}
   for k in want:
     for g, w in zip(jax.tree.leaves(trained[k]), jax.tree.leaves(want[k])):
@@ -198,9 +199,7 @@ def test_alternate_is_two_sgd_steps_in_turn(fed):
   # Joint order: both players at the same point differ from the alternation.
   joint = algorithms.create("fedsdaf", _vit(fed), optimizer=optax.sgd(lr),
                             hparams=dict(bkd_order="joint"), num_clients=N)
-  trained_j, _ = local_update(joint.loss, joint.optimizer, {**glob, **local},
-                              x, y, jnp.int32(n), jax.random.key(1),
-                              _ctx(frozen, None), batch_size=n, epochs=1)
+  trained_j = step(joint)({**glob, **local})
   np.testing.assert_allclose(jax.tree.leaves(trained_j["adi"])[0],
                              jax.tree.leaves(glob1["adi"])[0], rtol=1e-4,
                              atol=1e-6)
@@ -322,7 +321,7 @@ def test_ga_aggregation_reads_the_clients_gaps(fed):
 
 def test_gap_is_the_clients_model_loss_on_its_rows(fed):
   alg, server, clients, frozen = _setup(fed, gap_examples=7)
-  start = {**server.params, **jax.tree.map(lambda a: a[1], clients)}
+  start = {**server.params, **jax.tree.map(lambda a: np.asarray(a)[1], clients)}
   trained = _moved(start)
   data = jax.tree.map(lambda a: a[1], fed.train)
   from fedjax_dg.client.update import ClientData
@@ -371,7 +370,7 @@ def test_ablation_switches_shape_the_parameters(fed, hp, server_keys,
 def test_alpha_zero_drops_distillation_only(fed):
   """alpha=0: each path its own cross-entropy (Table 4's "BKD off")."""
   alg, server, clients, frozen = _setup(fed, alpha=0.0)
-  params = {**server.params, **jax.tree.map(lambda a: a[0], clients)}
+  params = {**server.params, **jax.tree.map(lambda a: np.asarray(a)[0], clients)}
   batch = _batch(fed)
 
   @jax.jit
