@@ -88,6 +88,17 @@ def _batches(client_key, n, n_max, batch_size, epochs):
       jnp.arange(num_steps(n_max, batch_size, epochs)))
 
 
+@functools.partial(jax.jit, static_argnums=(2, 3))
+def _cohort_and_keys(root, r, n_clients, m):
+  """The engine's cohort of round r and every client's key (its round key
+  schedule: `engine.round_keys`, `cohort_ids`, `client_keys`), one program."""
+  cohort_key, client_key, _ = jax.random.split(jax.random.fold_in(root, r), 3)
+  ids = jax.random.choice(cohort_key, n_clients, (m,), replace=False)
+  keys = jax.vmap(jax.random.fold_in, (None, 0))(client_key,
+                                                 jnp.arange(n_clients))
+  return ids, keys
+
+
 def numpy_scaffold(fed, x, variant, rounds, cfg, server_lr, weighting,
                    grad=None, sizes=SIZES):
   """Algorithm 1 as a Python loop, with the engine's key schedule (cohort and
@@ -100,16 +111,15 @@ def numpy_scaffold(fed, x, variant, rounds, cfg, server_lr, weighting,
   root = jax.random.key(cfg.seed)
   out = []
   for r in range(rounds):
-    cohort_key, client_key, _ = jax.random.split(jax.random.fold_in(root, r), 3)
-    ids = [int(i) for i in jax.random.choice(cohort_key, n_clients, (m,),
-                                             replace=False)]
+    ids, client_keys = _cohort_and_keys(root, r, n_clients, m)
+    ids = [int(i) for i in ids]
     steps, deltas, weights = [], [], []
     new_ci = list(ci)
     for i in ids:
       n = sizes[i]
       xi, yi = np.asarray(fed.train.x[i]), np.asarray(fed.train.y[i])
-      batches = _batches(jax.random.fold_in(client_key, i), n, xi.shape[0],
-                         cfg.batch_size, cfg.epochs)
+      batches = _batches(client_keys[i], n, xi.shape[0], cfg.batch_size,
+                         cfg.epochs)
       y, k = x, 0
       for idx, valid, active in zip(*map(np.asarray, batches)):
         if not active:
@@ -175,14 +185,13 @@ def _engine_equals_numpy(alg, fed, variant, server_lr, weighting, frozen=None,
     _close(server.params, x, f"round {r} x")
     _close(server.control, c, f"round {r} c", atol=2e-5)
     for i in range(len(sizes)):
-      row = tree.take(clients, jnp.asarray([i]))
+      row = _map(lambda a: np.asarray(a)[i:i + 1], clients)
       if i in ids:
         _close(row, _map(lambda a: a[None], ci[i]), f"round {r} c_{i}",
                atol=2e-5)
       else:  # absent from the cohort: its control variate is untouched
-        assert all(bool(jnp.array_equal(a, b)) for a, b in zip(
-            jax.tree.leaves(row), jax.tree.leaves(tree.take(before,
-                                                            jnp.asarray([i])))))
+        assert all(np.array_equal(a, np.asarray(b)[i:i + 1]) for a, b in zip(
+            jax.tree.leaves(row), jax.tree.leaves(before)))
     # c is the mean of all N client controls (|S|/N times the cohort mean).
     _close(server.control, _map(lambda a: np.mean(np.asarray(a), 0), clients),
            f"round {r} c = mean c_i", atol=1e-6)
