@@ -15,12 +15,18 @@ from fedjax_dg.client.update import (Batch, ClientContext, batch_at,
 
 @pytest.mark.parametrize("n,n_max,bs,epochs", [(10, 10, 4, 2), (5, 23, 4, 3), (1, 7, 3, 1)])
 def test_schedule_visits_every_valid_example_once_per_epoch(n, n_max, bs, epochs):
-  perms = epoch_permutations(jax.random.key(0), jnp.int32(n), n_max, epochs)
   total_steps = epochs * -(-n_max // bs)
+
+  @jax.jit  # one program (op by op, every op of every step dispatched)
+  def schedule(key, n):
+    perms = epoch_permutations(key, n, n_max, epochs)
+    return jax.vmap(lambda s: batch_at(s, perms, n, bs))(
+        jnp.arange(total_steps))
+
+  steps = [np.asarray(a) for a in schedule(jax.random.key(0), jnp.int32(n))]
   seen = [[] for _ in range(epochs)]
   active_steps = 0
-  for s in range(total_steps):
-    idx, valid, active = batch_at(jnp.int32(s), perms, jnp.int32(n), bs)
+  for s, (idx, valid, active) in enumerate(zip(*steps)):
     if bool(active):
       active_steps += 1
       e = s // -(-n // bs)
@@ -58,16 +64,21 @@ def test_local_update_matches_python_loop_and_ignores_padding():
   perm_key, _ = jax.random.split(key)
   perms = np.asarray(epoch_permutations(perm_key, jnp.int32(n), n_max, epochs))
   p = jax.tree.map(np.asarray, params)
+
+  @jax.jit  # one program per batch size
+  def value_and_grad(q, xb, yb):
+    def ce(q):
+      logits = model.apply(q, xb)
+      return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(
+          logits, yb))
+    return jax.value_and_grad(ce)(q)
+
   losses = []
   for e in range(epochs):
     order = perms[e][:n]
     for j in range(0, n, bs):
       idx = order[j:j + bs]
-      def ce(q):
-        logits = model.apply(q, jnp.asarray(x[idx]))
-        return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(
-            logits, jnp.asarray(y[idx])))
-      l, g = jax.value_and_grad(ce)(p)
+      l, g = value_and_grad(p, jnp.asarray(x[idx]), jnp.asarray(y[idx]))
       losses.append(float(l))
       p = jax.tree.map(lambda a, b: a - 0.5 * b, p, g)
   for k in p:

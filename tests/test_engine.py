@@ -42,17 +42,34 @@ def max_diff(a, b):
              zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
-def test_fedavg_round_equals_python_loop_over_clients(fed3):
+@pytest.fixture(scope="module")
+def adam(fed3):
+  """(model, FedAvg with Adam), one pair for the module: `engine.run` keeps
+  its compiled programs per algorithm and model object (engine._programs),
+  so the runs below compile each program once."""
   model = mlp(fed3)
-  opt = make_optimizer("sgd", 0.1)
+  return model, fedavg(model, make_optimizer("adam", 1e-2),
+                       objectives.cross_entropy(model))
+
+
+@pytest.fixture(scope="module")
+def adam_run(fed3, adam):
+  """The CFG run of `adam` (client_mapping "map"), shared by the tests that
+  compare other runs with it."""
+  model, alg = adam
+  return engine.run(alg, fed3, model, CFG)
+
+
+def test_fedavg_round_equals_python_loop_over_clients(fed3, adam, adam_run):
+  model, alg = adam
+  opt = make_optimizer("adam", 1e-2)  # adam's (a fresh state per round)
   loss = objectives.cross_entropy(model)
-  alg = fedavg(model, opt, loss)
-  cfg = dataclasses.replace(CFG, rounds=2, eval_every=2)
-  got = engine.run(alg, fed3, model, cfg)
+  cfg = CFG
+  got = adam_run
 
   # The FedJAX execution model: a Python loop over clients, one jitted update each.
   root = jax.random.key(cfg.seed)
-  params = alg.init(jax.random.fold_in(root, 2**31 - 1))[0].params
+  params = jax.jit(alg.init)(jax.random.fold_in(root, 2**31 - 1))[0].params
   upd = jax.jit(lambda p, x, y, n, k: local_update(
       loss, opt, p, x, y, n, k, batch_size=cfg.batch_size, epochs=cfg.epochs))
   for r in range(cfg.rounds):
@@ -61,25 +78,23 @@ def test_fedavg_round_equals_python_loop_over_clients(fed3):
     for i in range(fed3.num_clients):
       p_i, _ = upd(params, fed3.train.x[i], fed3.train.y[i], fed3.train.n[i],
                    jax.random.fold_in(client_key, i))
-      trained.append(p_i)
+      trained.append(jax.tree.map(np.asarray, p_i))
       weights.append(float(fed3.train.n[i]))
     params = jax.tree.map(lambda *xs: sum(w * x for w, x in zip(weights, xs))
                           / sum(weights), *trained)
   assert max_diff(got.server.params, params) < 1e-5
 
 
-def test_vmap_and_map_agree(fed3):
-  model = mlp(fed3)
-  alg = fedavg(model, make_optimizer("adam", 1e-2), objectives.cross_entropy(model))
-  a = engine.run(alg, fed3, model, dataclasses.replace(CFG, client_mapping="map"))
+def test_vmap_and_map_agree(fed3, adam, adam_run):
+  model, alg = adam
+  assert CFG.client_mapping == "map"
   b = engine.run(alg, fed3, model, dataclasses.replace(CFG, client_mapping="vmap"))
-  assert max_diff(a.server, b.server) < 1e-5
+  assert max_diff(adam_run.server, b.server) < 1e-5
 
 
-def test_resume_from_checkpoint_is_bit_exact(fed3, tmp_path):
-  model = mlp(fed3)
-  alg = fedavg(model, make_optimizer("adam", 1e-2), objectives.cross_entropy(model))
-  full = engine.run(alg, fed3, model, CFG)
+def test_resume_from_checkpoint_is_bit_exact(fed3, adam, adam_run, tmp_path):
+  model, alg = adam
+  full = adam_run
   ckpt = str(tmp_path / "ckpt")
   half = engine.run(alg, fed3, model, dataclasses.replace(CFG, rounds=2),
                     checkpoint_dir=ckpt)
@@ -111,7 +126,8 @@ def test_cohort_and_persistent_client_state(fed3):
     changed = not leaves_equal(row(res.clients), row(init_clients))
     assert changed == (i in cohort), (i, cohort)
   # Different rounds draw different cohorts (with this seed), always of size 2.
-  many = engine.run(alg, fed3, model, dataclasses.replace(cfg, rounds=6, eval_every=6))
+  # (Chunks of one round, as above: the same compiled program.)
+  many = engine.run(alg, fed3, model, dataclasses.replace(cfg, rounds=6))
   cohorts = [tuple(sorted(c)) for c in many.round_metrics["cohort"]]
   assert all(len(set(c)) == 2 for c in cohorts) and len(set(cohorts)) > 1
 
@@ -148,10 +164,10 @@ def test_no_id_validation_split_means_no_id_accuracy_not_zero(tmp_path):
       assert (tmp_path / name).stat().st_size > 0
 
 
-def test_client_without_validation_examples_is_left_out_of_the_id_mean(fed3):
-  model = mlp(fed3)
-  alg = fedavg(model, make_optimizer("adam", 1e-2), objectives.cross_entropy(model))
-  full = engine.run(alg, fed3, model, CFG)
+def test_client_without_validation_examples_is_left_out_of_the_id_mean(
+    fed3, adam, adam_run):
+  model, alg = adam
+  full = adam_run
   n = np.asarray(fed3.val.n).copy()
   n[1] = 0
   part = engine.run(alg, dataclasses.replace(
@@ -202,11 +218,13 @@ SHARDED = textwrap.dedent("""
     opt = make_optimizer("adam", 1e-2)
     worst = 0.0
     algs = [fedavg(model, opt, loss), local_only(model, opt, loss, num_clients=n)]
-    if {with_hfedf}:  # a server step over the sharded (and padded) cohort
-      algs.append(hfedf(model, opt, loss, num_clients=n, ema_warmup=1))
-      # an optimizer state rebuilt from constants in each step (SAM's count)
+    if {with_hfedf}:
+      # FedSAM in FedAvg's place: FedAvg with SAM's optimizer, whose state is
+      # rebuilt from constants in each step (SAM's count); then a server step
+      # over the sharded (and padded) cohort.
       from fedjax_dg.algorithms.fedsam import fedsam
-      algs.append(fedsam(model, opt, loss))
+      algs = [fedsam(model, opt, loss), algs[1],
+              hfedf(model, opt, loss, num_clients=n, ema_warmup=1)]
     if {with_fedsdaf}:  # a frozen backbone, per-client adapters, GA's gaps
       from fedjax_dg import algorithms
       vit = models.get_model("vit_tiny", input_shape=fed.image_shape,
@@ -245,7 +263,9 @@ SHARDED = textwrap.dedent("""
 def test_sharded_over_host_devices_matches_one_device(devices, clients, mesh):
   """8 clients on 8 devices (slow: the default 2-device case covers its
   algorithms, and more: a padded cohort, hFedF's server step, lanes); 5 on 2
-  (the cohort padded to 6 inside the mapper)."""
+  (the cohort padded to 6 inside the mapper), with FedSAM for FedAvg (FedAvg
+  with SAM's optimizer: FedAvg's server, broadcast and evaluation, and SAM's
+  state), 2 lanes per device on it."""
   tests = os.path.dirname(os.path.abspath(__file__))
   script = SHARDED.format(tests=tests, devices=devices, clients=clients,
                           with_hfedf=devices == 2, with_fedsdaf=False)

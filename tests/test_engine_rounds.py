@@ -58,10 +58,20 @@ def test_server_sees_the_rounds_only_where_asked(fed3):
   asks = dataclasses.replace(base, server_update=server_update,
                              uses_rounds=True)
   assert asks.needs_rounds and not base.needs_rounds
-  engine.run(asks, fed3, model, dataclasses.replace(CFG, rounds=3, eval_every=3))
-  engine.run(asks, fed3, model, dataclasses.replace(CFG, rounds=5, eval_every=5))
+
+  def trace(alg, cfg):
+    """Lowers (traces, never compiles) the chunk program `engine.run` runs
+    for `cfg` (`engine.programs`): the server update records what it sees
+    at trace time."""
+    progs = engine.programs(alg, model, cfg, fed3.num_clients)
+    progs.chunk.lower(jax.eval_shape(alg.init, jax.random.key(0)),
+                      jnp.int32(0), jax.tree.map(jnp.asarray, fed3.train),
+                      jax.random.key(cfg.seed), None, cfg.eval_every)
+
+  trace(asks, dataclasses.replace(CFG, rounds=3, eval_every=3))
+  trace(asks, dataclasses.replace(CFG, rounds=5, eval_every=5))
   plain = dataclasses.replace(base, server_update=server_update)
-  engine.run(plain, fed3, model, CFG)
+  trace(plain, CFG)
   assert seen == {3: True, 5: True, base.name: True}
   # Programs are compiled per run length only where the length matters.
   key = lambda a, r: engine._program_key(dataclasses.replace(CFG, rounds=r), a)

@@ -22,6 +22,14 @@ from fedjax_dg.config import base_config
 from fedjax_dg.errors import ConfigError
 
 N = 3
+# One block (TINY_VIT has two): every parameter kind (backbone, A_di, A_dw,
+# fusion, head) at half the compile time; the ViT's blocks are chained and
+# checked against numpy in tests/test_vit.py.
+VIT = dict(TINY_VIT, depth=1)
+# Settings that shape no parameter (the objective's, the gap's, the
+# aggregator's): tests that vary only these share one initialization
+# (`_setup`).
+LOSS_ONLY = ("alpha", "kl", "gap_examples", "bkd_order", "aggregation")
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +40,7 @@ def fed():
 def _vit(fed):
   return models.get_model("vit_tiny", input_shape=fed.image_shape,
                           num_classes=fed.num_classes, mean=fed.mean,
-                          std=fed.std, **TINY_VIT)
+                          std=fed.std, **VIT)
 
 
 def _alg(fed, **hp):
@@ -41,11 +49,27 @@ def _alg(fed, **hp):
                            num_clients=N)
 
 
+_INITS = {}
+
+
 def _setup(fed, **hp):
+  """(alg, server, clients, frozen) from key 0. The parameters (a compile
+  each) are computed once per setting that shapes them (`LOSS_ONLY` ones
+  share them); `aggregation="fedavg"` (a stateless weighted mean) gets its
+  empty server-transform state."""
   alg = _alg(fed, **hp)
   key = jax.random.key(0)
-  server, clients = jax.jit(alg.init)(key)
-  return alg, server, clients, alg.frozen(key)
+  shaping = tuple(sorted((k, v) for k, v in hp.items() if k not in LOSS_ONLY))
+  if (id(fed), shaping) not in _INITS:
+    default = _alg(fed, **dict(shaping))
+    _INITS[id(fed), shaping] = (fed, *jax.jit(default.init)(key),
+                                jax.jit(default.frozen)(key))
+  _, server, clients, frozen = _INITS[id(fed), shaping]
+  opt = jax.eval_shape(alg.init, key)[0].opt
+  if hp.get("aggregation", "ga") != "ga":
+    assert opt == optax.EmptyState()
+    server = server._replace(opt=opt)
+  return alg, server, clients, frozen
 
 
 def _batch(fed, n=6):
@@ -57,10 +81,10 @@ def _batch(fed, n=6):
 
 
 def _moved(params, seed=5):
-  leaves, treedef = jax.tree.flatten(params)
-  keys = jax.random.split(jax.random.key(seed), len(leaves))
-  return jax.tree.unflatten(treedef, [
-      a + 0.2 * jax.random.normal(k, a.shape) for a, k in zip(leaves, keys)])
+  """`params` plus N(0, 0.2^2) noise (numpy: no compile per leaf shape)."""
+  rng = np.random.default_rng(seed)
+  return jax.tree.map(lambda a: np.asarray(
+      a + 0.2 * rng.normal(size=a.shape), np.float32), params)
 
 
 def _ctx(frozen, start):
@@ -109,7 +133,7 @@ def _player_losses(alg, frozen, glob, local, batch, alpha, direction):
 def test_bkd_gradient_blocks_are_each_players_own(fed, alpha, direction):
   alg, server, clients, frozen = _setup(fed, alpha=alpha, kl=direction)
   glob = _moved(server.params)
-  local = _moved(jax.tree.map(lambda a: a[0], clients), seed=6)
+  local = _moved(jax.tree.map(lambda a: np.asarray(a)[0], clients), seed=6)
   batch = _batch(fed)
   value, grads = jax.jit(jax.value_and_grad(alg.loss))(
       {**glob, **local}, batch, jax.random.key(0), _ctx(frozen, None))
@@ -147,27 +171,27 @@ def test_alternate_is_two_sgd_steps_in_turn(fed):
   """One local step = A_di / head step at p, then A_dw / fusion step at the
   moved A_di (hand-written with the separately written losses)."""
   lr = 0.05
+  _, server, clients, frozen = _setup(fed)
   alg = algorithms.create("fedsdaf", _vit(fed), optimizer=optax.sgd(lr),
                           hparams={}, num_clients=N)
-  server, clients = jax.jit(alg.init)(jax.random.key(0))
-  frozen = alg.frozen(jax.random.key(0))
   glob = server.params
-  local = jax.tree.map(lambda a: a[0], clients)
+  local = jax.tree.map(lambda a: np.asarray(a)[0], clients)
   n = 5
   x, y = fed.train.x[0], fed.train.y[0]
-  # One step over the client's first n rows (batch = n, one epoch).
-  trained, _ = local_update(alg.loss, alg.optimizer, {**glob, **local}, x, y,
-                            jnp.int32(n), jax.random.key(1),
-                            _ctx(frozen, None), batch_size=n, epochs=1)
+  # One step over the client's first n rows (batch = n, one epoch); one
+  # program per order (op by op, every op would compile on its own).
+  step = lambda a: jax.jit(lambda p: local_update(
+      a.loss, a.optimizer, p, x, y, jnp.int32(n), jax.random.key(1),
+      _ctx(frozen, None), batch_size=n, epochs=1)[0])
+  trained = step(alg)({**glob, **local})
   # The batch local_update drew: the n valid rows in some order; the losses
   # are means over the batch, so the order does not matter.
   batch = Batch(jnp.asarray(x[:n]), jnp.asarray(y[:n]), jnp.ones(n))
   di_loss, _ = _player_losses(alg, frozen, glob, local, batch, 1.0, "forward")
-  glob1 = jax.tree.map(lambda p, g: p - lr * g, glob,
-                       jax.jit(jax.grad(di_loss))(glob))
+  sgd = lambda p, g: np.asarray(p) - lr * np.asarray(g)
+  glob1 = jax.tree.map(sgd, glob, jax.jit(jax.grad(di_loss))(glob))
   _, dw_loss = _player_losses(alg, frozen, glob1, local, batch, 1.0, "forward")
-  local1 = jax.tree.map(lambda p, g: p - lr * g, local,
-                        jax.jit(jax.grad(dw_loss))(local))
+  local1 = jax.tree.map(sgd, local, jax.jit(jax.grad(dw_loss))(local))
   want = {**glob1, **local1}
   for k in want:
     for g, w in zip(jax.tree.leaves(trained[k]), jax.tree.leaves(want[k])):
@@ -175,9 +199,7 @@ def test_alternate_is_two_sgd_steps_in_turn(fed):
   # Joint order: both players at the same point differ from the alternation.
   joint = algorithms.create("fedsdaf", _vit(fed), optimizer=optax.sgd(lr),
                             hparams=dict(bkd_order="joint"), num_clients=N)
-  trained_j, _ = local_update(joint.loss, joint.optimizer, {**glob, **local},
-                              x, y, jnp.int32(n), jax.random.key(1),
-                              _ctx(frozen, None), batch_size=n, epochs=1)
+  trained_j = step(joint)({**glob, **local})
   np.testing.assert_allclose(jax.tree.leaves(trained_j["adi"])[0],
                              jax.tree.leaves(glob1["adi"])[0], rtol=1e-4,
                              atol=1e-6)
@@ -241,11 +263,11 @@ def test_a_round_trains_adapters_keeps_others_and_aggregates_only_adi(fed):
   for i, start, t in zip(cohort, starts, trained):
     chex.assert_trees_all_equal(start, {**server.params, **row(clients, i)})
     chex.assert_trees_all_equal(row(new_clients, i), local(t))
-    assert not np.allclose(t["adw"]["block_1"]["up"]["kernel"],
-                           start["adw"]["block_1"]["up"]["kernel"])
+    assert not np.allclose(t["adw"]["block_0"]["up"]["kernel"],
+                           start["adw"]["block_0"]["up"]["kernel"])
   # The two trained private rows differ (an average would be one row).
-  assert not np.allclose(trained[0]["adw"]["block_1"]["up"]["kernel"],
-                         trained[1]["adw"]["block_1"]["up"]["kernel"])
+  assert not np.allclose(trained[0]["adw"]["block_0"]["up"]["kernel"],
+                         trained[1]["adw"]["block_0"]["up"]["kernel"])
   for i in out:
     chex.assert_trees_all_equal(row(new_clients, i), row(clients, i))
   assert set(new_server.params) == {"adi", "head"}
@@ -299,15 +321,17 @@ def test_ga_aggregation_reads_the_clients_gaps(fed):
 
 def test_gap_is_the_clients_model_loss_on_its_rows(fed):
   alg, server, clients, frozen = _setup(fed, gap_examples=7)
-  start = {**server.params, **jax.tree.map(lambda a: a[1], clients)}
+  start = {**server.params, **jax.tree.map(lambda a: np.asarray(a)[1], clients)}
   trained = _moved(start)
   data = jax.tree.map(lambda a: a[1], fed.train)
   from fedjax_dg.client.update import ClientData
-  aux = alg.client_aux(_ctx(frozen, start), trained,
-                       ClientData(data.x, data.y, data.n), jax.random.key(0))
+  aux = jax.jit(alg.client_aux)(_ctx(frozen, start), trained,
+                                ClientData(data.x, data.y, data.n),
+                                jax.random.key(0))
   k = min(7, int(data.n))
-  logits = alg.model.apply(with_frozen(frozen, trained), data.x[:k])
-  ce = optax.softmax_cross_entropy_with_integer_labels(logits, data.y[:k])
+  logits = jax.jit(alg.model.apply)(with_frozen(frozen, trained), data.x[:k])
+  ce = optax.softmax_cross_entropy_with_integer_labels(np.asarray(logits),
+                                                       data.y[:k])
   np.testing.assert_allclose(aux.trained, float(ce.mean()), rtol=1e-5)
 
 
@@ -323,32 +347,43 @@ def test_gap_is_the_clients_model_loss_on_its_rows(fed):
 ])
 def test_ablation_switches_shape_the_parameters(fed, hp, server_keys,
                                                 client_keys, personalized):
-  alg, server, clients, frozen = _setup(fed, **hp)
+  # Shapes only: traced (jax.eval_shape), never compiled.
+  alg = _alg(fed, **hp)
+  key = jax.random.key(0)
+  server, clients = jax.eval_shape(alg.init, key)
+  frozen = jax.eval_shape(alg.frozen, key)
   assert set(server.params) == server_keys
   assert (None if clients is None else set(clients)) == client_keys
   assert alg.personalized is personalized
   assert ("head" in frozen) is (not hp.get("train_head", True))
   x = fed.train.x[0, :4]
-  p = alg.eval_params(server, clients)
-  if personalized:
-    p = jax.tree.map(lambda a: a[0], p)
-  assert alg.model.apply(with_frozen(frozen, p), x).shape == (
-      4, fed.num_classes)
+
+  def logits(key):
+    p = alg.eval_params(*alg.init(key))
+    if personalized:
+      p = jax.tree.map(lambda a: a[0], p)
+    return alg.model.apply(with_frozen(alg.frozen(key), p), x)
+
+  assert jax.eval_shape(logits, key).shape == (4, fed.num_classes)
 
 
 def test_alpha_zero_drops_distillation_only(fed):
   """alpha=0: each path its own cross-entropy (Table 4's "BKD off")."""
   alg, server, clients, frozen = _setup(fed, alpha=0.0)
-  params = {**server.params, **jax.tree.map(lambda a: a[0], clients)}
+  params = {**server.params, **jax.tree.map(lambda a: np.asarray(a)[0], clients)}
   batch = _batch(fed)
-  p = with_frozen(frozen, params)
-  x = alg.model.normalize(batch.x)
-  ce = lambda path: optax.softmax_cross_entropy_with_integer_labels(
-      alg.model.module.apply({"params": p}, x, path=path), batch.y)
-  m = batch.mask
-  want = (jnp.sum(ce("di") * m) + jnp.sum(ce("kia") * m)) / jnp.sum(m)
-  np.testing.assert_allclose(alg.loss(params, batch, None, _ctx(frozen, None)),
-                             want, rtol=1e-5)
+
+  @jax.jit
+  def want(params):
+    p = with_frozen(frozen, params)
+    x = alg.model.normalize(batch.x)
+    ce = lambda path: optax.softmax_cross_entropy_with_integer_labels(
+        alg.model.module.apply({"params": p}, x, path=path), batch.y)
+    m = batch.mask
+    return (jnp.sum(ce("di") * m) + jnp.sum(ce("kia") * m)) / jnp.sum(m)
+
+  got = jax.jit(alg.loss)(params, batch, None, _ctx(frozen, None))
+  np.testing.assert_allclose(got, want(params), rtol=1e-5)
 
 
 def test_fedavg_adapter_variant(fed):

@@ -64,8 +64,12 @@ def _gathers(monkeypatch):
   return seen
 
 
-@pytest.mark.parametrize("name,mapping", [("fedavg", "map"),
-                                          ("local_only", "vmap")])
+# ("fedavg", "map") slow: the rows' numbers equal the whole clients' with
+# the sort shuffle in ("local_only", "vmap") and under one loop per client
+# ("map") in test_feistel_gives_the_same_batches_on_every_path (FedAvg).
+@pytest.mark.parametrize("name,mapping", [
+    pytest.param("fedavg", "map", marks=pytest.mark.slow),
+    ("local_only", "vmap")])
 def test_rows_give_the_whole_client_numbers(unequal, name, mapping,
                                             monkeypatch):
   """FedAvg (one loop per client) and Local-only (per-client state,

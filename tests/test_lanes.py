@@ -101,7 +101,9 @@ def test_packed_lanes_equal_each_client_alone(shuffle):
                 keys[i], i) for i in range(g)]
   training = local_training(loss, opt, n_max=n_max, batch_size=bs, epochs=2,
                             shuffle=shuffle)
-  for lanes in (1, 3):
+  # One lane (clients back to back) and three; feistel's permutations reach
+  # the lanes as sort's do, shown at three lanes (one compile less).
+  for lanes in (1, 3) if shuffle == "sort" else (3,):
     got, losses = jax.jit(lambda s: packed_update(
         training, lanes, s, lambda c, idx: (jnp.asarray(x)[c, idx],
                                             jnp.asarray(y)[c, idx]),

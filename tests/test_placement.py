@@ -51,7 +51,14 @@ def assert_same_run(a, b):
   assert a.final == b.final
 
 
-@pytest.mark.parametrize("name", ["fedavg", "local_only", "scaffold"])
+# FedAvg slow: a global model on the host equals the device's in
+# tests/test_streaming.py::test_a_streamed_run_equals_the_in_memory_run
+# (FedAvg, a cohort, chunks of 2 rounds) and test_host_placement_pooled_central
+# below; the host's resume here with client state ("local_only", "scaffold"),
+# FedAvg's resume on the device in tests/test_engine.py::
+# test_resume_from_checkpoint_is_bit_exact.
+@pytest.mark.parametrize("name", [pytest.param("fedavg", marks=pytest.mark.slow),
+                                  "local_only", "scaffold"])
 def test_host_placement_equals_device_resumed_midway(setup, name, tmp_path):
   """FedAvg; Local-only (a model per client: per-client state, personalized
   evaluation); SCAFFOLD (per-client control variates updated from

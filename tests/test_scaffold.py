@@ -12,6 +12,7 @@ import numpy as np
 import optax
 import pytest
 
+from conftest import TINY_VIT
 from fedjax_dg import engine, models, tree
 from fedjax_dg.algorithms import scaffold
 from fedjax_dg.client import objectives
@@ -87,6 +88,17 @@ def _batches(client_key, n, n_max, batch_size, epochs):
       jnp.arange(num_steps(n_max, batch_size, epochs)))
 
 
+@functools.partial(jax.jit, static_argnums=(2, 3))
+def _cohort_and_keys(root, r, n_clients, m):
+  """The engine's cohort of round r and every client's key (its round key
+  schedule: `engine.round_keys`, `cohort_ids`, `client_keys`), one program."""
+  cohort_key, client_key, _ = jax.random.split(jax.random.fold_in(root, r), 3)
+  ids = jax.random.choice(cohort_key, n_clients, (m,), replace=False)
+  keys = jax.vmap(jax.random.fold_in, (None, 0))(client_key,
+                                                 jnp.arange(n_clients))
+  return ids, keys
+
+
 def numpy_scaffold(fed, x, variant, rounds, cfg, server_lr, weighting,
                    grad=None, sizes=SIZES):
   """Algorithm 1 as a Python loop, with the engine's key schedule (cohort and
@@ -99,16 +111,15 @@ def numpy_scaffold(fed, x, variant, rounds, cfg, server_lr, weighting,
   root = jax.random.key(cfg.seed)
   out = []
   for r in range(rounds):
-    cohort_key, client_key, _ = jax.random.split(jax.random.fold_in(root, r), 3)
-    ids = [int(i) for i in jax.random.choice(cohort_key, n_clients, (m,),
-                                             replace=False)]
+    ids, client_keys = _cohort_and_keys(root, r, n_clients, m)
+    ids = [int(i) for i in ids]
     steps, deltas, weights = [], [], []
     new_ci = list(ci)
     for i in ids:
       n = sizes[i]
       xi, yi = np.asarray(fed.train.x[i]), np.asarray(fed.train.y[i])
-      batches = _batches(jax.random.fold_in(client_key, i), n, xi.shape[0],
-                         cfg.batch_size, cfg.epochs)
+      batches = _batches(client_keys[i], n, xi.shape[0], cfg.batch_size,
+                         cfg.epochs)
       y, k = x, 0
       for idx, valid, active in zip(*map(np.asarray, batches)):
         if not active:
@@ -162,7 +173,7 @@ def _engine_equals_numpy(alg, fed, variant, server_lr, weighting, frozen=None,
   sizes = tuple(int(n) for n in np.asarray(fed.train.n))
   round_fn = jax.jit(engine.make_round(alg, CFG, len(sizes)))
   root = jax.random.key(CFG.seed)
-  carry = alg.init(jax.random.fold_in(root, 2**31 - 1))
+  carry = jax.jit(alg.init)(jax.random.fold_in(root, 2**31 - 1))
   train = jax.tree.map(jnp.asarray, fed.train)
   want = numpy_scaffold(fed, _np(carry[0].params), variant, CFG.rounds, CFG,
                         server_lr, weighting, grad=grad, sizes=sizes)
@@ -174,14 +185,13 @@ def _engine_equals_numpy(alg, fed, variant, server_lr, weighting, frozen=None,
     _close(server.params, x, f"round {r} x")
     _close(server.control, c, f"round {r} c", atol=2e-5)
     for i in range(len(sizes)):
-      row = tree.take(clients, jnp.asarray([i]))
+      row = _map(lambda a: np.asarray(a)[i:i + 1], clients)
       if i in ids:
         _close(row, _map(lambda a: a[None], ci[i]), f"round {r} c_{i}",
                atol=2e-5)
       else:  # absent from the cohort: its control variate is untouched
-        assert all(bool(jnp.array_equal(a, b)) for a, b in zip(
-            jax.tree.leaves(row), jax.tree.leaves(tree.take(before,
-                                                            jnp.asarray([i])))))
+        assert all(np.array_equal(a, np.asarray(b)[i:i + 1]) for a, b in zip(
+            jax.tree.leaves(row), jax.tree.leaves(before)))
     # c is the mean of all N client controls (|S|/N times the cohort mean).
     _close(server.control, _map(lambda a: np.mean(np.asarray(a), 0), clients),
            f"round {r} c = mean c_i", atol=1e-6)
@@ -273,16 +283,19 @@ def test_bad_settings_name_the_field(setup, hp, needle):
 
 # ------------------------------------------------- on FedSDAF's adapter setting
 
+# A one-block tiny ViT: the adapter and head on a frozen backbone at half the
+# compile time of two blocks (tests/test_vit.py chains blocks).
+VIT = dict(TINY_VIT, depth=1)
+
 
 def test_adapters_train_only_adi_and_head_on_the_frozen_backbone(fed3):
   """scaffold.adapters=True: the state holds the adapter and the head only
   (controls shaped alike), the backbone is held frozen, and round 0 (c = c_i
   = 0) is FedAvg (Adapter)'s round with the same SGD and weights."""
-  from conftest import TINY_VIT
   from fedjax_dg import algorithms
   vit = models.get_model("vit_tiny", input_shape=fed3.image_shape,
                          num_classes=fed3.num_classes, mean=fed3.mean,
-                         std=fed3.std, **TINY_VIT)
+                         std=fed3.std, **VIT)
   n = fed3.num_clients
   sgd = optax.sgd(0.1)
   alg = algorithms.create("scaffold", vit, optimizer=sgd, num_clients=n,
@@ -290,18 +303,19 @@ def test_adapters_train_only_adi_and_head_on_the_frozen_backbone(fed3):
   ref = algorithms.create("fedavg_adapter", vit, optimizer=sgd, num_clients=n,
                           hparams={})
   key = jax.random.key(0)
-  state, controls = alg.init(key)
+  state, controls = jax.jit(alg.init)(key)
+  frozen = jax.jit(alg.frozen)(key)
   assert set(state.params) == set(state.control) == {"adi", "head"}
   assert set(controls) == {"adi", "head"}
-  assert set(alg.frozen(key)) == {"backbone"} and alg.model is not None
+  assert set(frozen) == {"backbone"} and alg.model is not None
   cfg = engine.EngineConfig(rounds=1, epochs=1, batch_size=8, cohort_size=0,
                             client_mapping="map")
   train = jax.tree.map(jnp.asarray, fed3.train)
   (got, _), _ = jax.jit(engine.make_round(alg, cfg, n))(
-      (state, controls), jnp.int32(0), train, jax.random.key(1),
-      alg.frozen(key))
+      (state, controls), jnp.int32(0), train, jax.random.key(1), frozen)
   (want, _), _ = jax.jit(engine.make_round(ref, cfg, n))(
-      ref.init(key), jnp.int32(0), train, jax.random.key(1), ref.frozen(key))
+      jax.jit(ref.init)(key), jnp.int32(0), train, jax.random.key(1),
+      jax.jit(ref.frozen)(key))
   for a, b in zip(jax.tree.leaves(got.params), jax.tree.leaves(want.params)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
   assert not np.allclose(got.params["head"]["kernel"],
@@ -320,15 +334,15 @@ def test_adapter_rounds_equal_a_numpy_scaffold(setup, variant):
   loop on the adapter and head only, its gradients those of the plain
   cross-entropy of the ViT with the frozen backbone (autodiff, no correction:
   the loop adds c - c_i itself)."""
-  from conftest import TINY_VIT
   from fedjax_dg.algorithms import fedsdaf
   fed, _ = setup
   vit = models.get_model("vit_tiny", input_shape=fed.image_shape,
                          num_classes=fed.num_classes, mean=fed.mean,
-                         std=fed.std, **TINY_VIT)
+                         std=fed.std, **VIT)
   alg = scaffold.build(vit, make_optimizer("sgd", LR), None,
                        num_clients=len(SIZES), variant=variant, adapters=True)
-  frozen = alg.frozen(jax.random.fold_in(jax.random.key(CFG.seed), 2**31 - 1))
+  frozen = jax.jit(alg.frozen)(jax.random.fold_in(jax.random.key(CFG.seed),
+                                                  2**31 - 1))
   _, _, _, loss = fedsdaf.adapter_setting(vit, objectives.cross_entropy,
                                           who="test")
   ctx = ClientContext(id=0, round=0, start=None, frozen=frozen)

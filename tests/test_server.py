@@ -12,12 +12,18 @@ from fedjax_dg.server.hypernetwork import HyperParams, hypernetwork_step
 jax.config.update("jax_enable_x64", False)
 
 
-def tiny_generator(key, e=3, hidden=5):
+def normal(seed, shape, scale=1.0):
+  """N(0, scale^2) float32 draws from numpy (no compile per shape, as
+  jax.random's op-by-op draws have)."""
+  return (scale * np.random.default_rng(seed).normal(size=shape)).astype(
+      np.float32)
+
+
+def tiny_generator(seed, e=3, hidden=5):
   """h(theta, emb) -> {'w': [4, 2], 'b': [2]}: a 2-layer tanh MLP generator."""
-  k = jax.random.split(key, 3)
-  theta = {"l1": jax.random.normal(k[0], (e, hidden)) * 0.5,
-           "w": jax.random.normal(k[1], (hidden, 8)) * 0.5,
-           "b": jax.random.normal(k[2], (hidden, 2)) * 0.5}
+  theta = {"l1": normal((seed, 0), (e, hidden), 0.5),
+           "w": normal((seed, 1), (hidden, 8), 0.5),
+           "b": normal((seed, 2), (hidden, 2), 0.5)}
 
   def h(th, emb):
     z = jnp.tanh(emb @ th["l1"])
@@ -26,15 +32,25 @@ def tiny_generator(key, e=3, hidden=5):
   return h, theta
 
 
+def cohort_inputs(seed, m, e=3):
+  """m clients' embeddings [m, e] and deltas of tiny_generator's output."""
+  return normal((seed, 0), (m, e)), {"w": normal((seed, 1), (m, 4, 2)),
+                                     "b": normal((seed, 2), (m, 2))}
+
+
 def brute_force(h, theta, emb, deltas, temperature=1.0):
   """Per-client gradients g_i = d/dtheta <h(theta, e_i), delta_i>, stacked."""
   m = emb.shape[0]
-  g_theta, g_emb = [], []
-  for i in range(m):
-    d_i = jax.tree.map(lambda d: d[i], deltas)
+
+  @jax.jit  # one program for every client
+  def grads(th, e, d_i):
     f = lambda th, e: sum(jnp.vdot(a, b) for a, b in zip(
         jax.tree.leaves(h(th, e)), jax.tree.leaves(d_i)))
-    gt, ge = jax.grad(f, argnums=(0, 1))(theta, emb[i])
+    return jax.grad(f, argnums=(0, 1))(th, e)
+
+  g_theta, g_emb = [], []
+  for i in range(m):
+    gt, ge = grads(theta, emb[i], jax.tree.map(lambda d: d[i], deltas))
     g_theta.append(np.concatenate([np.ravel(x) for x in jax.tree.leaves(gt)]))
     g_emb.append(np.asarray(ge))
   G = np.stack(g_theta)
@@ -53,15 +69,20 @@ def brute_force(h, theta, emb, deltas, temperature=1.0):
               cos_e=cos_e, w_e=w_e, g_emb=np.stack(g_emb) * w_e[:, None])
 
 
+def grads_of(h, **kw):
+  """server.hypernetwork_grads(h, ..., **kw), jitted (one program; op by op
+  every op compiles on its own)."""
+  return jax.jit(lambda theta, emb, deltas: server.hypernetwork_grads(
+      h, theta, emb, deltas, **kw))
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.3])
 def test_gradalign_matches_brute_force(temperature):
-  h, theta = tiny_generator(jax.random.key(0))
+  h, theta = tiny_generator(0)
   m = 5
-  emb = jax.random.normal(jax.random.key(1), (m, 3))
-  deltas = {"w": jax.random.normal(jax.random.key(2), (m, 4, 2)),
-            "b": jax.random.normal(jax.random.key(3), (m, 2))}
-  got = server.hypernetwork_grads(h, theta, emb, deltas, align=True,
-                                  temperature=temperature, norm_batch_size=2)
+  emb, deltas = cohort_inputs(1, m)
+  got = grads_of(h, align=True, temperature=temperature, norm_batch_size=2)(
+      theta, emb, deltas)
   want = brute_force(h, theta, emb, deltas, temperature)
   np.testing.assert_allclose(got.cos_theta, want["cos"], rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(got.weights_theta, want["w"], rtol=1e-4)
@@ -91,13 +112,11 @@ def joint_brute_force(h, theta, emb, deltas, temperature=1.0):
 
 @pytest.mark.parametrize("temperature", [1.0, 0.3])
 def test_joint_gradalign_matches_brute_force(temperature):
-  h, theta = tiny_generator(jax.random.key(0))
+  h, theta = tiny_generator(0)
   m = 5
-  emb = jax.random.normal(jax.random.key(1), (m, 3))
-  deltas = {"w": jax.random.normal(jax.random.key(2), (m, 4, 2)),
-            "b": jax.random.normal(jax.random.key(3), (m, 2))}
-  got = server.hypernetwork_grads(h, theta, emb, deltas, temperature=temperature,
-                                  norm_batch_size=2, over="joint")
+  emb, deltas = cohort_inputs(1, m)
+  got = grads_of(h, temperature=temperature, norm_batch_size=2,
+                 over="joint")(theta, emb, deltas)
   want = joint_brute_force(h, theta, emb, deltas, temperature)
   np.testing.assert_allclose(got.cos_theta, want["cos"], rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(got.weights_theta, want["w"], rtol=1e-4)
@@ -110,8 +129,7 @@ def test_joint_gradalign_matches_brute_force(temperature):
   assert np.max(np.abs(want["w"] - sep["w"])) > 1e-3
   assert np.max(np.abs(want["w"] - sep["w_e"])) > 1e-3
   # "theta": theta weighted as "separate", embedding rows a plain mean.
-  th = server.hypernetwork_grads(h, theta, emb, deltas, temperature=temperature,
-                                 over="theta")
+  th = grads_of(h, temperature=temperature, over="theta")(theta, emb, deltas)
   np.testing.assert_allclose(th.weights_theta, sep["w"], rtol=1e-4)
   np.testing.assert_allclose(th.weights_emb, np.full(m, 1 / m), rtol=1e-6)
   np.testing.assert_allclose(th.embeddings, want["raw"] / m, rtol=1e-4, atol=1e-6)
@@ -126,35 +144,38 @@ def test_gradalign_weighs_an_opposed_client_least():
   theta = {"w": jnp.zeros(4)}
   d = jnp.array([[1.0, 2.0, 0.0, 1.0], [1.0, 2.0, 0.0, 1.0],
                  [-1.0, -2.0, 0.5, -1.0]])
-  got = server.hypernetwork_grads(h, theta, jnp.zeros((3, 1)), {"w": d})
+  got = grads_of(h)(theta, jnp.zeros((3, 1)), {"w": d})
   w = np.asarray(got.weights_theta)
   assert w[2] < w[0] and abs(w[0] - w[1]) < 1e-7 and abs(w.sum() - 1) < 1e-6
 
 
 def test_without_gradalign_is_the_plain_mean():
-  h, theta = tiny_generator(jax.random.key(4))
-  emb = jax.random.normal(jax.random.key(5), (3, 3))
-  deltas = {"w": jax.random.normal(jax.random.key(6), (3, 4, 2)),
-            "b": jax.random.normal(jax.random.key(7), (3, 2))}
-  got = server.hypernetwork_grads(h, theta, emb, deltas, align=False)
+  h, theta = tiny_generator(4)
+  emb, deltas = cohort_inputs(5, 3)
+  got = grads_of(h, align=False)(theta, emb, deltas)
   want = brute_force(h, theta, emb, deltas)
   flat = np.concatenate([np.ravel(x) for x in jax.tree.leaves(got.theta)])
   np.testing.assert_allclose(flat, want["G"].mean(0), rtol=1e-4, atol=1e-6)
 
 
 def test_hypernetwork_step_moves_generated_params_toward_trained():
-  h, theta = tiny_generator(jax.random.key(8))
+  h, theta = tiny_generator(8)
   n = 4
-  hp = HyperParams(theta=theta, embeddings=jax.random.normal(jax.random.key(9), (n, 3)))
-  gen = jax.vmap(h, in_axes=(None, 0))
+  hp = HyperParams(theta=theta, embeddings=normal(9, (n, 3)))
+  gen = jax.jit(jax.vmap(h, in_axes=(None, 0)))
   start = gen(hp.theta, hp.embeddings)
-  target = jax.tree.map(lambda x: x + 0.3 * jax.random.normal(jax.random.key(10), x.shape),
-                        start)
+  target = jax.tree.map(lambda x: x + normal(10, x.shape, 0.3), start)
   for align in (True, False):
     step = hypernetwork_step(h, optax.sgd(0.05), align=align)
     deltas = optax.tree.sub(start, target)  # old minus new
-    updates, state = step.update(deltas, step.init(hp), hp, ids=jnp.arange(n))
-    new_hp = optax.apply_updates(hp, updates)
+
+    @jax.jit
+    def update(deltas, hp, step=step):
+      updates, state = step.update(deltas, step.init(hp), hp,
+                                   ids=jnp.arange(n))
+      return optax.apply_updates(hp, updates), state
+
+    new_hp, state = update(deltas, hp)
     # The state reports the cohort's GradAlign weights (row per client).
     np.testing.assert_allclose(jnp.sum(state.weights_theta), 1.0, rtol=1e-5)
     before = optax.tree.norm(optax.tree.sub(start, target))
@@ -202,17 +223,16 @@ def test_closed_form_client_norms_match_per_client_autodiff():
                                     n_hidden=2, embed_dim=3)
   h = lambda th, v: module.apply({"params": th}, v)
   m = 4
-  emb = jax.random.normal(jax.random.key(1), (m, 3))
+  emb = normal(1, (m, 3))
   shapes = jax.eval_shape(model.init, jax.random.key(0))
   leaves, treedef = jax.tree.flatten(shapes)
-  keys = jax.random.split(jax.random.key(2), len(leaves))
   deltas = jax.tree.unflatten(treedef, [
-      jax.random.normal(k, (m,) + s.shape) for k, s in zip(keys, leaves)])
+      normal((2, i), (m,) + s.shape) for i, s in enumerate(leaves)])
   want = brute_force(h, theta, emb, deltas)
   got_sq = jax.jit(client_grad_sq_norms(module))(theta, emb, deltas)
   np.testing.assert_allclose(got_sq, (want["G"] ** 2).sum(1), rtol=1e-4)
-  got = server.hypernetwork_grads(h, theta, emb, deltas,
-                                  client_sq_norms=client_grad_sq_norms(module))
+  got = grads_of(h, client_sq_norms=client_grad_sq_norms(module))(
+      theta, emb, deltas)
   np.testing.assert_allclose(got.cos_theta, want["cos"], rtol=1e-4, atol=1e-5)
   flat = np.concatenate([np.ravel(x) for x in jax.tree.leaves(got.theta)])
   np.testing.assert_allclose(flat, want["g"], rtol=1e-4, atol=1e-5)
