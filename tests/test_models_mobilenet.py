@@ -149,8 +149,34 @@ def test_a_file_that_does_not_fit_is_named():
                      if k != "conv_head.bias"}, template, layout="timm")
 
 
-def test_safetensors_file_loads_through_get_model(tmp_path, monkeypatch):
+_JITTED_INIT = models._jitted_init
+
+
+@functools.lru_cache(maxsize=None)
+def _numpy_init(model):
+  """Stands in for `models._jitted_init`: the model's parameter shapes
+  (`init` traced, not compiled) filled with normal draws seeded by the key."""
+  shapes = jax.eval_shape(_JITTED_INIT(model), jax.random.key(0))
+
+  def init(key):
+    rng = np.random.default_rng(np.asarray(jax.random.key_data(key)).tolist())
+    return jax.tree.map(lambda s: rng.normal(size=s.shape).astype(s.dtype),
+                        shapes)
+
+  return init
+
+
+# "numpy": Model.init's sampling by `_numpy_init` (the loading around it is
+# the code under test); "compiled": the real jitted init, slow (compiling
+# MobileNetV3's init, 146 threefry draws, takes 10-20 s).
+@pytest.mark.parametrize("sampler", [
+    "numpy", pytest.param("compiled", marks=pytest.mark.slow)])
+def test_safetensors_file_loads_through_get_model(tmp_path, monkeypatch,
+                                                  sampler):
   from safetensors.numpy import save_file
+  _template(7)   # traced with the real init
+  if sampler == "numpy":
+    monkeypatch.setattr(models, "_jitted_init", _numpy_init)
   state = _random_state("torchvision")
   path = str(tmp_path / "mnv3.safetensors")
   save_file(state, path)
