@@ -147,6 +147,11 @@ def test_resnet50_shapes_and_param_count(shape, classes, stem):
   assert jax.eval_shape(model.features, params, x).shape == (2, 2048)
 
 
+# Slow (~7 s: compiling the full network): the same code runs under vmap,
+# against a loop, and trains in test_tiny_resnet_vmap_equals_loop_and_trains_
+# in_scan (one block per stage); the full ResNet-50 is traced in
+# test_resnet50_shapes_and_param_count.
+@pytest.mark.slow
 def test_resnet50_vmap_over_two_clients():
   """The full ResNet-50 at 32x32, batch 2, two clients' params in one vmap."""
   model = models.get_model("resnet50", input_shape=(32, 32, 3), num_classes=100,

@@ -367,12 +367,14 @@ def label_skewed():
   return federated.build(ds, spec, target_domain=None, seed=0)
 
 
-# FedSAM's run: slow. test_pinned.py's
-# test_learns_above_chance_and_reproduces_pinned_numbers[fedsam] runs it end
-# to end by default (above chance, loss falling, pinned numbers); its steps
-# are pinned above (hand computation, rho = 0 is FedAvg).
-@pytest.mark.parametrize("name", [
-    "moon", pytest.param("fedsam", marks=pytest.mark.slow)])
+# Slow (~5 s each): test_pinned.py's
+# test_learns_above_chance_and_reproduces_pinned_numbers[moon] / [fedsam] run
+# each end to end by default (above chance, loss falling, pinned numbers);
+# MOON's sampled cohorts and kept models are pinned above
+# (test_moon_previous_models_...), FedSAM's steps too (hand computation,
+# rho = 0 is FedAvg).
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["moon", "fedsam"])
 def test_learns_on_label_skewed_clients(label_skewed, name):
   fed = label_skewed
   counts = [np.bincount(np.asarray(fed.train.y[i, :fed.train.n[i]]), minlength=4)
