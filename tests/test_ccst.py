@@ -3,6 +3,7 @@ written out here), the weight files, the style statistics, the style draws,
 the local objective against an independent computation, and the algorithm
 end to end (a truncated encoder: depth 1 or 2, depth 4 once)."""
 
+import functools
 import os
 
 import jax
@@ -194,8 +195,8 @@ def net1():
 def test_overall_and_single_styles_equal_numpy(net1):
   x = RNG.integers(0, 256, size=(7, 6, 5, 1)).astype(np.uint8)  # grey
   n = 5  # two padding rows, chunks of 3 (padded too)
-  feats = np.asarray(adain.encode(net1, jnp.repeat(jnp.asarray(x[:n]) / 255.0,
-                                                   3, -1), depth=1), np.float64)
+  feats = np.asarray(jax.jit(lambda net, x: adain.encode(net, x, depth=1))(
+      net1, np.repeat(x[:n] / 255.0, 3, -1)), np.float64)
   style = jax.jit(lambda x, n: ccst.overall_style(net1, x, n, depth=1, chunk=3,
                                                   eps=1e-5))(x, n)
   np.testing.assert_allclose(style.mu[0], feats.mean((0, 1, 2)), rtol=1e-4,
@@ -295,9 +296,14 @@ def _ctx(alg, params, cid=0):
                        frozen=alg.frozen(jax.random.key(0))), server
 
 
+@functools.partial(jax.jit, static_argnums=0)   # one program per model
+def _ce_rows(model, params, x01, y):                # and shape
+  logits = model.apply(params, x01, normalized=False)
+  return -jnp.take_along_axis(jax.nn.log_softmax(logits), y[:, None], 1)[:, 0]
+
+
 def _ce(model, params, x01, y, mask):
-  logits = model.apply(params, jnp.asarray(x01, jnp.float32), normalized=False)
-  ce = -jax.nn.log_softmax(logits)[np.arange(len(y)), y]
+  ce = _ce_rows(model, params, np.asarray(x01, np.float32), np.asarray(y))
   return float(np.sum(np.asarray(ce) * mask) / mask.sum())
 
 
