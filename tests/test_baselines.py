@@ -57,24 +57,29 @@ def test_fedsr_regularizers_match_reference_transcription():
   r_sigma = rng.normal(size=(classes, zdim)).astype(np.float32)
   c = np.float32(1.3)
   want_l2r, want_cmi = _reference_regularizers(z, mu, sigma, y, r_mu, r_sigma, c)
-  ones = jnp.ones((b,))
-  np.testing.assert_allclose(objectives.fedsr_l2r(z, ones), want_l2r, rtol=1e-5)
-  np.testing.assert_allclose(
-      objectives.fedsr_cmi(mu, sigma, y, r_mu, r_sigma, c, ones), want_cmi,
-      rtol=1e-5)
+  ones = np.ones((b,), np.float32)
   # Padding rows (mask 0) do not count.
   pad = lambda a: np.concatenate([a, a[:2] * 7 + 1])
-  mask = jnp.concatenate([ones, jnp.zeros((2,))])
-  np.testing.assert_allclose(objectives.fedsr_l2r(pad(z), mask), want_l2r,
-                             rtol=1e-5)
-  np.testing.assert_allclose(
-      objectives.fedsr_cmi(pad(mu), pad(sigma), pad(y) % classes, r_mu, r_sigma,
-                           c, mask),
-      want_cmi, rtol=1e-5)
-  # The unsquared norm has a finite gradient at z = 0.
-  g = jax.grad(lambda z: objectives.fedsr_l2r(z, jnp.ones((2,))))(
-      jnp.zeros((2, 3)))
-  assert np.all(np.isfinite(np.asarray(g)))
+  mask = np.concatenate([ones, np.zeros((2,), np.float32)])
+
+  @jax.jit   # one program (eagerly: ~50)
+  def run():
+    return dict(
+        l2r=objectives.fedsr_l2r(z, ones),
+        cmi=objectives.fedsr_cmi(mu, sigma, y, r_mu, r_sigma, c, ones),
+        l2r_pad=objectives.fedsr_l2r(pad(z), mask),
+        cmi_pad=objectives.fedsr_cmi(pad(mu), pad(sigma), pad(y) % classes,
+                                     r_mu, r_sigma, c, mask),
+        # The unsquared norm has a finite gradient at z = 0.
+        grad_at_0=jax.grad(lambda z: objectives.fedsr_l2r(z, jnp.ones((2,))))(
+            jnp.zeros((2, 3))))
+
+  out = run()
+  np.testing.assert_allclose(out["l2r"], want_l2r, rtol=1e-5)
+  np.testing.assert_allclose(out["cmi"], want_cmi, rtol=1e-5)
+  np.testing.assert_allclose(out["l2r_pad"], want_l2r, rtol=1e-5)
+  np.testing.assert_allclose(out["cmi_pad"], want_cmi, rtol=1e-5)
+  assert np.all(np.isfinite(np.asarray(out["grad_at_0"])))
 
 
 def test_fedsr_objective_is_ce_plus_weighted_regularizers(fed3):
@@ -135,7 +140,7 @@ def test_fedsr_and_fedadg_take_a_vit_through_its_head(fed3):
   assert prob.feature_width == TINY_VIT["dim"]
   params = prob.init(jax.random.key(0))
   assert "head" not in params["body"] and set(params["body"]) < set(
-      vit.init(jax.random.key(0)))
+      jax.eval_shape(vit.init, jax.random.key(0)))
   x = fed3.train.x[0, :5]
   folded, at_mu = jax.jit(lambda p: (
       vit.apply(prob.to_model_params(p), x), prob.apply(p, x)))(params)
@@ -188,22 +193,22 @@ def _gma_example():
 def test_gma_mask_and_update_on_a_constructed_example():
   deltas, weights = _gma_example()
   # A = |mean sign| = [1, 0, 1/2, 1/4]; b: 0. tau = 0.5 keeps A = 1/2 undamped.
-  mask = agreement_mask(deltas, 0.5)
+  mask = jax.jit(agreement_mask, static_argnums=1)(deltas, 0.5)
   np.testing.assert_allclose(mask["w"], [1.0, 0.0, 1.0, 0.25])
   np.testing.assert_allclose(mask["b"], 0.0)
   # Weighted mean with p = [1/2, 1/4, 1/4, 0]: [1.5, 1.0, 1.25, 1.0]; b: 0.25.
   # The aggregator adds the masked step to the server model (zeros here).
   zero = jax.tree.map(lambda d: np.zeros_like(d[0]), deltas)
-  gma = gradient_masked_averaging(threshold=0.5, step_size=0.5)
-  new, state = gma.update(deltas, gma.init(zero), zero, weights=weights)
+  # tau = 0.6 damps A = 1/2 to 1/2. One program (eagerly: ~30).
+  out = jax.jit(lambda: [t.update(deltas, t.init(zero), zero, weights=weights)
+                         for t in (gradient_masked_averaging(0.5, 0.5),
+                                   gradient_masked_averaging(0.6, 0.5))])()
+  (new, state), (new6, state6) = out
   np.testing.assert_allclose(new["w"], [0.75, 0.0, 0.625, 0.125])
   np.testing.assert_allclose(new["b"], 0.0)
   np.testing.assert_allclose(state.unmasked, 2 / 5)  # w[0], w[2] of 5 entries
-  # tau = 0.6 damps A = 1/2 to 1/2.
-  t = gradient_masked_averaging(0.6, 0.5)
-  new, state = t.update(deltas, t.init(zero), zero, weights=weights)
-  np.testing.assert_allclose(new["w"], [0.75, 0.0, 0.3125, 0.125])
-  np.testing.assert_allclose(state.unmasked, 1 / 5)
+  np.testing.assert_allclose(new6["w"], [0.75, 0.0, 0.3125, 0.125])
+  np.testing.assert_allclose(state6.unmasked, 1 / 5)
 
 
 def test_fedgma_server_adds_the_masked_step(fed3):
@@ -218,7 +223,8 @@ def test_fedgma_server_adds_the_masked_step(fed3):
                         num_examples=jnp.asarray(weights),
                         loss=jnp.zeros((4,)))
   server = ServerState(old, GmaState(jnp.float32(1.0)))
-  server, metrics = alg.server_update(server, result, jax.random.key(0))
+  server, metrics = jax.jit(alg.server_update)(server, result,
+                                               jax.random.key(0))
   np.testing.assert_allclose(server.params["w"],
                              [10.75, 10.0, 10.625, 10.125], rtol=1e-6)
   np.testing.assert_allclose(server.params["b"], 3.0)
@@ -234,20 +240,25 @@ def test_pfedhn_server_step_moves_generated_models_toward_trained(fed3):
   cfg.pfedhn.server_lr = 0.1
   alg = algorithms.build("pfedhn", mlp(fed3), fed3.num_clients, cfg)
   assert alg.personalized and alg.local_steps == 0  # the engine's epochs
-  client_start = jax.jit(alg.client_start)
   server, _ = jax.jit(alg.init)(jax.random.key(0))
   assert server.hp.embeddings.shape == (3, 1)  # floor(1 + 3/4)
   ids = jnp.array([0, 2])
-  start = client_start(server, None, ids)
-  direction = jax.tree.map(
-      lambda p: jax.random.normal(jax.random.key(p.size), p.shape), start)
-  trained = optax.tree.add(start, optax.tree.scale(0.05, direction))
-  result = ClientResult(ids=ids, round=0, start=start, params=trained,
-                        num_examples=jnp.array([10, 10]), loss=jnp.zeros((2,)))
-  new_server, _ = jax.jit(alg.server_update)(server, result, jax.random.key(1))
-  after = client_start(new_server, None, ids)
-  before_d = tree.rowwise_sq_norm(optax.tree.sub(start, trained))
-  after_d = tree.rowwise_sq_norm(optax.tree.sub(after, trained))
+
+  @jax.jit   # one program (eagerly: a program per leaf shape and op)
+  def step(server):
+    start = alg.client_start(server, None, ids)
+    direction = jax.tree.map(
+        lambda p: jax.random.normal(jax.random.key(p.size), p.shape), start)
+    trained = optax.tree.add(start, optax.tree.scale(0.05, direction))
+    result = ClientResult(ids=ids, round=0, start=start, params=trained,
+                          num_examples=jnp.array([10, 10]),
+                          loss=jnp.zeros((2,)))
+    new_server, _ = alg.server_update(server, result, jax.random.key(1))
+    after = alg.client_start(new_server, None, ids)
+    return (new_server, tree.rowwise_sq_norm(optax.tree.sub(start, trained)),
+            tree.rowwise_sq_norm(optax.tree.sub(after, trained)))
+
+  new_server, before_d, after_d = step(server)
   assert np.all(np.asarray(after_d) < np.asarray(before_d)), (before_d, after_d)
   # The client outside the cohort keeps its embedding.
   np.testing.assert_array_equal(new_server.hp.embeddings[1],

@@ -3,6 +3,7 @@ written out here), the weight files, the style statistics, the style draws,
 the local objective against an independent computation, and the algorithm
 end to end (a truncated encoder: depth 1 or 2, depth 4 once)."""
 
+import functools
 import os
 
 import jax
@@ -134,7 +135,9 @@ def test_loaded_networks_equal_the_reference_sequentials(tmp_path, depth):
   x = RNG.uniform(0, 1, size=(2, 17, 18, 3)).astype(np.float32)
   xn = np.moveaxis(x, 3, 1)
   f_np = _numpy_sequential(VGG, vgg, xn, last=n_vgg)
-  f = np.asarray(adain.encode(net, jnp.asarray(x), depth=depth))
+  # Jitted (eagerly each layer's ops compiled apart: ~120 programs at depth 4).
+  f = np.asarray(jax.jit(lambda net, x: adain.encode(net, x, depth=depth))(
+      net, x))
   np.testing.assert_allclose(np.moveaxis(f, 3, 1), f_np, rtol=2e-4,
                              atol=2e-4 * np.abs(f_np).max())
   c = f_np.shape[1]
@@ -143,8 +146,8 @@ def test_loaded_networks_equal_the_reference_sequentials(tmp_path, depth):
   alpha = 0.7
   t = alpha * _numpy_adain(f_np, mean, std, 1e-5) + (1 - alpha) * f_np
   want = _numpy_sequential(DECODER, dec, t, first=first)[:, :, :17, :18]
-  got = np.asarray(adain.transfer(net, jnp.asarray(x), jnp.asarray(mean),
-                                  jnp.asarray(std), depth=depth, alpha=alpha))
+  got = np.asarray(jax.jit(lambda net, x, mean, std: adain.transfer(
+      net, x, mean, std, depth=depth, alpha=alpha))(net, x, mean, std))
   assert got.shape == (2, 17, 18, 3)
   np.testing.assert_allclose(np.moveaxis(got, 3, 1), want, rtol=2e-4,
                              atol=2e-4 * np.abs(want).max())
@@ -192,8 +195,8 @@ def net1():
 def test_overall_and_single_styles_equal_numpy(net1):
   x = RNG.integers(0, 256, size=(7, 6, 5, 1)).astype(np.uint8)  # grey
   n = 5  # two padding rows, chunks of 3 (padded too)
-  feats = np.asarray(adain.encode(net1, jnp.repeat(jnp.asarray(x[:n]) / 255.0,
-                                                   3, -1), depth=1), np.float64)
+  feats = np.asarray(jax.jit(lambda net, x: adain.encode(net, x, depth=1))(
+      net1, np.repeat(x[:n] / 255.0, 3, -1)), np.float64)
   style = jax.jit(lambda x, n: ccst.overall_style(net1, x, n, depth=1, chunk=3,
                                                   eps=1e-5))(x, n)
   np.testing.assert_allclose(style.mu[0], feats.mean((0, 1, 2)), rtol=1e-4,
@@ -293,9 +296,14 @@ def _ctx(alg, params, cid=0):
                        frozen=alg.frozen(jax.random.key(0))), server
 
 
+@functools.partial(jax.jit, static_argnums=0)   # one program per model
+def _ce_rows(model, params, x01, y):                # and shape
+  logits = model.apply(params, x01, normalized=False)
+  return -jnp.take_along_axis(jax.nn.log_softmax(logits), y[:, None], 1)[:, 0]
+
+
 def _ce(model, params, x01, y, mask):
-  logits = model.apply(params, jnp.asarray(x01, jnp.float32), normalized=False)
-  ce = -jax.nn.log_softmax(logits)[np.arange(len(y)), y]
+  ce = _ce_rows(model, params, np.asarray(x01, np.float32), np.asarray(y))
   return float(np.sum(np.asarray(ce) * mask) / mask.sum())
 
 
@@ -533,24 +541,29 @@ def test_synthetic_adain_reconstructs_and_restyles_styled_fashion_mnist():
   from fedjax_dg.data.builders import rotated_fashion_mnist as rfm
   from fedjax_dg.data.builders import styled_fashion_mnist as sfm
   raw = rfm.read_idx_splits(FMNIST_DIR)["test"][0][:20]
-  x = jnp.asarray(np.stack([sfm.render_all(raw, [d] * 20, range(20))
-                            for d in range(5)]))       # [domain, 20, 28, 28, 3]
-  x01 = jax.vmap(ccst.to_unit_rgb)(x)
-  colour = np.asarray(jnp.mean(x01, axis=(1, 2, 3)))  # [domain, 3]
+  x = np.stack([sfm.render_all(raw, [d] * 20, range(20))
+                for d in range(5)])                  # [domain, 20, 28, 28, 3]
+  # Every computation jitted, the rest numpy (eagerly: ~45 programs).
+  x01 = np.asarray(jax.jit(jax.vmap(ccst.to_unit_rgb))(x))
+  colour = x01.mean(axis=(1, 2, 3))                    # [domain, 3]
   transfer = jax.jit(lambda net, x, m, s: jnp.clip(adain.transfer(
       net, x, m, s, depth=1), 0.0, 1.0))
   overall = jax.jit(lambda net, x: ccst.overall_style(
       net, x, jnp.int32(20), depth=1, chunk=20, eps=1e-5))
+  own_stats = jax.jit(lambda net, x: adain.instance_stats(adain.encode(
+      net, x, depth=1)))
 
   def measure(net):
     flat = x01.reshape((-1, 28, 28, 3))
-    own = adain.instance_stats(adain.encode(net, flat, depth=1))
-    mse = float(jnp.mean(jnp.square(transfer(net, flat, *own) - flat)))
+    own = own_stats(net, flat)
+    mse = float(np.mean(np.square(np.asarray(transfer(net, flat, *own))
+                                  - flat)))
     moved = []
     for b in range(5):
       style = overall(net, x[b])
       for a in set(range(5)) - {b}:
-        out = transfer(net, x01[a], *(jnp.repeat(v, 20, 0) for v in style[:2]))
+        out = np.asarray(transfer(net, x01[a], *(
+            np.repeat(np.asarray(v), 20, 0) for v in style[:2])))
         moved.append(np.linalg.norm(np.mean(out, (0, 1, 2)) - colour[b])
                      / np.linalg.norm(colour[a] - colour[b]))
     return mse, np.array(moved)

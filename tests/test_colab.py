@@ -3,9 +3,9 @@ naming each notebook's own file, and every notebook executed (tiny settings,
 code cells in a fresh namespace, from a temporary folder) with checks of what
 it computed.
 
-quickstart runs in the default suite. The tutorials take 15-80 s of CPU each
-(colab/README.md): they are marked `notebooks`, excluded from the default
-suite, and run by `make test-notebooks`.
+Executing a notebook takes 15-80 s of CPU (colab/README.md): quickstart and
+the tutorials are marked `notebooks`, excluded from the default suite, and run
+by `make test-notebooks` (which CI runs after `make test`).
 """
 
 import csv
@@ -266,6 +266,7 @@ CHECKS = {"hfedf_walkthrough.ipynb": check_hfedf_walkthrough,
           "scale.ipynb": check_scale}
 
 
+@pytest.mark.notebooks
 def test_quickstart_runs(tmp_path, monkeypatch):
   check_quickstart(run_notebook("quickstart.ipynb", tmp_path, monkeypatch))
 

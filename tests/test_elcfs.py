@@ -76,18 +76,24 @@ def test_amplitude_and_phase_are_numpys_per_channel_fft():
 def test_mixing_and_transfer_equal_the_released_codes_numpy(h, w, L):
   x, foreign = _image(h, w), _image(h, w, lo=40, hi=120)
   amp_x, amp_f = _chw_amp(x), _chw_amp(foreign)
-  to_hwc = lambda a: jnp.asarray(a.transpose(1, 2, 0), jnp.float32)
-  for lam in (0.0, 0.3, 1.0):
+  to_hwc = lambda a: np.asarray(a.transpose(1, 2, 0), np.float32)
+  lams = (0.0, 0.3, 1.0)
+
+  @jax.jit   # one program (eagerly: ~20)
+  def run(amp_x, amp_f, x, foreign):
+    entry = frequency.bank_entry(foreign, L)
+    return entry, [(frequency.mix_low_frequency(amp_x, amp_f, lam, L),
+                    frequency.mix_window(amp_x, entry, lam, L),
+                    frequency.transfer(x, entry, lam, L)) for lam in lams]
+
+  entry, outs = run(to_hwc(amp_x), to_hwc(amp_f), x, foreign)
+  # The bank entry (the window) gives the same mix as the full spectrum.
+  assert entry.shape[:2] == frequency.window_shape(h, w, L)
+  for lam, (full, window, transferred) in zip(lams, outs):
     want = _code_mix(amp_x.copy(), amp_f, L, lam).transpose(1, 2, 0)
-    got = frequency.mix_low_frequency(to_hwc(amp_x), to_hwc(amp_f), lam, L)
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-2)
-    # The bank entry (the window) gives the same mix as the full spectrum.
-    entry = frequency.bank_entry(jnp.asarray(foreign), L)
-    assert entry.shape[:2] == frequency.window_shape(h, w, L)
-    got = frequency.mix_window(to_hwc(amp_x), entry, lam, L)
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=5e-2)
-    got = frequency.transfer(jnp.asarray(x), entry, lam, L)
-    np.testing.assert_allclose(got, _code_transfer(x, amp_f, L, lam),
+    np.testing.assert_allclose(full, want, rtol=1e-5, atol=1e-2)
+    np.testing.assert_allclose(window, want, rtol=1e-4, atol=5e-2)
+    np.testing.assert_allclose(transferred, _code_transfer(x, amp_f, L, lam),
                                atol=5e-3)
 
 

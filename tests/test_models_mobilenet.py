@@ -149,8 +149,34 @@ def test_a_file_that_does_not_fit_is_named():
                      if k != "conv_head.bias"}, template, layout="timm")
 
 
-def test_safetensors_file_loads_through_get_model(tmp_path, monkeypatch):
+_JITTED_INIT = models._jitted_init
+
+
+@functools.lru_cache(maxsize=None)
+def _numpy_init(model):
+  """Stands in for `models._jitted_init`: the model's parameter shapes
+  (`init` traced, not compiled) filled with normal draws seeded by the key."""
+  shapes = jax.eval_shape(_JITTED_INIT(model), jax.random.key(0))
+
+  def init(key):
+    rng = np.random.default_rng(np.asarray(jax.random.key_data(key)).tolist())
+    return jax.tree.map(lambda s: rng.normal(size=s.shape).astype(s.dtype),
+                        shapes)
+
+  return init
+
+
+# "numpy": Model.init's sampling by `_numpy_init` (the loading around it is
+# the code under test); "compiled": the real jitted init, slow (compiling
+# MobileNetV3's init, 146 threefry draws, takes 10-20 s).
+@pytest.mark.parametrize("sampler", [
+    "numpy", pytest.param("compiled", marks=pytest.mark.slow)])
+def test_safetensors_file_loads_through_get_model(tmp_path, monkeypatch,
+                                                  sampler):
   from safetensors.numpy import save_file
+  _template(7)   # traced with the real init
+  if sampler == "numpy":
+    monkeypatch.setattr(models, "_jitted_init", _numpy_init)
   state = _random_state("torchvision")
   path = str(tmp_path / "mnv3.safetensors")
   save_file(state, path)
@@ -182,37 +208,56 @@ def test_safetensors_file_loads_through_get_model(tmp_path, monkeypatch):
 
 
 def test_group_norm_is_flax_group_norm_and_depthwise_conv_is_lax():
+  """Both in one jitted program (eagerly, every shifted slice of the im2col
+  sum and of its gradient compiled on its own: 180 programs)."""
   rng = np.random.default_rng(1)
   x = jnp.asarray(rng.normal(size=(2, 5, 6, 24)), jnp.float32)
   norm = mobilenet.Norm("group", 8)
   p = {"scale": jnp.asarray(rng.normal(size=24), jnp.float32),
        "bias": jnp.asarray(rng.normal(size=24), jnp.float32)}
-  ref = nn.GroupNorm(num_groups=8, epsilon=1e-5).apply({"params": p}, x)
-  np.testing.assert_allclose(norm.apply({"params": p}, x), ref, rtol=1e-5,
-                             atol=1e-5)
-  for k, s in ((3, 1), (5, 2)):
-    kernel = jnp.asarray(rng.normal(size=(k, k, 1, 24)), jnp.float32)
-    fns = {impl: functools.partial(layers.depthwise_conv2d, strides=s,
-                                   padding=(k - 1) // 2, impl=impl)
-           for impl in ("im2col", "xla")}
-    ref = lax.conv_general_dilated(x, kernel, (s, s), [((k - 1) // 2,) * 2] * 2,
-                                   dimension_numbers=("NHWC", "HWIO", "NHWC"),
-                                   feature_group_count=24)
-    for fn in fns.values():
-      np.testing.assert_allclose(fn(x, kernel), ref, rtol=1e-5, atol=1e-5)
-    grads = [jax.grad(lambda a, b, fn=fn: jnp.sum(jnp.sin(fn(a, b))),
-                      argnums=(0, 1))(x, kernel) for fn in fns.values()]
+  cases = ((3, 1), (5, 2))
+  kernels = [jnp.asarray(rng.normal(size=(k, k, 1, 24)), jnp.float32)
+             for k, _ in cases]
+
+  @jax.jit
+  def run(x, p, kernels):
+    out = dict(norm=norm.apply({"params": p}, x),
+               ref=nn.GroupNorm(num_groups=8, epsilon=1e-5).apply(
+                   {"params": p}, x))
+    for (k, s), kernel in zip(cases, kernels):
+      fns = {impl: functools.partial(layers.depthwise_conv2d, strides=s,
+                                     padding=(k - 1) // 2, impl=impl)
+             for impl in ("im2col", "xla")}
+      out[f"k{k}"] = dict(
+          lax=lax.conv_general_dilated(
+              x, kernel, (s, s), [((k - 1) // 2,) * 2] * 2,
+              dimension_numbers=("NHWC", "HWIO", "NHWC"),
+              feature_group_count=24),
+          out={impl: fn(x, kernel) for impl, fn in fns.items()},
+          grads={impl: jax.grad(lambda a, b, fn=fn: jnp.sum(jnp.sin(fn(a, b))),
+                                argnums=(0, 1))(x, kernel)
+                 for impl, fn in fns.items()})
+    return out
+
+  out = run(x, p, kernels)
+  np.testing.assert_allclose(out["norm"], out["ref"], rtol=1e-5, atol=1e-5)
+  for k, _ in cases:
+    for got in out[f"k{k}"]["out"].values():
+      np.testing.assert_allclose(got, out[f"k{k}"]["lax"], rtol=1e-5, atol=1e-5)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4,
-                                                         atol=1e-4), *grads)
+                                                         atol=1e-4),
+                 out[f"k{k}"]["grads"]["im2col"], out[f"k{k}"]["grads"]["xla"])
 
 
 def _two_clients():
   model = _model(7, weights="", norm="affine")
   sets = [weights.to_flax(_random_state("torchvision", seed), _template(7),
                           skip_head=True) for seed in (0, 1)]
-  sets = [dict(p, fc2=jax.tree.map(lambda a, i=i: jnp.full(a.shape, 0.01 * (i + 1)),
-                                   p["fc2"])) for i, p in enumerate(sets)]
-  stacked = jax.tree.map(lambda *a: jnp.stack(a), *sets)
+  sets = [dict(p, fc2=jax.tree.map(
+      lambda a, i=i: np.full(a.shape, 0.01 * (i + 1), np.float32), p["fc2"]))
+          for i, p in enumerate(sets)]
+  # numpy (jnp.stack compiles a program per leaf shape: ~100 of them).
+  stacked = jax.tree.map(lambda *a: np.stack(a), *sets)
   x = jnp.asarray(np.random.default_rng(2).integers(0, 256, (2, 32, 32, 3)),
                   jnp.uint8)
   return model, sets, stacked, x
@@ -224,14 +269,15 @@ def test_loop_safe_vmap_and_lax_map_equal_separate_applies():
   model, sets, stacked, x = _two_clients()
 
   @jax.jit
-  def run(sets, stacked):
+  def run(first, stacked):
     return dict(
-        separate=jnp.stack([model.apply(p, x) for p in sets]),
         vmap=jax.vmap(model.apply, (0, None))(stacked, x),
         map=lax.map(lambda p: model.apply(p, x), stacked),
-        features=model.features(sets[0], x))
+        features=model.features(first, x))
 
-  out = run(sets, stacked)
+  out = run(sets[0], stacked)
+  apply = jax.jit(model.apply)   # one program for both clients
+  out["separate"] = np.stack([apply(p, x) for p in sets])
   np.testing.assert_allclose(out["vmap"], out["separate"], rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(out["map"], out["separate"], rtol=1e-5, atol=1e-6)
   assert out["features"].shape == (2, mobilenet.LAST_CHANNEL)

@@ -110,6 +110,13 @@ def transforms(fed, model, params, trained):
   return out
 
 
+@pytest.fixture(scope="module")
+def built(setup):
+  """`transforms` once per module (building them initializes and runs the
+  hypernetworks: compiled again on every call)."""
+  return transforms(*setup)
+
+
 NAMES = ["weighted_mean", "gma", "ga", "ema", "hypernetwork_step",
          "hypernetwork_step_tensor", "hypergenfl_step", "feddf", "fedbe",
          "fedlaw", "chain(weighted_mean, ema)"]
@@ -122,13 +129,13 @@ def _is_typed(state) -> bool:
   return hasattr(state, "_fields")
 
 
-def test_every_server_transform_is_listed_here(setup):
-  assert sorted(transforms(*setup)) == sorted(NAMES)
+def test_every_server_transform_is_listed_here(built):
+  assert sorted(built) == sorted(NAMES)
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_server_transform_contract(setup, name):
-  t, updates, params, out_like = transforms(*setup)[name]
+def test_server_transform_contract(setup, built, name):
+  t, updates, params, out_like = built[name]
   assert isinstance(t, optax.GradientTransformationExtraArgs), type(t)
   state = t.init(params if params is not None else updates)
   assert _is_typed(state), state

@@ -42,12 +42,22 @@ def tiny(tmp_path_factory):
   return str(path), str(d)
 
 
+def _no_run_figures(monkeypatch):
+  """Cells' run directories without report.write_all's matplotlib figures
+  (~1-3 s each; no test here looks at them, test_cli.py does); the sweep's
+  own report (plots.sweep_curves) is kept."""
+  from fedjax_dg import plots
+  monkeypatch.setattr(plots, "ALL", {})
+
+
 @pytest.fixture(scope="module")
 def swept(tiny):
   path, d = tiny
   out = os.path.join(d, "sw")
-  assert cli.main(["sweep", "--config", path, "--grid", "data.d=1,2",
-                   "--seeds", "0", "--out", out]) == 0
+  with pytest.MonkeyPatch.context() as mp:
+    _no_run_figures(mp)
+    assert cli.main(["sweep", "--config", path, "--grid", "data.d=1,2",
+                     "--seeds", "0", "--out", out]) == 0
   return out
 
 
@@ -75,7 +85,9 @@ def test_sweep_writes_manifest_and_one_run_directory_per_cell(swept):
   assert os.path.isfile(os.path.join(swept, "report", "table2.md"))
 
 
-def test_resume_skips_finished_cells_and_finishes_an_interrupted_one(swept, capsys):
+def test_resume_skips_finished_cells_and_finishes_an_interrupted_one(
+    swept, capsys, monkeypatch):
+  _no_run_figures(monkeypatch)
   path = os.path.join(swept, CELLS[1], "results.json")
   full = _json(path)
   kept = [r for r in full["runs"] if (r["algorithm"], r["target"]) != ("fedavg", "75")]
