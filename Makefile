@@ -51,9 +51,11 @@ test: data
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The tests marked `slow`: longer variants, and end-to-end runs that confirm
-# what faster default tests pin (docs/testing.md says which and why).
+# what faster default tests pin (docs/testing.md says which and why). They run
+# XLA's optimized code, as they were written (their runs are long, compiling
+# less of their time than the default suite's).
 test-slow: data
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m slow
+	JAX_DISABLE_MOST_OPTIMIZATIONS=0 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m slow
 
 # The colab/ tutorials, executed at their tiny settings (colab/README.md has
 # their times); they prepare fashion_mnist / styled_fashion_mnist on first use.
