@@ -2,6 +2,8 @@
 
 import dataclasses
 import os
+import shutil
+import tempfile
 
 # XLA's backend optimizations off (what flax's own tests do): most tests compile
 # a small program once and run it for milliseconds, so compile time is most of
@@ -11,6 +13,22 @@ import os
 # subprocesses inherit it; JAX_DISABLE_MOST_OPTIMIZATIONS=0 runs the suite
 # optimized (`make test-all` runs the slow tests so).
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+
+# One persistent XLA compilation cache per test session, shared by its
+# pytest-xdist workers and the subprocesses they start: tests that build the
+# same program (the same algorithm on the same shapes, each run its own jitted
+# closures) compile it once. A new directory each session, removed at its end
+# (`pytest_unconfigure`), so a session never reads a program an earlier one
+# compiled and `make test` on a fresh clone costs what it costs on CI. Set in
+# the environment before jax is imported (jax reads JAX_* options from it) and
+# as FEDJAX_DG_JAX_CACHE, which `cli.setup_jax` uses in place of .data's cache.
+_MADE_CACHE = "FEDJAX_DG_TEST_JAX_CACHE" not in os.environ  # the first process
+if _MADE_CACHE:
+  os.environ["FEDJAX_DG_TEST_JAX_CACHE"] = tempfile.mkdtemp(
+      prefix="fedjax_dg_test_jax_cache_")
+for _name in ("JAX_COMPILATION_CACHE_DIR", "FEDJAX_DG_JAX_CACHE"):
+  os.environ[_name] = os.environ["FEDJAX_DG_TEST_JAX_CACHE"]
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
 
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 import numpy as np
@@ -109,3 +127,10 @@ def _jax_devices_before_any_test():
   here, not at import: collecting the tests must not start a backend
   (`tests/mutation_report.py --preflight`)."""
   jax.devices()
+
+
+def pytest_unconfigure(config):  # pylint: disable=unused-argument
+  """Removes the session's compilation cache (above), in the process that made
+  it (pytest-xdist's workers inherit it and leave it)."""
+  if _MADE_CACHE:
+    shutil.rmtree(os.environ["FEDJAX_DG_TEST_JAX_CACHE"], ignore_errors=True)
