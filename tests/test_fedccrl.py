@@ -16,6 +16,7 @@ from PIL import Image, ImageOps
 from conftest import synthetic_federation, with_sizes
 from fedjax_dg import algorithms, engine, models, optim
 from fedjax_dg.algorithms import fedccrl
+from fedjax_dg.algorithms.base import ClientResult
 from fedjax_dg.client import augment, objectives
 from fedjax_dg.client.update import (Batch, ClientContext, ClientData,
                                      local_update)
@@ -182,15 +183,17 @@ def _supcon_numpy(z1, z2, y, tau):
 def test_supervised_contrastive_equals_eq11_and_ignores_padding():
   z1, z2 = RNG.normal(size=(5, 4)), RNG.normal(size=(5, 4))
   y = np.array([0, 1, 0, 2, 1])
-  got = objectives.supervised_contrastive(jnp.asarray(z1), jnp.asarray(z2),
-                                          jnp.asarray(y), jnp.ones(5), 0.1)
+  pad = lambda a, v: np.concatenate([a, v])
+  # Both calls in one jitted program (eagerly: a program per op).
+  got, padded = jax.jit(lambda z1, z2, y, p1, p2, py: (
+      objectives.supervised_contrastive(z1, z2, y, jnp.ones(5), 0.1),
+      objectives.supervised_contrastive(p1, p2, py, jnp.asarray(
+          [1.0] * 5 + [0.0] * 2), 0.1)))(
+              z1, z2, y, pad(z1, 9 * np.ones((2, 4))), pad(z2, -np.ones((2, 4))),
+              pad(y, [0, 0]))
   np.testing.assert_allclose(got, _supcon_numpy(z1, z2, y, 0.1), rtol=1e-4)
   # Two padded rows (mask 0, garbage values) change nothing.
-  pad = lambda a, v: np.concatenate([a, v])
-  got = objectives.supervised_contrastive(
-      jnp.asarray(pad(z1, 9 * np.ones((2, 4)))), jnp.asarray(pad(z2, -np.ones((2, 4)))),
-      jnp.asarray(pad(y, [0, 0])), jnp.asarray([1.0] * 5 + [0.0] * 2), 0.1)
-  np.testing.assert_allclose(got, _supcon_numpy(z1, z2, y, 0.1), rtol=1e-4)
+  np.testing.assert_allclose(padded, _supcon_numpy(z1, z2, y, 0.1), rtol=1e-4)
 
 
 def test_js_divergence_equals_eq14():
@@ -234,8 +237,11 @@ def test_cosine_over_run_scales_each_epoch_of_each_round():
 
 @pytest.fixture(scope="module")
 def setup():
+  """An MLP (features: its hidden layer): the objective reads only
+  `features` and `head`, and a small CNN compiles and runs several times
+  slower without XLA's optimizations."""
   fed = synthetic_federation(num_clients=3, per_domain=40, size=12)
-  model = models.get_model("small_cnn", input_shape=fed.image_shape,
+  model = models.get_model("mlp", input_shape=fed.image_shape,
                            num_classes=fed.num_classes, mean=fed.mean,
                            std=fed.std)
   return fed, model
@@ -254,26 +260,34 @@ def test_without_augmentation_and_alignment_the_loss_is_cross_entropy(setup):
   batch = Batch(jnp.asarray(fed.train.x[0, :8]), jnp.asarray(fed.train.y[0, :8]),
                 jnp.asarray([1.0] * 6 + [0.0] * 2))
   ctx = ClientContext(id=jnp.int32(0), round=jnp.int32(0), start=params)
-  ce = objectives.cross_entropy(model)(params, batch, jax.random.key(1), ctx)
-  for cls_loss, factor in (("mean", 1.0), ("sum", 3.0)):
-    alg = _build(fed, model, ccdt=False, difp=False, lambda1=0.0, lambda2=0.0,
-                 cls_loss=cls_loss)
-    got = jax.jit(alg.loss)(params, batch, jax.random.key(1), ctx)
-    np.testing.assert_allclose(got, factor * ce, rtol=1e-5)
+  plain_off = [_build(fed, model, ccdt=False, difp=False, lambda1=0.0,
+                      lambda2=0.0, cls_loss=cls_loss)
+               for cls_loss in ("mean", "sum")]
   # Identical views: L_RA is exactly the contrastive loss of (Z, Z).
-  alg = _build(fed, model, ccdt=False, difp=False, lambda1=0.5, lambda2=0.0)
-  z = model.features(params, batch.x, train=True, rng=jax.random.key(0))
-  sc = objectives.supervised_contrastive(z, z, batch.y, batch.mask, 0.1)
-  got = jax.jit(alg.loss)(params, batch, jax.random.key(1), ctx)
-  np.testing.assert_allclose(got, ce + 0.5 * sc, rtol=1e-4)
+  ra = _build(fed, model, ccdt=False, difp=False, lambda1=0.5, lambda2=0.0)
   # Re-styled views (MixStyle only): L_JS adds a positive amount.
   js, plain = (_build(fed, model, difp=False, lambda1=0.0, lambda2=lam)
                for lam in (1.0, 0.0))
   server, _ = plain.init(jax.random.key(0))
-  ctx = ctx._replace(shared=server.pool)
-  key = jax.random.key(2)
-  assert float(jax.jit(js.loss)(params, batch, key, ctx)) > float(
-      jax.jit(plain.loss)(params, batch, key, ctx)) + 1e-6
+
+  @jax.jit   # one program (eagerly: a program per op)
+  def run(params, batch, ctx, pool):
+    key = jax.random.key(1)
+    ce = objectives.cross_entropy(model)(params, batch, key, ctx)
+    z = model.features(params, batch.x, train=True, rng=jax.random.key(0))
+    sc = objectives.supervised_contrastive(z, z, batch.y, batch.mask, 0.1)
+    styled = ctx._replace(shared=pool)
+    return (ce, sc, [a.loss(params, batch, key, ctx) for a in plain_off],
+            ra.loss(params, batch, key, ctx),
+            [a.loss(params, batch, jax.random.key(2), styled)
+             for a in (js, plain)])
+
+  ce, sc, off, with_ra, (with_js, without_js) = run(params, batch, ctx,
+                                                    server.pool)
+  for got, factor in zip(off, (1.0, 3.0)):   # cls_loss mean, sum
+    np.testing.assert_allclose(got, factor * ce, rtol=1e-5)
+  np.testing.assert_allclose(with_ra, ce + 0.5 * sc, rtol=1e-4)
+  assert float(with_js) > float(without_js) + 1e-6
 
 
 def test_style_pool_holds_statistics_of_each_clients_own_images(setup):
@@ -493,6 +507,46 @@ def test_style_pool_keeps_ceil_r_n_statistics_per_client(unequal):
   np.testing.assert_array_equal(np.asarray(aux.valid), [1, 1, 0, 0])
 
 
+def test_the_server_writes_the_cohorts_redrawn_statistics(setup):
+  """client_aux redraws a client's statistics from its own images; the
+  server writes the cohort's rows (a cohort [2, 0]: neither sorted nor rows
+  0..m-1), keeps the others and reports the pool's size."""
+  fed, model = setup
+  alg = _build(fed, model)
+  first, _ = alg.init(jax.random.key(0))
+  ids = np.array([2, 0])
+  data = ClientData(*(jnp.asarray(np.asarray(a)[ids]) for a in (
+      fed.train.x, fed.train.y, fed.train.n)))
+  stacked = jax.tree.map(lambda v: jnp.stack([v] * 2), first.params)
+
+  @jax.jit   # the cohort's uploads and the server update in one program
+  def round_end(server, data):
+    aux = jax.vmap(lambda d, k: alg.client_aux(None, None, d, k))(
+        data, jax.random.split(jax.random.key(7), 2))
+    result = ClientResult(ids=jnp.asarray(ids), round=jnp.int32(0),
+                          start=stacked, params=stacked,
+                          num_examples=data.n, loss=jnp.zeros(2), aux=aux)
+    return aux, alg.server_update(server, result, jax.random.key(1))
+
+  aux, (server, metrics) = jax.device_get(round_end(first, data))
+  old = jax.device_get(first.pool)
+  for row, c in enumerate(ids):
+    for got, want, was in zip(server.pool, aux, old):
+      np.testing.assert_array_equal(got[c], want[row])
+    assert not np.allclose(server.pool.mu[c], old.mu[c])  # redrawn
+  for got, was in zip(server.pool, old):
+    np.testing.assert_array_equal(got[1], was[1])  # not in the cohort
+  assert int(metrics["ccdt_pool_size"]) == int(server.pool.valid.sum()) == int(
+      old.valid.sum())
+
+
+# Slow (~14 s of compiling AugMix in a round program): the default
+# tests/test_pinned.py::test_learns_above_chance_and_reproduces_pinned_numbers
+# [fedccrl] runs FedCCRL (CCDT and DIFP on) end to end (above chance, pinned
+# losses and parameters), and test_the_server_writes_the_cohorts_redrawn_
+# statistics pins the pool's refresh and size (a server that keeps the first
+# pool fails both).
+@pytest.mark.slow
 def test_fedccrl_learns_and_refreshes_the_pool(setup):
   fed, model = setup
   alg = _build(fed, model, augmix_width=1)
