@@ -112,23 +112,28 @@ def test_window_is_centred_on_the_dc_term():
 def test_lam_zero_returns_the_image_and_ratio_zero_moves_only_the_mean():
   x = _image(12, 10, lo=80, hi=180)
   foreign = _image(12, 10, lo=100, hi=140)
-  for L in (0.0, 0.2, 0.5):
-    entry = frequency.bank_entry(jnp.asarray(foreign), L)
-    np.testing.assert_allclose(frequency.transfer(jnp.asarray(x), entry, 0.0, L),
-                               x, atol=2e-3)
+
+  @jax.jit   # one program (eagerly: a program per op and window size)
+  def run(x, foreign):
+    entry = lambda L: frequency.bank_entry(foreign, L)
+    return dict(
+        lam0=[frequency.transfer(x, entry(L), 0.0, L) for L in (0.0, 0.2, 0.5)],
+        dc=entry(0.0), mean=frequency.transfer(x, entry(0.0), 1.0, 0.0),
+        quarter=frequency.transfer(x, entry(0.0), 0.25, 0.0),
+        wide=frequency.transfer(x, entry(0.3), 1.0, 0.3))
+
+  out = jax.tree.map(np.asarray, run(x, foreign))
+  for got in out["lam0"]:   # L = 0, 0.2, 0.5
+    np.testing.assert_allclose(got, x, atol=2e-3)
   # ratio 0 (the code's L=0) swaps the DC amplitude only: lam=1 gives x with
   # each channel's mean replaced by the foreign image's (no clipping here).
-  entry = frequency.bank_entry(jnp.asarray(foreign), 0.0)
-  assert entry.shape == (1, 1, 3)
-  out = np.asarray(frequency.transfer(jnp.asarray(x), entry, 1.0, 0.0))
+  assert out["dc"].shape == (1, 1, 3)
   want = x - x.mean((0, 1)) + foreign.mean((0, 1))
-  np.testing.assert_allclose(out, want, atol=2e-3)
+  np.testing.assert_allclose(out["mean"], want, atol=2e-3)
   # lam interpolates the mean; a larger window changes more than the mean.
-  out = np.asarray(frequency.transfer(jnp.asarray(x), entry, 0.25, 0.0))
-  np.testing.assert_allclose(out.mean((0, 1)), 0.75 * x.mean((0, 1))
+  np.testing.assert_allclose(out["quarter"].mean((0, 1)), 0.75 * x.mean((0, 1))
                              + 0.25 * foreign.mean((0, 1)), rtol=1e-5)
-  wide = np.asarray(frequency.transfer(
-      jnp.asarray(x), frequency.bank_entry(jnp.asarray(foreign), 0.3), 1.0, 0.3))
+  wide = out["wide"]
   assert np.abs((wide - wide.mean((0, 1))) - (x - x.mean((0, 1)))).max() > 1.0
 
 
@@ -299,8 +304,8 @@ def test_episodic_loss_and_both_gradients_equal_the_explicit_inner_step(setup):
         meta_step_size=beta, clip_value=clip, second_order=second_order,
         contrastive_weight=gamma, temperature=tau)
 
-  @jax.jit
-  def explicit(theta):
+  @jax.jit   # the explicit step and ours, both orders, in one program
+  def explicit_and_ours(theta):
     theta_prime = inner_step(theta)[0]
     value = f(theta, theta_prime)
     # First order: theta' = theta - beta * (a constant), so the gradient is
@@ -308,13 +313,14 @@ def test_episodic_loss_and_both_gradients_equal_the_explicit_inner_step(setup):
     d_theta, d_prime = jax.grad(f, argnums=(0, 1))(theta, theta_prime)
     # Second order: autodiff through the written-out inner step.
     full = jax.grad(lambda t: f(t, inner_step(t)[0]))(theta)
-    return value, jax.tree.map(jnp.add, d_theta, d_prime), full
+    mine = {second: jax.value_and_grad(lambda p: ours(p, second))(theta)
+            for second in (False, True)}
+    return value, jax.tree.map(jnp.add, d_theta, d_prime), full, mine
 
-  value, want_first, want_second = explicit(params)
-  ours_and_grad = jax.jit(jax.value_and_grad(ours), static_argnums=1)
+  value, want_first, want_second, mine = explicit_and_ours(params)
   got = {}
   for second in (False, True):
-    loss, grad = ours_and_grad(params, second)
+    loss, grad = mine[second]
     np.testing.assert_allclose(loss, value, rtol=1e-5)
     got[second] = _flat(grad)
   np.testing.assert_allclose(got[False], _flat(want_first), rtol=1e-4,
@@ -350,14 +356,21 @@ def test_local_loss_is_the_episodic_loss_of_the_batch_and_its_transform(setup):
             contrastive_weight=0.1, temperature=0.05)
 
   pixels = batch.x.astype(jnp.float32)
-  x_trs = jax.jit(lambda k: elcfs.transformed_batch(
-      pixels, k, server.bank, jnp.int32(1), ratio=0.25, lam_low=0.3,
-      lam_high=0.9))(k_view)
-  assert float(jnp.mean(jnp.abs(x_trs - pixels))) > 1.0  # the transform acts
-  want = jax.jit(lambda p: elcfs.episodic_loss(
-      model, p, model.normalize(batch.x), model.normalize(x_trs / 255.0),
-      batch.y, batch.mask, k_inner, k_outer, **hp))(params)
-  got = jax.jit(alg.loss)(params, batch, key, ctx)
+
+  @jax.jit   # the explicit composition and the objective in one program
+  def run(params, batch, ctx):
+    x_trs = elcfs.transformed_batch(
+        pixels, k_view, server.bank, jnp.int32(1), ratio=0.25, lam_low=0.3,
+        lam_high=0.9)
+    want = elcfs.episodic_loss(
+        model, params, model.normalize(batch.x),
+        model.normalize(x_trs / 255.0), batch.y, batch.mask, k_inner, k_outer,
+        **hp)
+    return x_trs, want, alg.loss(params, batch, key, ctx)
+
+  x_trs, want, got = run(params, batch, ctx)
+  assert float(np.mean(np.abs(np.asarray(x_trs) - np.asarray(pixels)))
+               ) > 1.0  # the transform acts
   np.testing.assert_allclose(got, want, rtol=1e-5)
 
 
@@ -403,8 +416,8 @@ def test_the_server_keeps_the_cohorts_new_bank_rows(setup):
   assert int(metrics["elcfs_bank_size"]) == int(first.bank.valid.sum())
   kept = _build(fed, model, ratio=0.25, refresh_bank=False)
   assert kept.client_aux is None
-  server, _ = kept.server_update(first, result._replace(aux=None),
-                                 jax.random.key(0))
+  server, _ = jax.jit(kept.server_update)(first, result._replace(aux=None),
+                                          jax.random.key(0))
   np.testing.assert_array_equal(server.bank.amp, first.bank.amp)
 
 
