@@ -388,6 +388,13 @@ def test_identity_transfer_leaves_the_reference_loss_the_cross_entropy(
       jax.jit(ref.loss)(params, batch, jax.random.key(0), ctx), ce, rtol=1e-4)
 
 
+# Slow (~5 s, an engine run): the default test_pinned.py::test_learns_above_
+# chance_and_reproduces_pinned_numbers[ccst] runs CCST end to end (above
+# chance, pinned losses and parameters); test_refreshed_single_styles_land_in_
+# their_own_clients_rows pins the single bank's refresh, and
+# test_both_reads_the_single_and_the_overall_bank the overall bank kept, the
+# network out of the trained state, the bank size and which settings upload.
+@pytest.mark.slow
 def test_ccst_learns_keeps_the_network_frozen_and_refreshes_single_styles(
     fed, model):
   alg = _build(fed, model, lr=0.05, bank="both", k=2, r=0.25)
@@ -471,7 +478,7 @@ def test_both_reads_the_single_and_the_overall_bank(fed, model):
   both banks are used, e.g. against the overall bank never being read."""
   alg = _build(fed, model, bank="both", k=2)
   params = model.init(jax.random.key(1))
-  ctx, _ = _ctx(alg, params)
+  ctx, server = _ctx(alg, params)
   batch = _batch(fed, 0, 8)
   loss = jax.jit(alg.loss)
   poison = lambda b: b._replace(sig=jnp.full_like(b.sig, jnp.nan))
@@ -481,6 +488,27 @@ def test_both_reads_the_single_and_the_overall_bank(fed, model):
     nan = np.isnan([float(loss(params, batch, jax.random.key(s), c))
                     for s in range(12)])
     assert nan.any() and not nan.all(), nan
+  # The server: the cohort's single styles written, the overall bank kept, the
+  # AdaIN network nowhere in the trained state, both banks counted; only a
+  # refreshed single bank is uploaded.
+  assert alg.client_aux is not None and alg.frozen is not None
+  ids = jnp.asarray([2, 0])
+  stacked = tree.broadcast(server.params, 2)
+  aux = jax.tree.map(lambda a: a[::-1], tree.take(server.single, ids))
+  new, metrics = jax.device_get(jax.jit(alg.server_update)(
+      server, ClientResult(ids=ids, round=jnp.int32(0), start=stacked,
+                           params=stacked, num_examples=jnp.asarray([5, 5]),
+                           loss=jnp.zeros(2), aux=aux), jax.random.key(0)))
+  np.testing.assert_array_equal(new.single.mu[[2, 0]],
+                                np.asarray(server.single.mu)[[0, 2]])
+  for got, was in zip(new.overall, server.overall):
+    np.testing.assert_array_equal(got, was)
+  assert set(new.params) == set(model.init(jax.random.key(0)))
+  assert int(metrics["ccst_bank_size"]) == int(
+      server.single.valid.sum()) + 3 == int(new.single.valid.sum()) + int(
+          new.overall.valid.sum())
+  assert _build(fed, model).client_aux is None        # overall: nothing to send
+  assert _build(fed, model, bank="single", refresh=False).client_aux is None
 
 
 def test_bad_settings_and_missing_data_are_errors(fed, model, tmp_path):
