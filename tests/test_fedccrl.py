@@ -115,8 +115,9 @@ def test_one_chain_of_depth_one_is_a_blend_with_one_operation():
 def test_augmix_stays_in_the_pixel_range_and_random_width_drops_chains():
   x = jnp.asarray(_image(), jnp.float32)
   keys = jax.random.split(jax.random.key(0), 8)
-  outs = {w: jax.jit(jax.vmap(lambda k: augment.augmix(x, k, k, width=w)))(keys)
-          for w in (0, 3)}
+  # Both widths in one program (two: ~1.4x the compile time).
+  outs = dict(zip((0, 3), jax.jit(jax.vmap(lambda k: tuple(
+      augment.augmix(x, k, k, width=w) for w in (0, 3))))(keys)))
   for o in outs.values():
     assert float(o.min()) >= 0.0 and float(o.max()) <= 255.0
   # Same keys: k ~ U{1,2,3} chains differ from three chains when k < 3 only.
