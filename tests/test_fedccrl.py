@@ -37,20 +37,28 @@ def _image(h=12, w=10, constant_channel=False):
 # AugMix operations against PIL (the reference's implementation).
 
 
+@jax.jit
+def _pixel_ops(xf):
+  return (augment.equalize(xf),
+          [augment.posterize(xf, jnp.asarray(bits)) for bits in (1, 3, 4)],
+          [augment.solarize(xf, float(t)) for t in (0, 100, 256)],
+          augment.autocontrast(xf))
+
+
 @pytest.mark.parametrize("constant_channel", [False, True])
 def test_pixel_operations_equal_pil(constant_channel):
   x = _image(constant_channel=constant_channel)
-  im, xf = Image.fromarray(x), jnp.asarray(x, jnp.float32)
+  im = Image.fromarray(x)
   pil = lambda img: np.asarray(img, np.float32)
-  np.testing.assert_array_equal(augment.equalize(xf), pil(ImageOps.equalize(im)))
-  for bits in (1, 3, 4):
-    np.testing.assert_array_equal(augment.posterize(xf, jnp.asarray(bits)),
-                                  pil(ImageOps.posterize(im, bits)))
-  for threshold in (0, 100, 256):
-    np.testing.assert_array_equal(augment.solarize(xf, float(threshold)),
-                                  pil(ImageOps.solarize(im, threshold)))
+  # One program for both cases (eagerly: a program per op).
+  equalized, posterized, solarized, got = _pixel_ops(jnp.asarray(x, jnp.float32))
+  np.testing.assert_array_equal(equalized, pil(ImageOps.equalize(im)))
+  for bits, out in zip((1, 3, 4), posterized):
+    np.testing.assert_array_equal(out, pil(ImageOps.posterize(im, bits)))
+  for threshold, out in zip((0, 100, 256), solarized):
+    np.testing.assert_array_equal(out, pil(ImageOps.solarize(im, threshold)))
   # PIL computes the stretch in float64: a value can land one grey level away.
-  got = np.asarray(augment.autocontrast(xf))
+  got = np.asarray(got)
   assert np.max(np.abs(got - pil(ImageOps.autocontrast(im)))) <= 1
   assert got.min() == 0 and got[..., 0].max() == 255
   if constant_channel:
@@ -219,11 +227,12 @@ def test_cosine_over_run_scales_each_epoch_of_each_round():
   loss = lambda p, batch, rng, ctx: jnp.sum(p["w"]) + 0.0 * jnp.sum(batch.mask)
   x, y = jnp.zeros((6, 2, 2, 1), jnp.uint8), jnp.zeros((6,), jnp.int32)
   R, E, B, n = 4, 2, 2, 5  # 3 steps per epoch
+  run = jax.jit(lambda ctx: local_update(   # one program for the rounds
+      loss, opt, {"w": jnp.zeros(())}, x, y, jnp.int32(n), jax.random.key(0),
+      ctx, batch_size=B, epochs=E, rounds=R)[0])
   for r in range(R):
     ctx = ClientContext(id=jnp.int32(0), round=jnp.int32(r), start=None)
-    params, _ = local_update(loss, opt, {"w": jnp.zeros(())}, x, y, jnp.int32(n),
-                             jax.random.key(0), ctx, batch_size=B, epochs=E,
-                             rounds=R)
+    params = run(ctx)
     want = -sum(3 * 0.5 * (1 + np.cos(np.pi * (r * E + e) / (R * E)))
                 for e in range(E))
     np.testing.assert_allclose(params["w"], want, rtol=1e-5)
