@@ -107,8 +107,11 @@ def test_adain_gives_each_channel_the_style_mean_and_std():
   f = RNG.normal(2.0, 3.0, size=(2, 5, 6, 4))
   f[1, ..., 2] = 0.0  # a dead (ReLU) channel: normalized to 0, becomes the mean
   mean, std = RNG.normal(size=(2, 4)), RNG.uniform(0.2, 2.0, size=(2, 4))
-  out = np.asarray(adain.adain(jnp.asarray(f, jnp.float32), jnp.asarray(
-      mean, jnp.float32), jnp.asarray(std, jnp.float32), eps=1e-5))
+  # One program (eagerly: a program per op).
+  out, (m, sd) = jax.tree.map(np.asarray, jax.jit(lambda f, mean, std: (
+      adain.adain(f, mean, std, eps=1e-5),
+      adain.instance_stats(f, eps=1e-5)))(
+          *(np.asarray(a, np.float32) for a in (f, mean, std))))
   np.testing.assert_allclose(out.mean(axis=(1, 2)), mean, atol=1e-5)
   s = out.std(axis=(1, 2))  # population std
   np.testing.assert_allclose(np.delete(s.ravel(), 6), np.delete(std.ravel(), 6),
@@ -116,7 +119,6 @@ def test_adain_gives_each_channel_the_style_mean_and_std():
   assert s[1, 2] < 1e-6
   want = np.moveaxis(_numpy_adain(np.moveaxis(f, 3, 1), mean, std, 1e-5), 1, 3)
   np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
-  m, sd = adain.instance_stats(jnp.asarray(f, jnp.float32), eps=1e-5)
   np.testing.assert_allclose(m, f.mean((1, 2)), rtol=1e-5)
   np.testing.assert_allclose(sd, np.sqrt(f.var((1, 2)) + 1e-5), rtol=1e-5)
 

@@ -147,14 +147,17 @@ def test_pixel_overflow_clamps_or_wraps():
 
 def test_mixstyle_moves_the_statistics_to_the_mix():
   x = jnp.asarray(RNG.normal(size=(6, 5, 3)), jnp.float32)
-  mu, sig = (np.asarray(a) for a in augment.style_stats(x))
+  mu2, sig2 = np.array([1.0, -2.0, 0.5]), np.array([0.3, 2.0, 1.0])
+  lams = (0.0, 0.3, 1.0)
+  # One program (eagerly: a program per op).
+  (mu, sig), mixed = jax.tree.map(np.asarray, jax.jit(lambda x, mu2, sig2: (
+      augment.style_stats(x),
+      [augment.style_stats(augment.mixstyle(x, mu2, sig2, lam))
+       for lam in lams]))(x, mu2, sig2))
   np.testing.assert_allclose(mu, np.asarray(x).mean((0, 1)), rtol=1e-5)
   np.testing.assert_allclose(sig, np.sqrt(np.asarray(x).var((0, 1)) + 1e-6),
                              rtol=1e-5)
-  mu2, sig2 = np.array([1.0, -2.0, 0.5]), np.array([0.3, 2.0, 1.0])
-  for lam in (0.0, 0.3, 1.0):
-    out = augment.mixstyle(x, jnp.asarray(mu2), jnp.asarray(sig2), lam)
-    m, s = (np.asarray(a) for a in augment.style_stats(out))
+  for lam, (m, s) in zip(lams, mixed):
     np.testing.assert_allclose(m, lam * mu2 + (1 - lam) * mu, atol=1e-5)
     np.testing.assert_allclose(s, lam * sig2 + (1 - lam) * sig, rtol=1e-3)
 
@@ -163,9 +166,9 @@ def test_a_client_never_draws_its_own_or_an_empty_slot():
   n, s = 4, 3
   mu = jnp.arange(n * s, dtype=jnp.float32).reshape(n, s, 1)
   valid = jnp.asarray([[1, 1, 0], [1, 0, 0], [0, 0, 0], [1, 1, 1]], bool)
+  draw = jax.jit(augment.sample_foreign, static_argnums=5)  # one program
   for own in range(n):
-    got, _ = augment.sample_foreign(jax.random.key(own), mu, mu, valid,
-                                    jnp.asarray(own), 600)
+    got, _ = draw(jax.random.key(own), mu, mu, valid, jnp.asarray(own), 600)
     rows = np.asarray(got[:, 0]).astype(int)
     allowed = {c * s + j for c in range(n) for j in range(s)
                if c != own and valid[c, j]}
@@ -210,9 +213,10 @@ def test_js_divergence_equals_eq14():
   p = [np.exp(l) / np.exp(l).sum(1, keepdims=True) for l in logits]
   mix = sum(p) / 3
   want = np.mean([np.sum(q * np.log(q / mix), 1) for q in p], axis=0).mean()
-  got = objectives.js_divergence([jnp.asarray(l) for l in logits], jnp.ones(4))
+  js = jax.jit(objectives.js_divergence)   # one program (eagerly: per op)
+  got = js([jnp.asarray(l) for l in logits], jnp.ones(4))
   np.testing.assert_allclose(got, want, rtol=1e-4)
-  same = objectives.js_divergence([jnp.asarray(logits[0])] * 3, jnp.ones(4))
+  same = js([jnp.asarray(logits[0])] * 3, jnp.ones(4))
   assert abs(float(same)) < 1e-6
 
 
