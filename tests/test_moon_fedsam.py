@@ -304,20 +304,28 @@ def test_sam_with_a_zero_gradient_is_a_plain_step(adaptive):
   what keeps it finite."""
   opt = sam(optax.sgd(0.1), 0.05, adaptive=adaptive)
   p = {"w": jnp.array([1.0, -2.0, 3.0]), "bias": jnp.array([0.5])}
-  grad_fn = lambda q, _: jax.tree.map(jnp.subtract, q, p)
-  zero = grad_fn(p, 0)
-  updates, _ = opt.update(zero, opt.init(p), p, grad_fn=grad_fn)
+
+  @jax.jit   # one program (eagerly: ~30)
+  def run(p):
+    grad_fn = lambda q, _: jax.tree.map(jnp.subtract, q, p)
+    zero = grad_fn(p, 0)
+    at_w, _ = opt.update(zero, opt.init(p), p, grad_fn=grad_fn)
+    # The ascent alone.
+    e, _ = ascent(0.05, adaptive).update(zero, None, p)
+    # Away from w the same grad_fn.
+    moved = jax.tree.map(lambda a: a + 1.0, p)
+    away, _ = opt.update(grad_fn(moved, 0), opt.init(moved), moved,
+                         grad_fn=grad_fn)
+    return at_w, e, away
+
+  updates, e, away = run(p)
   for u in jax.tree.leaves(updates):
     np.testing.assert_array_equal(u, 0.0)
   # The ascent alone: e = 0 at a zero gradient, finite.
-  e, _ = ascent(0.05, adaptive).update(zero, None, p)
   for v in jax.tree.leaves(e):
     np.testing.assert_array_equal(v, 0.0)
   # Away from w the same grad_fn gives SAM a nonzero step (it is read).
-  moved = jax.tree.map(lambda a: a + 1.0, p)
-  updates, _ = opt.update(grad_fn(moved, 0), opt.init(moved), moved,
-                          grad_fn=grad_fn)
-  assert all(np.all(np.asarray(u) < 0) for u in jax.tree.leaves(updates))
+  assert all(np.all(np.asarray(u) < 0) for u in jax.tree.leaves(away))
 
 
 def test_fedsam_with_rho_0_is_fedavg(fed3, fedavg_rounds):
