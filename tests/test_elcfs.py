@@ -402,15 +402,20 @@ def test_the_server_keeps_the_cohorts_new_bank_rows(setup):
   data = lambda c: ClientData(jnp.asarray(fed.train.x[c]),
                               jnp.asarray(fed.train.y[c]),
                               jnp.asarray(fed.train.n[c]))
-  upload = jax.jit(lambda d, k: alg.client_aux(None, None, d, k))
-  aux = [upload(data(int(c)), jax.random.key(7 + int(c))) for c in ids]
-  aux = jax.tree.map(lambda *a: jnp.stack(a), *aux)
-  stacked = jax.tree.map(lambda v: jnp.stack([v] * 2), first.params)
-  result = ClientResult(ids=ids, round=jnp.asarray(0), start=stacked,
-                        params=stacked, num_examples=jnp.asarray([5, 5]),
-                        loss=jnp.zeros(2), aux=aux)
-  server, metrics = jax.jit(alg.server_update)(first, result,
-                                               jax.random.key(0))
+
+  @jax.jit   # the uploads and the server update in one program
+  def round_end(first, datas):
+    aux = [alg.client_aux(None, None, d, jax.random.key(7 + int(c)))
+           for d, c in zip(datas, ids.tolist())]
+    aux = jax.tree.map(lambda *a: jnp.stack(a), *aux)
+    stacked = jax.tree.map(lambda v: jnp.stack([v] * 2), first.params)
+    result = ClientResult(ids=ids, round=jnp.asarray(0), start=stacked,
+                          params=stacked, num_examples=jnp.asarray([5, 5]),
+                          loss=jnp.zeros(2), aux=aux)
+    return result, alg.server_update(first, result, jax.random.key(0))
+
+  result, (server, metrics) = round_end(first, [data(int(c)) for c in ids])
+  aux = result.aux
   for row, c in enumerate(ids.tolist()):
     np.testing.assert_array_equal(server.bank.amp[c], aux.amp[row])
     assert not np.allclose(server.bank.amp[c], first.bank.amp[c])  # redrawn

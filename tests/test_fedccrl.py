@@ -65,6 +65,12 @@ def test_pixel_operations_equal_pil(constant_channel):
     np.testing.assert_array_equal(got[..., 1], 77)
 
 
+# Jitted: one program for the cases (eagerly ~35 programs).
+_affine = jax.jit(augment.affine)
+_rotate = jax.jit(lambda x, degrees: augment.affine(
+    x, augment.rotation_matrix(degrees, 12, 10)))
+
+
 @pytest.mark.parametrize("matrix", [(1, 0.25, 0, 0, 1, 0), (1, 0, 0, -0.2, 1, 0),
                                     (1, 0, 3, 0, 1, 0), (1, 0, 0, 0, 1, -2)])
 def test_affine_equals_pil_bilinear(matrix):
@@ -78,8 +84,8 @@ def test_affine_equals_pil_bilinear(matrix):
   x = _image()
   want = np.asarray(Image.fromarray(x).transform(
       (10, 12), Image.AFFINE, matrix, resample=Image.BILINEAR), np.float32)
-  got = np.asarray(augment.affine(jnp.asarray(x, jnp.float32),
-                                  jnp.asarray(matrix, jnp.float32)))
+  got = np.asarray(_affine(jnp.asarray(x, jnp.float32),
+                           jnp.asarray(matrix, jnp.float32)))
   if matrix[3] == -0.2:
     assert np.abs(got - want).max() <= 1 and np.sum(got != want) <= 30
   else:
@@ -92,8 +98,7 @@ def test_rotation_equals_pil(degrees):
   sample points may move a blend within ~1e-3 of an integer by one grey
   level (none here)."""
   x = _image()
-  m = np.asarray(augment.rotation_matrix(jnp.asarray(degrees), 12, 10))
-  got = np.asarray(augment.affine(jnp.asarray(x, jnp.float32), jnp.asarray(m)))
+  got = np.asarray(_rotate(jnp.asarray(x, jnp.float32), jnp.asarray(degrees)))
   want = np.asarray(Image.fromarray(x).rotate(degrees, resample=Image.BILINEAR),
                     np.float32)
   assert np.abs(got - want).max() <= 1 and np.sum(got != want) <= 3
