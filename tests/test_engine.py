@@ -32,14 +32,17 @@ def mlp(fed):
                           num_classes=fed.num_classes, mean=fed.mean, std=fed.std)
 
 
+# In numpy: eagerly, jnp compiled a program per op and leaf shape.
 def leaves_equal(a, b):
-  return all(bool(jnp.array_equal(x, y)) for x, y in
-             zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+  return all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in
+             zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
 
 
 def max_diff(a, b):
-  return max(float(jnp.max(jnp.abs(x - y))) for x, y in
-             zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+  return max(float(np.max(np.abs(np.asarray(x, np.float64)
+                                 - np.asarray(y, np.float64))))
+             for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b),
+                             strict=True))
 
 
 @pytest.fixture(scope="module")
@@ -118,11 +121,12 @@ def test_cohort_and_persistent_client_state(fed3):
                    num_clients=3)
   cfg = dataclasses.replace(CFG, rounds=1, eval_every=1, cohort_size=2)
   res = engine.run(alg, fed3, model, cfg)
-  _, init_clients = alg.init(jax.random.fold_in(jax.random.key(cfg.seed), 2**31 - 1))
+  _, init_clients = jax.jit(alg.init)(
+      jax.random.fold_in(jax.random.key(cfg.seed), 2**31 - 1))
   cohort = res.round_metrics["cohort"][0]
   assert len(set(cohort)) == 2
   for i in range(3):
-    row = lambda t: jax.tree.map(lambda x: x[i], t)
+    row = lambda t: jax.tree.map(lambda x: np.asarray(x)[i], t)
     changed = not leaves_equal(row(res.clients), row(init_clients))
     assert changed == (i in cohort), (i, cohort)
   # Different rounds draw different cohorts (with this seed), always of size 2.
@@ -199,7 +203,7 @@ SHARDED = textwrap.dedent("""
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count={devices}"
     import dataclasses, sys
     sys.path.insert(0, {tests!r})
-    import jax, jax.numpy as jnp
+    import jax, numpy as np
     from conftest import synthetic_federation
     from fedjax_dg import engine, models
     from fedjax_dg.algorithms.fedavg import fedavg
@@ -218,13 +222,17 @@ SHARDED = textwrap.dedent("""
     opt = make_optimizer("adam", 1e-2)
     worst = 0.0
     algs = [fedavg(model, opt, loss), local_only(model, opt, loss, num_clients=n)]
+    lanes = None  # the algorithm sharded with 2 lanes per device
     if {with_hfedf}:
       # FedSAM in FedAvg's place: FedAvg with SAM's optimizer, whose state is
-      # rebuilt from constants in each step (SAM's count); then a server step
-      # over the sharded (and padded) cohort.
+      # rebuilt from constants in each step (SAM's count); Local-only's
+      # clients in 2 lanes per device (client.lanes; one loop per client on
+      # each device: FedSAM and hFedF); then a server step over the sharded
+      # (and padded) cohort.
       from fedjax_dg.algorithms.fedsam import fedsam
       algs = [fedsam(model, opt, loss), algs[1],
               hfedf(model, opt, loss, num_clients=n, ema_warmup=1)]
+      lanes = algs[1]
     if {with_fedsdaf}:  # a frozen backbone, per-client adapters, GA's gaps
       from fedjax_dg import algorithms
       vit = models.get_model("vit_tiny", input_shape=fed.image_shape,
@@ -235,25 +243,22 @@ SHARDED = textwrap.dedent("""
                                 num_clients=n)]
     for alg in algs:
       one = engine.run(alg, fed, model, dataclasses.replace(cfg, client_mapping="map"))
-      auto = dataclasses.replace(cfg, client_mapping="auto")
+      auto = dataclasses.replace(cfg, client_mapping="auto",
+                                 map_batch_size=2 if alg is lanes else 1)
       progs = engine.programs(alg, model, auto, n)
       assert progs.layout.mapping == "shard", progs.layout
       print("MESH", progs.layout.mesh.size)
       many = engine.run(alg, fed, model, auto)
       # One compile per run: the second chunk reused the first one's program.
       assert progs.chunk._cache_size() == 1, progs.chunk._cache_size()
-      runs = [many]
-      if {with_hfedf} and alg is algs[0]:  # 2 lanes per device (client.lanes)
-        runs.append(engine.run(alg, fed, model,
-                               dataclasses.replace(auto, map_batch_size=2)))
-      f32 = lambda a: jnp.asarray(a, jnp.float32)  # GA's flags are bools
-      for other in runs:
-        d = max(float(jnp.max(jnp.abs(f32(a) - f32(b)))) for a, b in zip(
-            jax.tree.leaves((one.server, one.clients)),
-            jax.tree.leaves((other.server, other.clients))))
-        worst = max(worst, d)
-        assert (one.final["id_acc_per_client"]
-                == other.final["id_acc_per_client"])
+      # In numpy (eagerly, jnp compiled a program per leaf shape and op).
+      f64 = lambda a: np.asarray(a, np.float64)  # GA's flags are bools
+      d = max(float(np.max(np.abs(f64(a) - f64(b)))) for a, b in zip(
+          jax.tree.leaves((one.server, one.clients)),
+          jax.tree.leaves((many.server, many.clients)), strict=True))
+      worst = max(worst, d)
+      assert (one.final["id_acc_per_client"]
+              == many.final["id_acc_per_client"])
     print("MAXDIFF", worst)
 """)
 
@@ -265,7 +270,9 @@ def test_sharded_over_host_devices_matches_one_device(devices, clients, mesh):
   algorithms, and more: a padded cohort, hFedF's server step, lanes); 5 on 2
   (the cohort padded to 6 inside the mapper), with FedSAM for FedAvg (FedAvg
   with SAM's optimizer: FedAvg's server, broadcast and evaluation, and SAM's
-  state), 2 lanes per device on it."""
+  state), Local-only's clients in 2 lanes per device (its plain sharded run
+  dropped: one loop per client on each device runs for FedSAM and hFedF, the
+  client state's scatter runs in lanes as without)."""
   tests = os.path.dirname(os.path.abspath(__file__))
   script = SHARDED.format(tests=tests, devices=devices, clients=clients,
                           with_hfedf=devices == 2, with_fedsdaf=False)
@@ -350,9 +357,10 @@ def test_client_statistics_trace_under_shard_map(fed3):
           model, params, a, b, c, 8, 4)))(x, y, n),
       mesh=mesh, in_specs=(P("clients"),) * 3, out_specs=P("clients"))
   got = np.asarray(jax.jit(f)(fed3.train.x, fed3.train.y, fed3.train.n))
+  one = jax.jit(lambda x, y, n: jnp.stack(slice_metrics(  # eagerly: ~100 ops
+      model, params, x, y, n, 8, 4)))
   for i in range(fed3.num_clients):
-    want = slice_metrics(model, params, fed3.train.x[i], fed3.train.y[i],
-                         fed3.train.n[i], 8, 4)
+    want = one(fed3.train.x[i], fed3.train.y[i], fed3.train.n[i])
     np.testing.assert_allclose(got[i], np.asarray(want), rtol=1e-5)
 
 
@@ -413,5 +421,6 @@ def test_shared_frozen_parameters_are_held_once(fed3, mapping):
                                             jax.random.key(1), frozen).jaxpr)
 
   assert stacked in round_shapes(masked)
-  assert stacked not in round_shapes(frozen_alg)
-  assert kernel in round_shapes(frozen_alg)
+  frozen_shapes = round_shapes(frozen_alg)
+  assert stacked not in frozen_shapes
+  assert kernel in frozen_shapes

@@ -203,18 +203,25 @@ def test_first_of_argsort_is_the_stable_argsort_prefix():
   and the draws' own at 20,000) and padding included; so do the fixed
   steps' permutations (`epoch_permutations(first=k)`) on both sides of
   `unit_argsort`'s plain-argsort threshold."""
-  u = jax.random.uniform(jax.random.key(1), (3, 300))
-  u = jnp.where(jnp.arange(300) < jnp.asarray([[300], [120], [5]]), u, 2.0)
-  u = u.at[:, 9].set(u[:, 2]).at[:, 40].set(u[:, 2]).at[0, 7].set(0.0)
-  for k in (1, 40, 299):
+  # One jitted program each (eagerly a program per op).
+  @jax.jit
+  def draws():
+    u = jax.random.uniform(jax.random.key(1), (3, 300))
+    u = jnp.where(jnp.arange(300) < jnp.asarray([[300], [120], [5]]), u, 2.0)
+    u = u.at[:, 9].set(u[:, 2]).at[:, 40].set(u[:, 2]).at[0, 7].set(0.0)
+    return u, [first_of_argsort(u, k) for k in (1, 40, 299)]
+
+  u, firsts = draws()
+  for k, got in zip((1, 40, 299), firsts):
     np.testing.assert_array_equal(
-        first_of_argsort(u, k), np.argsort(np.asarray(u), -1,
-                                           kind="stable")[:, :k])
-  perms = jax.jit(epoch_permutations, static_argnums=(2, 3, 4))
+        got, np.argsort(np.asarray(u), -1, kind="stable")[:, :k])
+  # The top-k permutations and the whole ones, of one width: one program.
+  perms = jax.jit(lambda key, n, n_max: (
+      epoch_permutations(key, n, n_max, 4, 128),
+      epoch_permutations(key, n, n_max, 4, 0)), static_argnums=2)
   for n_max, n in ((300, 77), (20000, 19999)):
-    key = jax.random.key(n_max)
-    np.testing.assert_array_equal(perms(key, n, n_max, 4, 128),
-                                  perms(key, n, n_max, 4, 0)[:, :128])
+    first, whole = perms(jax.random.key(n_max), n, n_max)
+    np.testing.assert_array_equal(first, np.asarray(whole)[:, :128])
 
 
 def test_resolve_gather(unequal):

@@ -42,15 +42,22 @@ def test_unit_argsort_is_argsort():
   and across blocks) and padding included, up to and past the widest tie
   window (plain argsort there); it relies on uniform draws being multiples
   of 2^-23."""
-  for n_max in (1, 257, 5000, 20000):
+  def case(n_max):
+    """(draws with ties and padding, on the 2^-23 grid, their unit_argsort):
+    one jitted program per width (eagerly a program per op and width)."""
     u = jax.random.uniform(jax.random.key(n_max), (3, n_max))
-    assert bool(jnp.all(u * 2.0**23 == jnp.floor(u * 2.0**23)))
+    exact = jnp.all(u * 2.0**23 == jnp.floor(u * 2.0**23))
     n = np.asarray([[n_max], [n_max // 2], [0]])
     u = jnp.where(jnp.arange(n_max) < n, u, 2.0)
     if n_max > 8:
       u = u.at[:, 3].set(u[:, 7]).at[:, 1].set(u[:, -1]).at[1, 2].set(0.0)
-    np.testing.assert_array_equal(jax.jit(unit_argsort)(u),
-                                  np.argsort(np.asarray(u), -1, kind="stable"))
+    return u, exact, unit_argsort(u)
+
+  for n_max in (1, 257, 5000, 20000):
+    u, exact, got = jax.jit(case, static_argnums=0)(n_max)
+    assert bool(exact)
+    np.testing.assert_array_equal(got, np.argsort(np.asarray(u), -1,
+                                                  kind="stable"))
 
 
 def test_schedule_is_longest_first_packing():
