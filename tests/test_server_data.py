@@ -331,22 +331,21 @@ def test_fedbe_samples_have_the_fitted_mean_and_variance():
   var = {"w": jnp.array([1.0, 0.25, 4.0]), "b": jnp.array(0.01)}
   n = 4000
   keys = jax.random.split(jax.random.key(0), n)
-  sample = jax.jit(jax.vmap(fedbe_lib.gaussian_sample, (0, None, None, None)),
-                   static_argnums=3)
-  draws = sample(keys, mean, var, 1.0)
+  sample = jax.vmap(fedbe_lib.gaussian_sample, (0, None, None, None))
+  stacked = {"w": jnp.array([[0.0, 0.0], [3.0, 0.0], [0.0, 6.0]])}
+  # One program: draws at var_scale 1 and 0.1, and Dirichlet draws.
+  draws, scaled, dirs = jax.jit(lambda keys: (
+      sample(keys, mean, var, 1.0), sample(keys, mean, var, 0.1),
+      jax.vmap(lambda k: fedbe_lib.dirichlet_sample(k, stacked))(keys)))(keys)
   for k in mean:
     m, v = np.asarray(mean[k]), np.asarray(var[k])
     got_m, got_v = np.asarray(draws[k]).mean(0), np.asarray(draws[k]).var(0)
     assert np.all(np.abs(got_m - m) < 5 * np.sqrt(v / n)), (k, got_m)
     # var of the sample variance of a normal: 2 v^2 / (n - 1)
     assert np.all(np.abs(got_v - v) < 5 * v * np.sqrt(2 / (n - 1))), (k, got_v)
-  scaled = sample(keys, mean, var, 0.1)
   np.testing.assert_allclose(np.asarray(scaled["w"]).std(0),
                              0.1 * np.sqrt(var["w"]), rtol=0.1)
   # Dirichlet samples: convex combinations, mean = the plain client mean.
-  stacked = {"w": jnp.array([[0.0, 0.0], [3.0, 0.0], [0.0, 6.0]])}
-  dirs = jax.jit(jax.vmap(lambda k: fedbe_lib.dirichlet_sample(k, stacked)))(
-      keys)
   d = np.asarray(dirs["w"])
   assert np.all(d >= -1e-6) and np.all(d[:, 0] / 3 + d[:, 1] / 6 <= 1 + 1e-5)
   np.testing.assert_allclose(d.mean(0), [1.0, 2.0], atol=0.1)
@@ -593,8 +592,9 @@ def test_fedlaw_server_update_lowers_the_proxy_loss(sfed):
   server, _ = alg.init(jax.random.key(9))
   new, metrics = jax.jit(alg.server_update)(server, result, jax.random.key(1))
   x, y = jnp.asarray(sfed.server_x), jnp.asarray(sfed.server_y)
-  ce = lambda p: float(jnp.mean(optax.softmax_cross_entropy_with_integer_labels(
-      model.apply(p, x), y)))
+  ce_of = jax.jit(lambda p: jnp.mean(  # one program (eagerly: one per op)
+      optax.softmax_cross_entropy_with_integer_labels(model.apply(p, x), y)))
+  ce = lambda p: float(ce_of(p))
   fedavg = tree.weighted_mean(stacked, result.num_examples)
   assert ce(new.params) < ce(fedavg) - 1e-3
   lam = np.asarray(metrics["fedlaw_lambda"])
