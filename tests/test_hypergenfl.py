@@ -380,6 +380,13 @@ def test_only_the_active_clients_embedding_rows_change():
                                 hp.embeddings)
 
 
+# Slow: the server step touching only the cohort's embedding rows is
+# test_only_the_active_clients_embedding_rows_change; the engine handing the
+# server step its cohort's ids is tests/test_pinned.py::
+# test_learns_above_chance_and_reproduces_pinned_numbers[hypergenfl] (a cohort
+# of 3 of 4 clients: the rows 0..m-1 in place of the cohort's are off its
+# pinned numbers).
+@pytest.mark.slow
 def test_engine_rounds_with_a_cohort_touch_only_its_rows():
   ds = synthetic_domains(num_domains=1, per_domain=60, classes=3, size=4)
   fed = federated.build(ds, partition.PartitionSpec(
@@ -438,10 +445,13 @@ def test_config_defaults_and_switches():
 
 
 # Slow: learning above chance with a cohort is tests/test_pinned.py::
-# test_learns_above_chance_and_reproduces_pinned_numbers[hypergenfl]; a
-# cohort's rows and weights on label-skewed clients are
-# test_engine_rounds_with_a_cohort_touch_only_its_rows; the reported metrics
-# and extras are test_a_run_whose_hypernetwork_dies_is_warned_about.
+# test_learns_above_chance_and_reproduces_pinned_numbers[hypergenfl] (which
+# also pins the engine handing the server step its cohort); a cohort's rows
+# and weights are test_only_the_active_clients_embedding_rows_change and
+# test_identical_embeddings_give_uniform_weights_and_the_plain_mean (and,
+# with -m slow, test_engine_rounds_with_a_cohort_touch_only_its_rows); the
+# reported metrics and extras are
+# test_a_run_whose_hypernetwork_dies_is_warned_about.
 @pytest.mark.slow
 def test_learns_above_chance_on_label_skewed_clients_with_partial_participation():
   ds = synthetic_domains(num_domains=1, per_domain=480, classes=4, size=8,
