@@ -154,16 +154,21 @@ def test_fedsr_reference_parameters_stay_local(fed3):
   model = mlp(fed3)
   cfg = base_config()
   alg = algorithms.build("fedsr", model, fed3.num_clients, cfg)
-  server, ref0 = jax.jit(alg.init)(jax.random.key(0))
-  assert set(server.params) == {"body", "rep", "cls"}  # no reference here
-  start = alg.client_start(server, ref0, jnp.arange(3))
-  assert start["ref"] is ref0  # each client starts from its own reference
-  # One round of the engine.
   round_fn = engine.make_round(alg, engine.EngineConfig(
       rounds=1, epochs=1, batch_size=16, client_mapping="map"), 3)
-  train = jax.tree.map(jnp.asarray, fed3.train)
-  (server, ref), _ = jax.jit(round_fn)((server, ref0), jnp.int32(0), train,
-                                       jax.random.key(1), None)
+
+  @jax.jit  # one program: init, then one round of the engine
+  def first_round(key, train):
+    server, ref0 = alg.init(key)
+    # Checked while tracing (the structure, not the values).
+    assert set(server.params) == {"body", "rep", "cls"}  # no reference here
+    start = alg.client_start(server, ref0, jnp.arange(3))
+    assert start["ref"] is ref0  # each client starts from its own reference
+    return round_fn((server, ref0), jnp.int32(0), train, jax.random.key(1),
+                    None)
+
+  (server, ref), _ = first_round(jax.random.key(0),
+                                 jax.tree.map(jnp.asarray, fed3.train))
   assert ref.r_mu.shape == (3, fed3.num_classes, 32)
   assert ref.c.shape == (3,)
   for leaf in (ref.r_mu, ref.r_sigma):
@@ -240,12 +245,11 @@ def test_pfedhn_server_step_moves_generated_models_toward_trained(fed3):
   cfg.pfedhn.server_lr = 0.1
   alg = algorithms.build("pfedhn", mlp(fed3), fed3.num_clients, cfg)
   assert alg.personalized and alg.local_steps == 0  # the engine's epochs
-  server, _ = jax.jit(alg.init)(jax.random.key(0))
-  assert server.hp.embeddings.shape == (3, 1)  # floor(1 + 3/4)
   ids = jnp.array([0, 2])
 
   @jax.jit   # one program (eagerly: a program per leaf shape and op)
-  def step(server):
+  def step(key):
+    server, _ = alg.init(key)
     start = alg.client_start(server, None, ids)
     direction = jax.tree.map(
         lambda p: jax.random.normal(jax.random.key(p.size), p.shape), start)
@@ -255,10 +259,12 @@ def test_pfedhn_server_step_moves_generated_models_toward_trained(fed3):
                           loss=jnp.zeros((2,)))
     new_server, _ = alg.server_update(server, result, jax.random.key(1))
     after = alg.client_start(new_server, None, ids)
-    return (new_server, tree.rowwise_sq_norm(optax.tree.sub(start, trained)),
+    return (server, new_server,
+            tree.rowwise_sq_norm(optax.tree.sub(start, trained)),
             tree.rowwise_sq_norm(optax.tree.sub(after, trained)))
 
-  new_server, before_d, after_d = step(server)
+  server, new_server, before_d, after_d = step(jax.random.key(0))
+  assert server.hp.embeddings.shape == (3, 1)  # floor(1 + 3/4)
   assert np.all(np.asarray(after_d) < np.asarray(before_d)), (before_d, after_d)
   # The client outside the cohort keeps its embedding.
   np.testing.assert_array_equal(new_server.hp.embeddings[1],

@@ -286,12 +286,29 @@ def test_autoencoder_embeddings_shape_determinism_and_domains(two_per_domain,
 
 
 def test_autoencoder_embeddings_are_the_servers_fixed_table(two_per_domain,
-                                                            ae_table):
+                                                            ae_table,
+                                                            monkeypatch):
   """hfedf.embeddings="autoencoder": the server's table is the autoencoder's
   embeddings from init on, and server steps (EMA mixing from the second)
   leave it exactly unchanged (never learned, never re-drawn, never rounded)."""
   fed = two_per_domain  # as the test above: the autoencoder program is reused
   n = fed.num_clients
+  # The build's autoencoder run is `ae_table`'s if it asks for that very
+  # computation (the same federation, dimension, key and settings): the
+  # module's table, not a second training. Any other request (a wrong seed,
+  # epochs, ...) trains for real, and its table fails the comparisons below.
+  real, c = hfedf_lib.autoencoder_embeddings, base_config().hfedf
+  made = dict(num_images=c.autoencoder_images, epochs=AE_EPOCHS,
+              lr=c.autoencoder_lr, batch_size=c.autoencoder_batch_size)
+  made_key = jax.random.key_data(jax.random.fold_in(jax.random.key(0), 0xAE))
+
+  def reuse(data, latent, *, key, **kw):
+    if (data is fed and latent == ae_table.shape[1] and kw == made
+        and np.array_equal(jax.random.key_data(key), made_key)):
+      return ae_table.copy()
+    return real(data, latent, key=key, **kw)
+
+  monkeypatch.setattr(hfedf_lib, "autoencoder_embeddings", reuse)
   alg = algorithms.build("hfedf", _mlp(fed), n,
                          _cfg(embeddings="autoencoder", ema_warmup=0,
                               autoencoder_epochs=AE_EPOCHS),
@@ -371,21 +388,23 @@ def test_table3_ablations_are_algorithm_names(fed3):
     server = jax.eval_shape(algorithms.build(name, model, 3, cfg).init,
                             jax.random.key(0))[0]
     assert isinstance(server.ema, EmaState) == smooth, name
-  for name, align in {"hfedf": True, "hfedf_no_gradalign": False}.items():
-    alg = algorithms.build(name, model, 3, cfg)
+  aligns = {"hfedf": True, "hfedf_no_gradalign": False}
 
-    @jax.jit
-    def metrics(key, alg=alg):
-      server, _ = alg.init(key)
-      start = alg.client_start(server, None, ids)
-      trained = jax.tree.map(lambda x: x + 0.1 * jax.random.normal(
-          jax.random.key(x.size), x.shape), start)
-      result = ClientResult(ids, 0, start, trained, jnp.full(3, 10),
-                            jnp.ones(3))
-      return alg.server_update(server, result, jax.random.key(1))[1]
+  def metrics(alg, key):
+    server, _ = alg.init(key)
+    start = alg.client_start(server, None, ids)
+    trained = jax.tree.map(lambda x: x + 0.1 * jax.random.normal(
+        jax.random.key(x.size), x.shape), start)
+    result = ClientResult(ids, 0, start, trained, jnp.full(3, 10),
+                          jnp.ones(3))
+    return alg.server_update(server, result, jax.random.key(1))[1]
 
-    uniform = np.allclose(metrics(jax.random.key(0))["gradalign_theta"], 1 / 3,
-                          atol=1e-7)
+  algs = {name: algorithms.build(name, model, 3, cfg) for name in aligns}
+  weights = jax.jit(lambda key: {  # one program for both names
+      name: metrics(alg, key)["gradalign_theta"]
+      for name, alg in algs.items()})(jax.random.key(0))
+  for name, align in aligns.items():
+    uniform = np.allclose(weights[name], 1 / 3, atol=1e-7)
     assert uniform == (not align), name
   assert algorithms.spec("hfedf_no_both").display_name == (
       "hFedF w/o GradAlign & EMA")

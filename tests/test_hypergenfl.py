@@ -225,12 +225,12 @@ def test_vjp_server_gradient_matches_brute_force_autodiff(kind, granularity):
   _, hn, phi, layer_of = weight_net(model, granularity=granularity)
   sigma = 1.0 + normal(5, (4, 8), 0.3)
   start, trained = cohort(model, 4)
-  agg, w, g_phi, g_sigma = jax.jit(
-      lambda p, s: hg.server_grads(hn, layer_of, p, s, start, trained, kind))(
-          phi, sigma)
-  want_phi, want_sigma = jax.jit(jax.grad(
+  brute = jax.grad(
       lambda p, s: brute_loss(kind, hn, layer_of, p, s, start, trained),
-      argnums=(0, 1)))(phi, sigma)
+      argnums=(0, 1))
+  (agg, w, g_phi, g_sigma), (want_phi, want_sigma) = jax.jit(  # one program
+      lambda p, s: (hg.server_grads(hn, layer_of, p, s, start, trained, kind),
+                    brute(p, s)))(phi, sigma)
   np.testing.assert_allclose(flat(agg), flat(loop_aggregate(trained, w, layer_of)),
                              rtol=1e-5, atol=1e-6)
   scale = np.abs(flat(want_phi)).max()
@@ -380,6 +380,13 @@ def test_only_the_active_clients_embedding_rows_change():
                                 hp.embeddings)
 
 
+# Slow: the server step touching only the cohort's embedding rows is
+# test_only_the_active_clients_embedding_rows_change; the engine handing the
+# server step its cohort's ids is tests/test_pinned.py::
+# test_learns_above_chance_and_reproduces_pinned_numbers[hypergenfl] (a cohort
+# of 3 of 4 clients: the rows 0..m-1 in place of the cohort's are off its
+# pinned numbers).
+@pytest.mark.slow
 def test_engine_rounds_with_a_cohort_touch_only_its_rows():
   ds = synthetic_domains(num_domains=1, per_domain=60, classes=3, size=4)
   fed = federated.build(ds, partition.PartitionSpec(
@@ -438,10 +445,13 @@ def test_config_defaults_and_switches():
 
 
 # Slow: learning above chance with a cohort is tests/test_pinned.py::
-# test_learns_above_chance_and_reproduces_pinned_numbers[hypergenfl]; a
-# cohort's rows and weights on label-skewed clients are
-# test_engine_rounds_with_a_cohort_touch_only_its_rows; the reported metrics
-# and extras are test_a_run_whose_hypernetwork_dies_is_warned_about.
+# test_learns_above_chance_and_reproduces_pinned_numbers[hypergenfl] (which
+# also pins the engine handing the server step its cohort); a cohort's rows
+# and weights are test_only_the_active_clients_embedding_rows_change and
+# test_identical_embeddings_give_uniform_weights_and_the_plain_mean (and,
+# with -m slow, test_engine_rounds_with_a_cohort_touch_only_its_rows); the
+# reported metrics and extras are
+# test_a_run_whose_hypernetwork_dies_is_warned_about.
 @pytest.mark.slow
 def test_learns_above_chance_on_label_skewed_clients_with_partial_participation():
   ds = synthetic_domains(num_domains=1, per_domain=480, classes=4, size=8,
@@ -483,7 +493,10 @@ def cifar_cnn_hypergenfl():
   draw = jax.jit(lambda key: init_attention_scores(module, key, 128))
   top = jax.jit(lambda phi, emb: jnp.max(decoder_preactivations(module, phi,
                                                                 emb)))
-  return module, jax.jit(alg.init), draw, top
+  # Only the hypernetwork of the server state (the CNN's init, which XLA
+  # drops as an unused output, is not compiled).
+  init_hp = jax.jit(lambda key: alg.init(key)[0].hp)
+  return module, init_hp, draw, top
 
 
 @pytest.mark.parametrize("seed", [3, 55])
@@ -493,9 +506,9 @@ def test_an_initialization_cannot_start_dead(seed):
   weights 1/m forever. The algorithm re-draws phi until one is on."""
   _, init, draw, top = cifar_cnn_hypergenfl()
   init_key = jax.random.fold_in(jax.random.key(seed), 2**31 - 1)
-  server, _ = init(init_key)
-  emb = server.hp.embeddings
-  assert float(top(server.hp.theta, emb)) > 0
+  hp = init(init_key)
+  emb = hp.embeddings
+  assert float(top(hp.theta, emb)) > 0
   # The plain draw from the same key was dead (what the re-draw fixes) ...
   _, k_phi, _ = jax.random.split(init_key, 3)
   assert float(top(draw(k_phi), emb)) <= 0
@@ -504,8 +517,7 @@ def test_an_initialization_cannot_start_dead(seed):
   t = 1
   while float(top(draw(jax.random.fold_in(k_phi, t)), emb)) <= 0:
     t += 1
-  chex.assert_trees_all_equal(server.hp.theta,
-                              draw(jax.random.fold_in(k_phi, t)))
+  chex.assert_trees_all_equal(hp.theta, draw(jax.random.fold_in(k_phi, t)))
 
 
 def test_an_initialization_that_starts_alive_keeps_its_draw():

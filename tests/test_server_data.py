@@ -331,22 +331,21 @@ def test_fedbe_samples_have_the_fitted_mean_and_variance():
   var = {"w": jnp.array([1.0, 0.25, 4.0]), "b": jnp.array(0.01)}
   n = 4000
   keys = jax.random.split(jax.random.key(0), n)
-  sample = jax.jit(jax.vmap(fedbe_lib.gaussian_sample, (0, None, None, None)),
-                   static_argnums=3)
-  draws = sample(keys, mean, var, 1.0)
+  sample = jax.vmap(fedbe_lib.gaussian_sample, (0, None, None, None))
+  stacked = {"w": jnp.array([[0.0, 0.0], [3.0, 0.0], [0.0, 6.0]])}
+  # One program: draws at var_scale 1 and 0.1, and Dirichlet draws.
+  draws, scaled, dirs = jax.jit(lambda keys: (
+      sample(keys, mean, var, 1.0), sample(keys, mean, var, 0.1),
+      jax.vmap(lambda k: fedbe_lib.dirichlet_sample(k, stacked))(keys)))(keys)
   for k in mean:
     m, v = np.asarray(mean[k]), np.asarray(var[k])
     got_m, got_v = np.asarray(draws[k]).mean(0), np.asarray(draws[k]).var(0)
     assert np.all(np.abs(got_m - m) < 5 * np.sqrt(v / n)), (k, got_m)
     # var of the sample variance of a normal: 2 v^2 / (n - 1)
     assert np.all(np.abs(got_v - v) < 5 * v * np.sqrt(2 / (n - 1))), (k, got_v)
-  scaled = sample(keys, mean, var, 0.1)
   np.testing.assert_allclose(np.asarray(scaled["w"]).std(0),
                              0.1 * np.sqrt(var["w"]), rtol=0.1)
   # Dirichlet samples: convex combinations, mean = the plain client mean.
-  stacked = {"w": jnp.array([[0.0, 0.0], [3.0, 0.0], [0.0, 6.0]])}
-  dirs = jax.jit(jax.vmap(lambda k: fedbe_lib.dirichlet_sample(k, stacked)))(
-      keys)
   d = np.asarray(dirs["w"])
   assert np.all(d >= -1e-6) and np.all(d[:, 0] / 3 + d[:, 1] / 6 <= 1 + 1e-5)
   np.testing.assert_allclose(d.mean(0), [1.0, 2.0], atol=0.1)
@@ -450,18 +449,13 @@ def test_fedbe_as_built_averages_the_swa_iterates_from_its_start(sfed):
   assert float(optax.tree.norm(optax.tree.sub(got, start))) > 1e-2
 
 
-def _fedbe_out(sfed, stacked, n, **kw):
-  """FedBE's aggregator output (same key) under settings `kw`."""
-  model = _mlp(sfed)
+def _fedbe_transform(sfed, optimizer=optax.sgd(0.5), **kw):
+  """FedBE's aggregator under settings `kw`."""
   args = dict(steps=12, batch_size=16, swa_start=-1, swa_freq=1,
               sharpen_temperature=1.0, eval_chunk=64, num_samples=3)
   args.update(kw)
-  t = fedbe_lib.bayesian_ensemble_distillation(
-      model, jnp.asarray(sfed.server_x), optax.sgd(0.5), **args)
-  out, _ = jax.jit(lambda u, s: t.update(u, s, None, weights=n,
-                                         key=jax.random.key(1)))(
-      stacked, t.init(None))
-  return out
+  return fedbe_lib.bayesian_ensemble_distillation(
+      _mlp(sfed), jnp.asarray(sfed.server_x), optimizer, **args)
 
 
 def test_fedbe_returns_the_swa_average_and_uses_its_samples(sfed):
@@ -470,23 +464,30 @@ def test_fedbe_returns_the_swa_average_and_uses_its_samples(sfed):
   model = _mlp(sfed)
   stacked = _clients(model, seed=4)
   n = jnp.asarray([10, 20, 30])
-  last = _fedbe_out(sfed, stacked, n)  # no SWA: the last iterate
-  swa = _fedbe_out(sfed, stacked, n, swa_start=0, swa_freq=1)
-  assert float(optax.tree.norm(optax.tree.sub(swa, last))) > 1e-4
+  transforms = dict(
+      last=_fedbe_transform(sfed),  # no SWA: the last iterate
+      swa=_fedbe_transform(sfed, swa_start=0, swa_freq=1),
+      only_last=_fedbe_transform(sfed, swa_start=11, swa_freq=1),
+      no_samples=_fedbe_transform(sfed, num_samples=0),
+      # One step of size 0.
+      frozen=_fedbe_transform(sfed, optax.sgd(0.0), steps=1, num_samples=1))
+
+  @jax.jit  # one program for the five (eagerly: a compile per op)
+  def outs(stacked, n):
+    return {k: t.update(stacked, t.init(None), None, weights=n,
+                        key=jax.random.key(1))[0]
+            for k, t in transforms.items()}
+
+  out = outs(stacked, n)
+  last = out["last"]
+  assert float(optax.tree.norm(optax.tree.sub(out["swa"], last))) > 1e-4
   # SWA from the last step only (c > steps - 1) is the last iterate exactly.
-  only_last = _fedbe_out(sfed, stacked, n, swa_start=11, swa_freq=1)
-  chex.assert_trees_all_close(only_last, last, atol=1e-6)
+  chex.assert_trees_all_close(out["only_last"], last, atol=1e-6)
   # No samples (mean + clients only): other pseudo-labels, another model.
-  no_samples = _fedbe_out(sfed, stacked, n, num_samples=0)
-  assert float(optax.tree.norm(optax.tree.sub(no_samples, last))) > 1e-4
+  assert float(optax.tree.norm(optax.tree.sub(out["no_samples"], last))) > 1e-4
   # Zero steps of size 0 leave the student at the p-weighted mean.
-  t = fedbe_lib.bayesian_ensemble_distillation(
-      model, jnp.asarray(sfed.server_x), optax.sgd(0.0), steps=1,
-      batch_size=16, swa_start=-1, swa_freq=1, sharpen_temperature=1.0,
-      eval_chunk=64, num_samples=1)
-  out, _ = t.update(stacked, t.init(None), None, weights=n,
-                    key=jax.random.key(1))
-  chex.assert_trees_all_close(out, tree.weighted_mean(stacked, n), atol=1e-6)
+  chex.assert_trees_all_close(out["frozen"], tree.weighted_mean(stacked, n),
+                              atol=1e-6)
 
 
 def test_feddf_student_starts_from_the_example_weighted_mean(sfed):
@@ -495,8 +496,8 @@ def test_feddf_student_starts_from_the_example_weighted_mean(sfed):
   n = jnp.asarray([10, 20, 30])
   t = feddf_lib.ensemble_distillation(model, jnp.asarray(sfed.server_x),
                                       optax.sgd(0.0), steps=1, batch_size=16)
-  out, _ = t.update(stacked, t.init(None), None, weights=n,
-                    key=jax.random.key(0))
+  out, _ = jax.jit(lambda u, w: t.update(u, t.init(None), None, weights=w,
+                                         key=jax.random.key(0)))(stacked, n)
   chex.assert_trees_all_close(out, tree.weighted_mean(stacked, n), atol=1e-6)
   unweighted = tree.weighted_mean(stacked, jnp.ones(3))
   assert float(optax.tree.norm(optax.tree.sub(out, unweighted))) > 1e-3
@@ -512,11 +513,17 @@ def test_feddf_first_server_loss_is_the_numpy_loss_at_its_temperature(sfed):
   sx = jnp.asarray(sfed.server_x)
   t = feddf_lib.ensemble_distillation(model, sx, optax.sgd(0.0), steps=1,
                                       batch_size=sx.shape[0], temperature=3.0)
-  _, state = t.update(stacked, t.init(None), None, weights=n,
-                      key=jax.random.key(0))
   apply = lambda p: model.apply(p, sx, train=False)
-  clients = np.asarray(jax.vmap(apply)(stacked))
-  student = np.asarray(apply(tree.weighted_mean(stacked, n)))
+
+  @jax.jit  # one program (eagerly: a compile per op)
+  def run(stacked, n):
+    _, state = t.update(stacked, t.init(None), None, weights=n,
+                        key=jax.random.key(0))
+    return (state, jax.vmap(apply)(stacked),
+            apply(tree.weighted_mean(stacked, n)))
+
+  state, clients, student = run(stacked, n)
+  clients, student = np.asarray(clients), np.asarray(student)
   want = _numpy_feddf_loss(student, clients, np.ones(len(sx)), 3.0)
   np.testing.assert_allclose(state.loss_first, want, rtol=1e-4)
   at_one = _numpy_feddf_loss(student, clients, np.ones(len(sx)), 1.0)
@@ -585,8 +592,9 @@ def test_fedlaw_server_update_lowers_the_proxy_loss(sfed):
   server, _ = alg.init(jax.random.key(9))
   new, metrics = jax.jit(alg.server_update)(server, result, jax.random.key(1))
   x, y = jnp.asarray(sfed.server_x), jnp.asarray(sfed.server_y)
-  ce = lambda p: float(jnp.mean(optax.softmax_cross_entropy_with_integer_labels(
-      model.apply(p, x), y)))
+  ce_of = jax.jit(lambda p: jnp.mean(  # one program (eagerly: one per op)
+      optax.softmax_cross_entropy_with_integer_labels(model.apply(p, x), y)))
+  ce = lambda p: float(ce_of(p))
   fedavg = tree.weighted_mean(stacked, result.num_examples)
   assert ce(new.params) < ce(fedavg) - 1e-3
   lam = np.asarray(metrics["fedlaw_lambda"])
