@@ -54,7 +54,7 @@ _INITS = {}
 
 def _setup(fed, **hp):
   """(alg, server, clients, frozen) from key 0. The parameters (a compile
-  each) are computed once per setting that shapes them (`LOSS_ONLY` ones
+  or two each) are computed once per setting that shapes them (`LOSS_ONLY` ones
   share them); `aggregation="fedavg"` (a stateless weighted mean) gets its
   empty server-transform state."""
   alg = _alg(fed, **hp)
@@ -62,8 +62,11 @@ def _setup(fed, **hp):
   shaping = tuple(sorted((k, v) for k, v in hp.items() if k not in LOSS_ONLY))
   if (id(fed), shaping) not in _INITS:
     default = _alg(fed, **dict(shaping))
+    # `frozen` eagerly: its one program is the run model's jitted init
+    # (`Model.init`), which test_backbone_frozen_held_once_adapters_where_
+    # they_belong then calls again without compiling it a second time.
     _INITS[id(fed), shaping] = (fed, *jax.jit(default.init)(key),
-                                jax.jit(default.frozen)(key))
+                                default.frozen(key))
   _, server, clients, frozen = _INITS[id(fed), shaping]
   opt = jax.eval_shape(alg.init, key)[0].opt
   if hp.get("aggregation", "ga") != "ga":
