@@ -92,15 +92,20 @@ def test_run_writes_results_table_and_plots_and_never_overwrites(tiny_config, ca
   assert len(os.listdir(out)) == 2
   assert open(os.path.join(out, run_dir, "results.json")).read() == before
 
-  # --resume re-runs only what results.json lacks.
-  res["runs"] = [r for r in res["runs"] if r["algorithm"] != "fedavg"]
+  # --resume re-runs only what results.json lacks (one run of four: each
+  # re-run costs an engine run).
+  dropped = ("fedavg", "75")
+  res["runs"] = [r for r in res["runs"]
+                 if (r["algorithm"], r["target"]) != dropped]
   json.dump(res, open(os.path.join(out, run_dir, "results.json"), "w"))
   assert cli.main(["run", "--config", path, "--resume",
                    os.path.join(out, run_dir)]) == 0
   printed = capsys.readouterr().out
-  assert printed.count("already finished") == 2
+  assert printed.count("already finished") == 3
   res = json.load(open(os.path.join(out, run_dir, "results.json")))
   assert len(res["runs"]) == 4
+  assert {(r["algorithm"], r["target"]) for r in res["runs"]} == {
+      ("hfedf", "0"), ("hfedf", "75"), ("fedavg", "0"), ("fedavg", "75")}
 
   # Where the run began is kept; resumed elsewhere, it warns and runs on.
   env_path = os.path.join(out, run_dir, "environment.json")

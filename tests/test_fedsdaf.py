@@ -54,7 +54,7 @@ _INITS = {}
 
 def _setup(fed, **hp):
   """(alg, server, clients, frozen) from key 0. The parameters (a compile
-  each) are computed once per setting that shapes them (`LOSS_ONLY` ones
+  or two each) are computed once per setting that shapes them (`LOSS_ONLY` ones
   share them); `aggregation="fedavg"` (a stateless weighted mean) gets its
   empty server-transform state."""
   alg = _alg(fed, **hp)
@@ -62,8 +62,11 @@ def _setup(fed, **hp):
   shaping = tuple(sorted((k, v) for k, v in hp.items() if k not in LOSS_ONLY))
   if (id(fed), shaping) not in _INITS:
     default = _alg(fed, **dict(shaping))
+    # `frozen` eagerly: its one program is the run model's jitted init
+    # (`Model.init`), which test_backbone_frozen_held_once_adapters_where_
+    # they_belong then calls again without compiling it a second time.
     _INITS[id(fed), shaping] = (fed, *jax.jit(default.init)(key),
-                                jax.jit(default.frozen)(key))
+                                default.frozen(key))
   _, server, clients, frozen = _INITS[id(fed), shaping]
   opt = jax.eval_shape(alg.init, key)[0].opt
   if hp.get("aggregation", "ga") != "ga":
@@ -179,11 +182,10 @@ def test_alternate_is_two_sgd_steps_in_turn(fed):
   n = 5
   x, y = fed.train.x[0], fed.train.y[0]
   # One step over the client's first n rows (batch = n, one epoch); one
-  # program per order (op by op, every op would compile on its own).
-  step = lambda a: jax.jit(lambda p: local_update(
-      a.loss, a.optimizer, p, x, y, jnp.int32(n), jax.random.key(1),
-      _ctx(frozen, None), batch_size=n, epochs=1)[0])
-  trained = step(alg)({**glob, **local})
+  # program (op by op, every op would compile on its own).
+  trained = jax.jit(lambda p: local_update(
+      alg.loss, alg.optimizer, p, x, y, jnp.int32(n), jax.random.key(1),
+      _ctx(frozen, None), batch_size=n, epochs=1)[0])({**glob, **local})
   # The batch local_update drew: the n valid rows in some order; the losses
   # are means over the batch, so the order does not matter.
   batch = Batch(jnp.asarray(x[:n]), jnp.asarray(y[:n]), jnp.ones(n))
@@ -196,10 +198,48 @@ def test_alternate_is_two_sgd_steps_in_turn(fed):
   for k in want:
     for g, w in zip(jax.tree.leaves(trained[k]), jax.tree.leaves(want[k])):
       np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6, err_msg=k)
-  # Joint order: both players at the same point differ from the alternation.
+  # Joint order: the clients' optimizer is the plain one (one step of every
+  # player on the gradient at p: test_bkd_gradient_blocks_are_each_players_
+  # own pins that gradient), not the alternation: its update needs no
+  # `grad_fn` and is -lr * g on every entry. (A joint local update,
+  # compiled, in test_joint_order_steps_both_players_at_the_same_point.)
   joint = algorithms.create("fedsdaf", _vit(fed), optimizer=optax.sgd(lr),
                             hparams=dict(bkd_order="joint"), num_clients=N)
-  trained_j = step(joint)({**glob, **local})
+  p = {**glob, **local}
+  g = _moved(p, seed=7)
+  updates = jax.jit(lambda g, p: joint.optimizer.update(
+      g, joint.optimizer.init(p), p)[0])(g, p)
+  chex.assert_trees_all_close(updates, jax.tree.map(lambda a: -lr * a, g),
+                              rtol=1e-6)
+
+
+# Slow (~3 s: a second local update compiled): the joint order's optimizer
+# (plain SGD on every entry) is checked in test_alternate_is_two_sgd_steps_
+# in_turn, its gradient (every player's at the same point) in
+# test_bkd_gradient_blocks_are_each_players_own.
+@pytest.mark.slow
+def test_joint_order_steps_both_players_at_the_same_point(fed):
+  """bkd_order="joint": one local step moves A_di / head as the alternation's
+  first step does, A_dw / fusion from p (not from the moved A_di)."""
+  lr = 0.05
+  _, server, clients, frozen = _setup(fed)
+  glob = server.params
+  local = jax.tree.map(lambda a: np.asarray(a)[0], clients)
+  n = 5
+  x, y = fed.train.x[0], fed.train.y[0]
+  batch = Batch(jnp.asarray(x[:n]), jnp.asarray(y[:n]), jnp.ones(n))
+  joint = algorithms.create("fedsdaf", _vit(fed), optimizer=optax.sgd(lr),
+                            hparams=dict(bkd_order="joint"), num_clients=N)
+  trained_j = jax.jit(lambda p: local_update(
+      joint.loss, joint.optimizer, p, x, y, jnp.int32(n), jax.random.key(1),
+      _ctx(frozen, None), batch_size=n, epochs=1)[0])({**glob, **local})
+  di_loss, _ = _player_losses(joint, frozen, glob, local, batch, 1.0,
+                              "forward")
+  sgd = lambda p, g: np.asarray(p) - lr * np.asarray(g)
+  glob1 = jax.tree.map(sgd, glob, jax.jit(jax.grad(di_loss))(glob))
+  _, dw_loss = _player_losses(joint, frozen, glob1, local, batch, 1.0,
+                              "forward")
+  local1 = jax.tree.map(sgd, local, jax.jit(jax.grad(dw_loss))(local))
   np.testing.assert_allclose(jax.tree.leaves(trained_j["adi"])[0],
                              jax.tree.leaves(glob1["adi"])[0], rtol=1e-4,
                              atol=1e-6)

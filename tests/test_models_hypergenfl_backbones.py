@@ -67,11 +67,33 @@ def test_cifar_cnn_shapes_and_param_count(shape, classes):
     assert _num_params(params) == 62006  # the MOON / LeNet-5 CIFAR CNN
 
 
-def test_cifar_cnn_trains_in_client_loop_and_matches_reference():
-  """lax.map over clients x lax.scan over steps; forward equals a plain-lax one."""
+def _trains_in_client_loop(model, stacked, xs, ys):
+  """lax.map over clients x lax.scan over SGD steps of the cross-entropy
+  (the engine's shape) -> (new params, losses [clients, steps])."""
+
+  def loss(p, x, y):
+    logits = model.apply(p, x, train=True)
+    return -jnp.mean(jax.nn.log_softmax(logits)[jnp.arange(len(y)), y])
+
+  def client(args):
+    def step(p, b):
+      value, g = jax.value_and_grad(loss)(p, *b)
+      return jax.tree.map(lambda a, d: a - 0.05 * d, p, g), value
+    return lax.scan(step, args[0], args[1:])
+
+  return jax.jit(lambda *a: lax.map(client, a))(stacked, xs, ys)
+
+
+@functools.lru_cache(maxsize=None)
+def _cifar_cnn():
   model = models.get_model("cifar_cnn", input_shape=(32, 32, 3), num_classes=10,
                            conv_impl="im2col")
-  params = model.init(jax.random.key(1))
+  return model, model.init(jax.random.key(1))
+
+
+def test_cifar_cnn_matches_reference():
+  """The forward pass equals a plain-lax one (PyTorch's flatten order)."""
+  model, params = _cifar_cnn()
   x = _images(4, 32, 32, 3)
 
   def reference(p, x):
@@ -90,21 +112,20 @@ def test_cifar_cnn_trains_in_client_loop_and_matches_reference():
 
   np.testing.assert_allclose(jax.jit(model.apply)(params, x),
                              jax.jit(reference)(params, x), rtol=1e-4, atol=1e-4)
+
+
+# Slow (~2-3 s: compiling the CNN's gradient inside lax.map x lax.scan): the
+# convolutions' gradients inside lax.map x lax.scan are pinned by
+# tests/test_models_layers.py::test_conv_inside_scan_and_map_matches_xla (every
+# implementation), this CNN's forward by test_cifar_cnn_matches_reference.
+@pytest.mark.slow
+def test_cifar_cnn_trains_in_client_loop():
+  """lax.map over clients x lax.scan over steps runs and keeps the structure."""
+  model, params = _cifar_cnn()
   stacked = _stack(params, params)
   xs = _images(2, 3, 4, 32, 32, 3)
   ys = jnp.asarray(_RNG.integers(0, 10, (2, 3, 4)))
-
-  def loss(p, x, y):
-    logits = model.apply(p, x, train=True)
-    return -jnp.mean(jax.nn.log_softmax(logits)[jnp.arange(len(y)), y])
-
-  def client(args):
-    def step(p, b):
-      value, g = jax.value_and_grad(loss)(p, *b)
-      return jax.tree.map(lambda a, d: a - 0.05 * d, p, g), value
-    return lax.scan(step, args[0], args[1:])
-
-  new, losses = jax.jit(lambda *a: lax.map(client, a))(stacked, xs, ys)
+  new, losses = _trains_in_client_loop(model, stacked, xs, ys)
   assert losses.shape == (2, 3) and np.all(np.isfinite(losses))
   assert jax.tree.structure(new) == jax.tree.structure(stacked)
 
@@ -148,9 +169,9 @@ def test_resnet50_shapes_and_param_count(shape, classes, stem):
 
 
 # Slow (~7 s: compiling the full network): the same code runs under vmap,
-# against a loop, and trains in test_tiny_resnet_vmap_equals_loop_and_trains_
-# in_scan (one block per stage); the full ResNet-50 is traced in
-# test_resnet50_shapes_and_param_count.
+# against a loop, in test_tiny_resnet_vmap_equals_loop (one block per stage;
+# trains in test_tiny_resnet_trains_in_scan, slow); the full ResNet-50 is
+# traced in test_resnet50_shapes_and_param_count.
 @pytest.mark.slow
 def test_resnet50_vmap_over_two_clients():
   """The full ResNet-50 at 32x32, batch 2, two clients' params in one vmap."""
@@ -172,7 +193,7 @@ def _tiny_resnet(stem="cifar"):
   return model, model.init(jax.random.key(0))
 
 
-def test_tiny_resnet_vmap_equals_loop_and_trains_in_scan():
+def test_tiny_resnet_vmap_equals_loop():
   """(The ImageNet stem is traced in test_resnet50_shapes_and_param_count.)"""
   model, params = _tiny_resnet()
   other = jax.tree.map(lambda p: np.asarray(p) + np.float32(0.01), params)
@@ -187,20 +208,21 @@ def test_tiny_resnet_vmap_equals_loop_and_trains_in_scan():
   others = np.concatenate([x[0, :1], x[1, 1:]])
   np.testing.assert_allclose(apply(params, x[0])[:1], apply(params, others)[:1],
                              rtol=1e-4, atol=1e-5)
+
+
+# Slow (~4-5 s: compiling the ResNet's gradient inside lax.map x lax.scan):
+# the convolutions' gradients inside lax.map x lax.scan are pinned by
+# tests/test_models_layers.py::test_conv_inside_scan_and_map_matches_xla (every
+# implementation), this network's forward under vmap by
+# test_tiny_resnet_vmap_equals_loop.
+@pytest.mark.slow
+def test_tiny_resnet_trains_in_scan():
+  model, params = _tiny_resnet()
+  other = jax.tree.map(lambda p: np.asarray(p) + np.float32(0.01), params)
+  stacked = _stack(params, other)
   ys = jnp.asarray(_RNG.integers(0, 5, (2, 2, 3)))
   xs = _images(2, 2, 3, 16, 16, 3)
-
-  def loss(p, x, y):
-    logits = model.apply(p, x, train=True)
-    return -jnp.mean(jax.nn.log_softmax(logits)[jnp.arange(len(y)), y])
-
-  def client(args):
-    def step(p, b):
-      value, g = jax.value_and_grad(loss)(p, *b)
-      return jax.tree.map(lambda a, d: a - 0.05 * d, p, g), value
-    return lax.scan(step, args[0], args[1:])
-
-  new, losses = jax.jit(lambda *a: lax.map(client, a))(stacked, xs, ys)
+  new, losses = _trains_in_client_loop(model, stacked, xs, ys)
   assert losses.shape == (2, 2) and np.all(np.isfinite(losses))
   assert jax.tree.structure(new) == jax.tree.structure(stacked)
 

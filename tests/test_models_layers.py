@@ -1,5 +1,6 @@
 """Loop-safe layers: conv impls vs lax.conv, pooling vs numpy loops, inits."""
 
+import functools
 import math
 
 import flax.linen as nn
@@ -50,9 +51,18 @@ def _compare(impl, x, w, cases):
                                  err_msg=f"{impl} {case} {name}")
 
 
-@pytest.mark.parametrize("impl", ["im2col", "custom_vjp", "taps"])
-@pytest.mark.parametrize("k", [1, 3, 5])
-@pytest.mark.parametrize("cin", [1, 3])
+# Per implementation, every kernel size and both input widths run by default
+# (1x1 on 3 channels, 3x3 on 3, 5x5 on 1: each k's padding and stride cases,
+# a single input channel); the other three (k, cin) pairs are slow: the same
+# code on the same cases (test ids as before: impl-k-cin).
+_DEFAULT_K_CIN = ((1, 3), (3, 3), (5, 1))
+
+
+@pytest.mark.parametrize("impl,k,cin", [
+    pytest.param(impl, k, cin, id=f"{cin}-{k}-{impl}",
+                 marks=() if (k, cin) in _DEFAULT_K_CIN else pytest.mark.slow)
+    for cin in (1, 3) for k in (1, 3, 5)
+    for impl in ("im2col", "custom_vjp", "taps")])
 def test_conv_matches_lax_conv(impl, k, cin):
   cases = [(1, "SAME"), (1, k // 2), (1, "VALID"), (2, "SAME"), (2, (1, 2))]
   _compare(impl, _normal(2, 7, 6, cin), _normal(k, k, cin, 4), cases)
@@ -66,6 +76,17 @@ def test_taps_where_auto_picks_it():
   """A wide input to a few channels (AdaIN's decoder's last conv, 64 -> 3)."""
   _compare("taps", _normal(2, 6, 5, 64), _normal(3, 3, 64, 3),
            [(1, "SAME"), (2, (1, 2)), (1, "VALID")])
+
+
+@functools.lru_cache(maxsize=None)
+def _scan_data(k, cin):
+  """3 clients' kernels, 4 local steps of batch 2 and targets; the XLA
+  conv's final kernels and losses on them (computed once for the three
+  implementations)."""
+  ws = _normal(3, k, k, cin, 4) * 0.3  # 3 clients
+  xs = _normal(3, 4, 2, 6, 6, cin)    # 4 local steps, batch 2
+  ts = _normal(3, 4, 2, 6, 6, 4) * 0.5
+  return (ws, xs, ts), _client_loop("xla", k)(ws, xs, ts)
 
 
 def _client_loop(impl, k):
@@ -90,11 +111,8 @@ def _client_loop(impl, k):
 @pytest.mark.parametrize("impl", ["im2col", "custom_vjp", "taps"])
 def test_conv_inside_scan_and_map_matches_xla(impl):
   for k, cin in ((3, 3), (5, 1)):
-    ws = _normal(3, k, k, cin, 4) * 0.3  # 3 clients
-    xs = _normal(3, 4, 2, 6, 6, cin)    # 4 local steps, batch 2
-    ts = _normal(3, 4, 2, 6, 6, 4) * 0.5
-    w_ref, l_ref = _client_loop("xla", k)(ws, xs, ts)
-    w, l = _client_loop(impl, k)(ws, xs, ts)
+    data, (w_ref, l_ref) = _scan_data(k, cin)
+    w, l = _client_loop(impl, k)(*data)
     np.testing.assert_allclose(l, l_ref, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(w, w_ref, rtol=1e-4, atol=1e-5)
 

@@ -209,7 +209,8 @@ def test_safetensors_file_loads_through_get_model(tmp_path, monkeypatch,
 
 def test_group_norm_is_flax_group_norm_and_depthwise_conv_is_lax():
   """Both in one jitted program (eagerly, every shifted slice of the im2col
-  sum and of its gradient compiled on its own: 180 programs)."""
+  sum and of its gradient compiled on its own: 180 programs); the depthwise
+  conv also vmapped over two clients' kernels."""
   rng = np.random.default_rng(1)
   x = jnp.asarray(rng.normal(size=(2, 5, 6, 24)), jnp.float32)
   norm = mobilenet.Norm("group", 8)
@@ -239,6 +240,31 @@ def test_group_norm_is_flax_group_norm_and_depthwise_conv_is_lax():
                  for impl, fn in fns.items()})
     return out
 
+  # Two clients' depthwise kernels in one vmap (a MobileNet's clients in the
+  # engine's loop): each client's values and kernel gradients are its own
+  # lax conv's.
+  k, s = cases[0]
+  two = jnp.stack([kernels[0], jnp.asarray(rng.normal(size=(k, k, 1, 24)),
+                                           jnp.float32)])
+
+  @jax.jit
+  def clients(x, two):
+    lax_conv = lambda kernel: lax.conv_general_dilated(
+        x, kernel, (s, s), [((k - 1) // 2,) * 2] * 2,
+        dimension_numbers=("NHWC", "HWIO", "NHWC"), feature_group_count=24)
+    ours = lambda kernel: layers.depthwise_conv2d(
+        x, kernel, strides=s, padding=(k - 1) // 2, impl="im2col")
+    grads = lambda f: jax.grad(lambda kernel: jnp.sum(jnp.sin(f(kernel))))
+    return (jax.vmap(ours)(two), jax.vmap(grads(ours))(two),
+            [lax_conv(kernel) for kernel in two],
+            [grads(lax_conv)(kernel) for kernel in two])
+
+  values, grads, want_values, want_grads = clients(x, two)
+  for i in range(2):
+    np.testing.assert_allclose(values[i], want_values[i], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(grads[i], want_grads[i], rtol=1e-4, atol=1e-4)
+  assert not np.allclose(values[0], values[1])
+
   out = run(x, p, kernels)
   np.testing.assert_allclose(out["norm"], out["ref"], rtol=1e-5, atol=1e-5)
   for k, _ in cases:
@@ -263,6 +289,13 @@ def _two_clients():
   return model, sets, stacked, x
 
 
+# Slow (~8 s: MobileNetV3 compiled four times): the network's forward is
+# pinned by test_seeded_weights_give_torchvisions_logits (which also checks
+# features + head), its layers under vmap / lax.map by tests/test_models_
+# layers.py (convolutions inside lax.map x lax.scan and vmapped over client
+# kernels) and test_group_norm_is_flax_group_norm_and_depthwise_conv_is_lax
+# (the depthwise conv vmapped over clients' kernels).
+@pytest.mark.slow
 def test_loop_safe_vmap_and_lax_map_equal_separate_applies():
   """Two clients' parameters stacked: vmap and lax.map give what separate
   applies give; features + head is the forward pass."""
@@ -393,9 +426,18 @@ def test_seeded_weights_give_torchvisions_logits():
   params = weights.to_flax(make_mobilenet_logits.state_dict(),
                            jax.eval_shape(model.init, jax.random.key(0)),
                            layout="torchvision")
-  got = jax.jit(functools.partial(model.apply, normalized=True))(params, x)
+
+  @jax.jit
+  def run(p, x):
+    feats = model.features(p, x, normalized=True)
+    return model.apply(p, x, normalized=True), model.head(p, feats), feats
+
+  got, composed, feats = run(params, x)
   np.testing.assert_allclose(np.asarray(got), want, rtol=0, atol=1e-4,
                              err_msg=str(data["made_with"]))
+  # features + head is the forward pass.
+  assert feats.shape == (3, mobilenet.LAST_CHANNEL)
+  np.testing.assert_allclose(composed, got, rtol=1e-5, atol=1e-6)
 
 
 def test_config_keys_reach_get_model(tmp_path):

@@ -320,14 +320,36 @@ def test_adapters_train_only_adi_and_head_on_the_frozen_backbone(fed3):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
   assert not np.allclose(got.params["head"]["kernel"],
                          state.params["head"]["kernel"])
+  # From round 1 on (c, c_i non-zero) the clients descend the corrected
+  # objective: the adapter setting's plain cross-entropy gradient (the frozen
+  # backbone's, autodiff) plus c - c_i, on the adapter and head only.
+  from fedjax_dg.algorithms import fedsdaf
+  _, _, _, plain = fedsdaf.adapter_setting(vit, objectives.cross_entropy,
+                                           who="test")
+  c, ci = _rand_like(state.params, 0), _rand_like(state.params, 1)
+  ctx = ClientContext(id=0, round=0, start=state.params, state=ci, shared=c,
+                      frozen=frozen)
+  batch = Batch(jnp.asarray(fed3.train.x[0, :6]),
+                jnp.asarray(fed3.train.y[0, :6]), jnp.ones(6))
+  grads = jax.jit(lambda p: [jax.grad(f)(p, batch, key, ctx)
+                             for f in (alg.loss, plain)])
+  g, g0 = grads(state.params)
+  _close(g, _map(lambda a, b, d: np.asarray(a) + np.asarray(b) - np.asarray(d),
+                 g0, c, ci), "corrected adapter gradient", rtol=1e-5,
+         atol=1e-6)
   with pytest.raises(ConfigError, match="scaffold.adapters=True runs on a ViT"):
     algorithms.create("scaffold", models.get_model(
         "mlp", input_shape=fed3.image_shape, num_classes=fed3.num_classes),
         optimizer=sgd, num_clients=n, hparams=dict(adapters=True))
 
 
-@pytest.mark.parametrize("variant", [
-    "II", pytest.param("I", marks=pytest.mark.slow)])  # I: on the MLP above
+# Slow (~5 s: the ViT's round program): SCAFFOLD's rounds (controls, cohort,
+# both options) are pinned on the MLP by test_rounds_equal_a_numpy_scaffold,
+# the adapter setting (its state, controls, frozen backbone, round 0, the
+# corrected gradient) by test_adapters_train_only_adi_and_head_on_the_
+# frozen_backbone.
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["II", "I"])
 def test_adapter_rounds_equal_a_numpy_scaffold(setup, variant):
   """scaffold.adapters=True over CFG.rounds rounds with a cohort (controls
   non-zero from round 1 on): the engine equals Algorithm 1 run by the numpy

@@ -1,6 +1,9 @@
 """ViT (models/vit.py): the backbone against independent computations, the
 adapter paths (Eq. 3-4 of FedSDAF) against a plain re-computation."""
 
+import functools
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -28,8 +31,12 @@ def _ln(x, p, eps=1e-6):
   return (x - m) / np.sqrt(v + eps) * p["scale"] + p["bias"]
 
 
+_erf = np.vectorize(math.erf)
+
+
 def _gelu(x):
-  return np.asarray(jax.nn.gelu(jnp.asarray(x), approximate=False))
+  """The exact GELU, x * Phi(x), in numpy (float64)."""
+  return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)))
 
 
 def _attn(x, p, queries=None):
@@ -54,16 +61,16 @@ def _adapter(h, p):
 
 
 def _reference(params, x, path, adapters, fusion=True):
-  """The ViT written out in numpy (float64): patches by a strided conv."""
+  """The ViT written out in numpy (float64): the patch embedding as the
+  strided conv it is (kernel = stride = 4, VALID), summed over each patch's
+  pixels."""
   p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
   bb = p["backbone"]
   x = np.asarray(x, np.float64)
-  conv = jax.lax.conv_general_dilated(
-      jnp.asarray(x, jnp.float32), jnp.asarray(bb["embedding"]["kernel"],
-                                               jnp.float32),
-      (4, 4), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"))
-  t = np.asarray(conv, np.float64).reshape(x.shape[0], -1, 32)
-  t = t + bb["embedding"]["bias"]
+  b, h, w, c = x.shape
+  patches = x.reshape(b, h // 4, 4, w // 4, 4, c)  # [b, gh, i, gw, j, c]
+  t = np.einsum("bgihjc,ijcd->bghd", patches, bb["embedding"]["kernel"])
+  t = t.reshape(b, -1, 32) + bb["embedding"]["bias"]
   cls = np.broadcast_to(bb["cls"], (x.shape[0], 1, 32))
   h = np.concatenate([cls, t], 1) + bb["pos_embedding"]
   for i in range(2):
@@ -84,21 +91,32 @@ def _reference(params, x, path, adapters, fusion=True):
   return _dense(h, p["head"])
 
 
+@functools.lru_cache(maxsize=None)
+def _moved_params():
+  """The KIA model's parameters (every entry any setting has: backbone,
+  head, A_di, A_dw, fusion; one init compiled), each moved off its initial
+  value by N(0, 0.1^2) numpy noise (zero class token and biases would hide
+  terms; jax.random would compile a program per leaf shape)."""
+  params = _model("kia").init(jax.random.key(1))
+  rng = np.random.default_rng(2)
+  return jax.tree.map(lambda a: np.asarray(
+      a + 0.1 * rng.normal(size=a.shape), np.float32), params)
+
+
 @pytest.mark.parametrize("adapters,path,fusion", [
     pytest.param("none", "kia", True, marks=pytest.mark.slow),
     ("di", "kia", True), ("kia", "kia", True), ("kia", "di", True),
     pytest.param("kia", "kia", False, marks=pytest.mark.slow)])
 def test_forward_matches_a_numpy_reimplementation(adapters, path, fusion):
   m = _model(adapters, fusion=fusion)
-  params = m.init(jax.random.key(1))
-  # Every parameter moved off its initial value (zero class token and biases)
-  # so that every term shows.
-  # (numpy noise: jax.random compiles a program per leaf shape)
-  rng = np.random.default_rng(2)
-  params = jax.tree.map(lambda a: np.asarray(
-      a + 0.1 * rng.normal(size=a.shape), np.float32), params)
+  # The setting's own entries of the moved KIA parameters (the shapes are
+  # the setting's own: checked against its init's).
+  wanted = jax.eval_shape(m.init, jax.random.key(1))
+  params = {k: v for k, v in _moved_params().items() if k in wanted}
+  assert jax.tree.map(np.shape, params) == jax.tree.map(np.shape, wanted)
   x = _x()
-  got = m.module.apply({"params": params}, m.normalize(x), path=path)
+  got = jax.jit(lambda p, x: m.module.apply({"params": p}, m.normalize(x),
+                                            path=path))(params, x)
   want = _reference(params, np.asarray(m.normalize(x)), path, adapters, fusion)
   np.testing.assert_allclose(np.asarray(got), want, rtol=2e-4, atol=2e-4)
 
@@ -126,10 +144,10 @@ def test_b16_shapes_and_size():
 
 def test_head_and_features_compose():
   m = _model("kia")
-  p = m.init(jax.random.key(0))
-  x = _x()
-  np.testing.assert_allclose(m.head(p, m.features(p, x)), m.apply(p, x),
-                             rtol=1e-5, atol=1e-5)
+  p = _moved_params()
+  head, apply = jax.jit(lambda p, x: (m.head(p, m.features(p, x)),
+                                      m.apply(p, x)))(p, _x())
+  np.testing.assert_allclose(head, apply, rtol=1e-5, atol=1e-5)
 
 
 def _named_keys_exist(message):
@@ -185,11 +203,15 @@ def test_zero_adapter_init_starts_as_the_backbone():
     for blk in p[stack].values():
       assert not np.any(blk["up"]["kernel"]) and not np.any(blk["up"]["bias"])
   plain = _model("none")
-  x = _x()
-  want = plain.apply({k: p[k] for k in ("backbone", "head")}, x)
-  np.testing.assert_allclose(
-      m.module.apply({"params": p}, m.normalize(x), path="di"), want,
-      rtol=1e-5, atol=1e-6)
-  assert not np.allclose(m.apply(p, x), want, atol=1e-4)
+
+  @jax.jit  # one program (eagerly, a compile per op and shape)
+  def logits(p, x):
+    return (plain.apply({k: p[k] for k in ("backbone", "head")}, x),
+            m.module.apply({"params": p}, m.normalize(x), path="di"),
+            m.apply(p, x))
+
+  want, di, kia = logits(p, _x())
+  np.testing.assert_allclose(di, want, rtol=1e-5, atol=1e-6)
+  assert not np.allclose(kia, want, atol=1e-4)
   with pytest.raises(ConfigError, match="adapter_init"):
     _model("di", adapter_init="ones").init(jax.random.key(0))

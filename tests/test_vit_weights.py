@@ -3,6 +3,7 @@ position-embedding resize, the errors, and logits against timm / torchvision
 (those two where they import: `PYTHONPATH=/path/to/torch/packages`)."""
 
 import contextlib
+import dataclasses
 import functools
 import importlib
 import sys
@@ -27,15 +28,34 @@ def _model(num_classes=5, size=(32, 32), **kw):
                           num_classes=num_classes, **{**SMALL, **kw})
 
 
+_JITTED_INIT = models._jitted_init
+
+
+def _numpy_init(model):
+  """Stands in for `models._jitted_init`: the model's parameter shapes
+  (`init` traced, not compiled: a compile per grid, depth and head costs
+  ~1 s) filled with N(0, 1) draws seeded by the key, as numpy float32."""
+  shapes = jax.eval_shape(_JITTED_INIT(model), jax.random.key(0))
+
+  def init(key):
+    rng = np.random.default_rng(np.asarray(jax.random.key_data(key)).tolist())
+    return jax.tree.map(
+        lambda s: rng.normal(size=s.shape).astype(np.float32), shapes)
+
+  return init
+
+
 @functools.lru_cache(maxsize=None)
-def _params(num_classes=5, size=(32, 32), adapters="none", seed=0):
-  """Initialized params with every leaf moved (zero biases / class token
-  would hide misplaced values), as numpy float32."""
-  p = _model(num_classes, size, adapters=adapters).init(jax.random.key(seed))
+def _params(num_classes=5, size=(32, 32), adapters="none", seed=0, depth=2):
+  """Params of the model's names and shapes, every leaf a distinct random
+  value (zero biases / class token would hide misplaced values; what the
+  file tests check is where each value lands, so the values need not be
+  the init's), as numpy float32."""
+  m = _model(num_classes, size, adapters=adapters, depth=depth)
+  p = _numpy_init(dataclasses.replace(m, weights=""))(jax.random.key(seed))
   rng = np.random.default_rng(seed)
   return jax.tree.map(
-      lambda a: (np.asarray(a) + rng.normal(0, 0.1, a.shape)).astype(np.float32),
-      p)
+      lambda a: (0.1 * a + rng.normal(0, 0.1, a.shape)).astype(np.float32), p)
 
 
 def _assert_trees_equal(a, b):
@@ -236,9 +256,14 @@ def test_pos_embedding_resize_samples_the_function_on_the_new_grid(grid, tol):
 
 
 @pytest.mark.parametrize("size", [(32, 32), (32, 48)])
-def test_a_file_of_another_grid_is_resized_on_load(size, tmp_path):
+def test_a_file_of_another_grid_is_resized_on_load(size, tmp_path,
+                                                   monkeypatch):
   big = _params(size=(64, 64))      # 8x8 grid in the file
   path = _save(vit_weights.to_layout(big, "timm"), tmp_path, "timm")
+  # Every sampled value is replaced by the file's (checked below): the
+  # loading around `init` is what is tested; the real sampler's compile
+  # is in test_file_loads_through_get_model.
+  monkeypatch.setattr(models, "_jitted_init", _numpy_init)
   got = _model(size=size, weights=path).init(jax.random.key(0))
   grid = (size[0] // 8, size[1] // 8)
   want_pos = vit_weights.resize_pos_embedding(
@@ -273,7 +298,7 @@ def test_missing_and_unexpected_tensors_are_listed():
 
 
 def test_deeper_file_lists_its_extra_blocks():
-  deep = _model(depth=3).init(jax.random.key(0))
+  deep = _params(depth=3)
   state = vit_weights.to_layout(deep, "augreg")
   with pytest.raises(DataError, match=r"unexpected \(16\): "
                      r"\['Transformer/encoderblock_2/"):
