@@ -451,6 +451,7 @@ def test_bad_settings_and_missing_data_are_errors(setup):
                      (dict(meta_step_size=-1.0), "elcfs.meta_step_size")):
     with pytest.raises(ConfigError, match=needle):
       _build(fed, model, **hp)
+  _build(fed, model, ratio=0.5)  # [0, 0.5]: the upper end is allowed
   with pytest.raises(NeedsDataError, match="amplitude bank"):
     algorithms.build("elcfs", model, 3, base_config())
   with pytest.raises(ConfigError, match="2 clients"):

@@ -132,6 +132,29 @@ def test_moon_objective_is_ce_plus_mu_contrastive(fed3):
                              rtol=1e-5)
 
 
+def test_moon_trains_its_local_pass_and_reads_the_frozen_ones_in_eval_mode(
+    fed3, monkeypatch):
+  """The local model's pass is in training mode (dropout, a model's batch
+  statistics) with the step's key; the global and previous models' passes,
+  frozen, in evaluation mode. (The MLP above has no dropout, so the
+  objective's value cannot tell the modes apart: a spy records them.)"""
+  cm = ContrastiveModel(mlp(fed3), proj_dim=8)
+  params = cm.init(jax.random.key(0))
+  calls, forward = [], ContrastiveModel.forward
+
+  def spy(self, p, x, *, train=False, rng=None):
+    calls.append((train, rng is not None))
+    return forward(self, p, x, train=train, rng=rng)
+
+  monkeypatch.setattr(ContrastiveModel, "forward", spy)
+  batch = Batch(jnp.asarray(fed3.train.x[0, :5]),
+                jnp.asarray(fed3.train.y[0, :5]), jnp.ones((5,)))
+  ctx = ClientContext(id=0, round=1, start=params, extra=Negative(params, 1.0))
+  jax.eval_shape(lambda p: objective(cm, 2.0, 0.5)(p, batch, jax.random.key(3),
+                                                  ctx), params)
+  assert calls == [(True, True), (False, False), (False, False)]
+
+
 def test_moon_classifies_with_the_plain_client_model(fed3):
   model = mlp(fed3)
   alg = algorithms.build("moon", model, fed3.num_clients, base_config())

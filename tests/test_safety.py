@@ -109,7 +109,8 @@ def _validated(*overrides):
 
 
 @pytest.mark.parametrize("overrides,needle", [
-    (["hfedf.temperature=0.0"], "hfedf.temperature=0.0"),
+    (["hfedf.temperature=0.0"], "hfedf.temperature=0.0: GradAlign's softmax "
+                               "temperature must be > 0 (1 = the paper)"),
     (["client.lr=0"], "client optimizer (client.*"),
     (["algorithms=fedprox", "fedprox.client.lr=-1.0"], "fedprox.client"),
     (["hfedf.ema_decay=1.5"], "ema decay must be in [0, 1]"),
