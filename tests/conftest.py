@@ -31,6 +31,7 @@ for _name in ("JAX_COMPILATION_CACHE_DIR", "FEDJAX_DG_JAX_CACHE"):
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
 
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
+import jax.numpy as jnp  # pylint: disable=g-import-not-at-top,wrong-import-position
 import numpy as np
 import pytest
 
@@ -70,6 +71,25 @@ def with_sizes(fed, sizes):
   assert fed.train.x.shape[1] >= max(sizes)
   return dataclasses.replace(fed, packed_train=federated.pack_padded(
       fed.train.replace(n=np.asarray(sizes, np.int32))))
+
+
+def sgd_in_client_loop(model, stacked, xs, ys, lr, rng=None):
+  """Plain SGD on the cross-entropy, lax.map over clients x lax.scan over
+  steps (the engine's loop shape), one jitted program: stacked params
+  [clients, ...], xs [clients, steps, B, ...], ys [clients, steps, B] ->
+  (new params, losses [clients, steps])."""
+
+  def loss(p, x, y):
+    logits = model.apply(p, x, train=True, rng=rng)
+    return -jnp.mean(jax.nn.log_softmax(logits)[jnp.arange(len(y)), y])
+
+  def client(args):
+    def step(p, b):
+      value, g = jax.value_and_grad(loss)(p, *b)
+      return jax.tree.map(lambda a, d: a - lr * d, p, g), value
+    return jax.lax.scan(step, args[0], args[1:])
+
+  return jax.jit(lambda *a: jax.lax.map(client, a))(stacked, xs, ys)
 
 
 def every_algorithm_setup(num_clients=4):

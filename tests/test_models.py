@@ -6,7 +6,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax import lax
+
+from conftest import sgd_in_client_loop
 
 from fedjax_dg import models
 
@@ -143,17 +144,8 @@ def test_small_cnn_and_mlp_train_in_client_loop():
     xs = jnp.asarray(_RNG.integers(0, 256, (2, 3, 4) + shape, dtype=np.uint8))
     ys = jnp.asarray(_RNG.integers(0, 3, (2, 3, 4)))
 
-    def loss(p, x, y, model=model):
-      logits = model.apply(p, x, train=True, rng=jax.random.key(0))
-      return -jnp.mean(jax.nn.log_softmax(logits)[jnp.arange(len(y)), y])
-
-    def client(args):
-      def step(p, b):
-        value, g = jax.value_and_grad(loss)(p, *b)
-        return jax.tree.map(lambda a, d: a - 0.1 * d, p, g), value
-      return lax.scan(step, args[0], args[1:])
-
-    new, losses = jax.jit(lambda *a: lax.map(client, a))(stacked, xs, ys)
+    new, losses = sgd_in_client_loop(model, stacked, xs, ys, lr=0.1,
+                                     rng=jax.random.key(0))
     assert losses.shape == (2, 3) and np.all(np.isfinite(losses))
     assert jax.tree.structure(new) == jax.tree.structure(stacked)
     assert jax.eval_shape(model.features, params, xs[0, 0]).shape == (4, feat)

@@ -14,6 +14,8 @@ from jax import lax
 import numpy as np
 import pytest
 
+from conftest import sgd_in_client_loop
+
 from fedjax_dg import models
 from fedjax_dg.models import layers
 from fedjax_dg.models import resnet
@@ -67,23 +69,6 @@ def test_cifar_cnn_shapes_and_param_count(shape, classes):
     assert _num_params(params) == 62006  # the MOON / LeNet-5 CIFAR CNN
 
 
-def _trains_in_client_loop(model, stacked, xs, ys):
-  """lax.map over clients x lax.scan over SGD steps of the cross-entropy
-  (the engine's shape) -> (new params, losses [clients, steps])."""
-
-  def loss(p, x, y):
-    logits = model.apply(p, x, train=True)
-    return -jnp.mean(jax.nn.log_softmax(logits)[jnp.arange(len(y)), y])
-
-  def client(args):
-    def step(p, b):
-      value, g = jax.value_and_grad(loss)(p, *b)
-      return jax.tree.map(lambda a, d: a - 0.05 * d, p, g), value
-    return lax.scan(step, args[0], args[1:])
-
-  return jax.jit(lambda *a: lax.map(client, a))(stacked, xs, ys)
-
-
 @functools.lru_cache(maxsize=None)
 def _cifar_cnn():
   model = models.get_model("cifar_cnn", input_shape=(32, 32, 3), num_classes=10,
@@ -125,7 +110,7 @@ def test_cifar_cnn_trains_in_client_loop():
   stacked = _stack(params, params)
   xs = _images(2, 3, 4, 32, 32, 3)
   ys = jnp.asarray(_RNG.integers(0, 10, (2, 3, 4)))
-  new, losses = _trains_in_client_loop(model, stacked, xs, ys)
+  new, losses = sgd_in_client_loop(model, stacked, xs, ys, lr=0.05)
   assert losses.shape == (2, 3) and np.all(np.isfinite(losses))
   assert jax.tree.structure(new) == jax.tree.structure(stacked)
 
@@ -222,7 +207,7 @@ def test_tiny_resnet_trains_in_scan():
   stacked = _stack(params, other)
   ys = jnp.asarray(_RNG.integers(0, 5, (2, 2, 3)))
   xs = _images(2, 2, 3, 16, 16, 3)
-  new, losses = _trains_in_client_loop(model, stacked, xs, ys)
+  new, losses = sgd_in_client_loop(model, stacked, xs, ys, lr=0.05)
   assert losses.shape == (2, 2) and np.all(np.isfinite(losses))
   assert jax.tree.structure(new) == jax.tree.structure(stacked)
 
