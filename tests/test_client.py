@@ -104,7 +104,6 @@ def test_fixed_local_steps_mode_runs_exactly_that_many_steps():
   x = rng.integers(0, 255, (12, 2, 2, 1)).astype(np.uint8)
   y = rng.integers(0, 3, (12,)).astype(np.int32)
   params = {"w": jnp.zeros((4, 3)), "b": jnp.zeros((3,))}
-  count = {"w": jnp.zeros((4, 3)), "b": jnp.zeros((3,))}
   # A "loss" whose gradient is 1 for b[0]: SGD(lr=1) subtracts 1 per step taken.
   loss = lambda p, batch, rng, ctx: p["b"][0] + 0.0 * jnp.sum(batch.mask)
   for (n, steps), own in itertools.product(((12, 7), (3, 7), (5, 1)),

@@ -15,7 +15,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from conftest import synthetic_domains
-from fedjax_dg import engine, models, plots, report, tree
+from fedjax_dg import engine, models, plots, report
 from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.algorithms.local_only import local_only
 from fedjax_dg.client import objectives

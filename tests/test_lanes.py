@@ -14,11 +14,9 @@ import pytest
 
 from conftest import synthetic_federation, with_sizes
 from fedjax_dg import algorithms, engine, models
-from fedjax_dg.client import objectives
 from fedjax_dg.client.lanes import packed_update, schedule
-from fedjax_dg.client.update import (ClientContext, local_steps,
-                                     local_training, local_update,
-                                     unit_argsort)
+from fedjax_dg.client.update import (ClientContext, local_training,
+                                     local_update, unit_argsort)
 from fedjax_dg.errors import ConfigError
 from fedjax_dg.optim import make_optimizer
 

@@ -13,7 +13,7 @@ import optax
 import pytest
 
 from conftest import TINY_VIT
-from fedjax_dg import engine, models, tree
+from fedjax_dg import engine, models
 from fedjax_dg.algorithms import scaffold
 from fedjax_dg.client import objectives
 from fedjax_dg.client.update import (Batch, ClientContext, ClientData,
