@@ -103,6 +103,12 @@ class PackedClients:
   def num_clients(self) -> int:
     return len(self.offsets) - 1
 
+  @property
+  def streamed(self) -> bool:
+    """Whether `x` stays in its records (`data.streaming`): rows read on
+    demand (`gather`), never all at once."""
+    return is_streamed(self.x)
+
   def gather(self, ids, rows=None) -> ClientArrays:
     """Clients `ids` (an int array of any shape [...]) padded to `width`:
     x [..., width, H, W, ch], y [..., width], n [...]. Only the clients'
@@ -193,6 +199,11 @@ class FederatedData:
     """Whether the examples stay in their records (`data.streaming`): read
     per chunk of rounds, never all at once."""
     return is_streamed(self.packed_train.x)
+
+  @property
+  def target_streamed(self) -> bool:
+    """Whether the target split stays in its records: scored in blocks."""
+    return is_streamed(self.target_x)
 
   @functools.cached_property
   def _stats(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
