@@ -111,6 +111,7 @@ def main(argv=None):
 
   import warnings
   from fedjax_dg import algorithms, engine, models
+  from fedjax_dg.engine.programs import programs
   from fedjax_dg.optim import make_optimizer, with_schedule
   warnings.filterwarnings("ignore", message="ccst: no AdaIN weights")
   fed = federation(args.clients, args.per_client, args.size, args.classes)
@@ -128,7 +129,7 @@ def main(argv=None):
     opt = with_schedule(make_optimizer("adam", 1e-3), "cosine")
     alg = algorithms.create(alg_name, model, optimizer=opt,
                             hparams=hp, num_clients=fed.num_clients, data=fed)
-    progs = engine.programs(alg, model, cfg, fed.num_clients)
+    progs = programs(alg, model, cfg, fed.num_clients)
     train = progs.layout.put_clients(fed.train)
     carry = progs.init(jax.random.fold_in(root, 2**31 - 1))
     frozen = progs.frozen(root)  # CCST's AdaIN network (None for the others)

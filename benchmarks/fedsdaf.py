@@ -78,9 +78,9 @@ def nbytes(tree) -> int:
 
 
 def jax_runner(name, model, fed, cfg, rounds):
-  from fedjax_dg import engine
+  from fedjax_dg.engine.programs import programs
   alg = build(name, model, fed)
-  progs = engine.programs(alg, model, cfg, fed.num_clients)
+  progs = programs(alg, model, cfg, fed.num_clients)
   train = progs.layout.put_clients(fed.train)
   key = jax.random.key(0)
   frozen = progs.frozen(key)
@@ -243,6 +243,7 @@ def cmd_round(args):
 
 def cmd_memory(args):
   from fedjax_dg import engine
+  from fedjax_dg.engine.round import make_round
   rows = []
   for c in args.counts:
     fed = federation(c, args.per_client, args.size)
@@ -250,7 +251,7 @@ def cmd_memory(args):
     alg = build("fedsdaf", model, fed)
     cfg = engine.EngineConfig(rounds=10, epochs=1, batch_size=args.batch,
                               client_mapping="map")
-    round_fn = engine.make_round(alg, cfg, c)
+    round_fn = make_round(alg, cfg, c)
     key = jax.random.key(0)
     carry = jax.eval_shape(alg.init, key)
     frozen = jax.eval_shape(alg.frozen, key)

@@ -13,7 +13,7 @@ cohort (FedAvg, SGD, the CIFAR CNN or `--model`):
   map          the CPU default: one loop of its own steps per client
   vmap_masked  `vmap` (the accelerator path), skip_idle_steps=False
   vmap_lanes   `vmap` with the cohort packed into `train.vmap_lanes` lanes
-               (`--lanes`, 0: what `engine.resolve_lanes` picks)
+               (`--lanes`, 0: what `engine.layout.resolve_lanes` picks)
   oracle       a Python loop over the cohort, each client's jitted update on
                its own rows padded to a multiple of B (its own step count;
                compiled per size before timing)
@@ -118,7 +118,7 @@ def main(argv=None):
                  help="engine variants to time beside the oracle, of "
                  + ", ".join(ENGINE))
   p.add_argument("--lanes", type=int, default=0,
-                 help="train.vmap_lanes (0: auto, engine.resolve_lanes)")
+                 help="train.vmap_lanes (0: auto, engine.layout.resolve_lanes)")
   p.add_argument("--batch", type=int, default=32)
   p.add_argument("--epochs", type=int, default=1)
   p.add_argument("--reps", type=int, default=3)
@@ -138,6 +138,8 @@ def main(argv=None):
   from fedjax_dg.client import objectives
   from fedjax_dg.client.lanes import schedule
   from fedjax_dg.client.update import local_steps, local_update
+  from fedjax_dg.engine.layout import resolve_lanes
+  from fedjax_dg.engine.programs import programs
   from fedjax_dg.optim import make_optimizer
   t_setup = time.perf_counter()
   fed, cohort = federation(args.scenario, args.images, 0)
@@ -151,14 +153,14 @@ def main(argv=None):
   base = engine.EngineConfig(rounds=10, epochs=args.epochs,
                              batch_size=args.batch, cohort_size=cohort,
                              vmap_lanes=args.lanes, progress=False)
-  base = engine.resolve_lanes(  # the lanes "vmap" resolves to
+  base = resolve_lanes(  # the lanes "vmap" resolves to
       dataclasses.replace(base, client_mapping="vmap"), alg, fed.train.n)
   runners, finals = {}, {}
   for name in variants:
     mapping, skip = ENGINE[name]
     cfg = dataclasses.replace(base, client_mapping=mapping,
                               skip_idle_steps=skip)
-    progs = engine.programs(alg, model, cfg, fed.num_clients)
+    progs = programs(alg, model, cfg, fed.num_clients)
     train = progs.layout.put_clients(fed.train)
     carry0 = progs.init(key)
 

@@ -128,6 +128,7 @@ def _server_of(alg_name, server):
 def worker_engine(spec, x, y):
   """(a), and (c)/(c') through the engine's `central` algorithm on pooled data."""
   from fedjax_dg import engine
+  from fedjax_dg.engine.programs import programs
   if spec["cpu_devices"] != 1:  # as the fedjax-dg command sets up JAX
     engine.use_cpu_devices(spec["cpu_devices"] or None)
   jax, model, opt, loss = _jax_common(spec)
@@ -146,7 +147,7 @@ def worker_engine(spec, x, y):
     n_clients = 1
   cfg = engine.EngineConfig(rounds=1, eval_every=1, epochs=1, batch_size=batch,
                             client_mapping=spec["mapping"], progress=False)
-  progs = engine.programs(alg, model, cfg, n_clients)
+  progs = programs(alg, model, cfg, n_clients)
   run_chunk = progs.chunk
   train = progs.layout.put_clients(ClientArrays(
       x=x, y=y, n=np.full((n_clients,), x.shape[1], np.int32)))

@@ -129,11 +129,13 @@ def _live_bytes() -> int:
 
 def chunk_temp_bytes(alg, model, cfg, fed, placement: str) -> int:
   """temp_size_in_bytes of the compiled chunk program of this run."""
-  from fedjax_dg import engine
   from fedjax_dg.data.federated import ClientArrays
+  from fedjax_dg.engine.placement import resolve_gather
+  from fedjax_dg.engine.programs import programs
+  from fedjax_dg.engine.round import Cohort
   n = fed.num_clients
-  cfg = engine.resolve_gather(cfg, alg, placement, fed.packed_train.width)
-  progs = engine.programs(alg, model, cfg, n)
+  cfg = resolve_gather(cfg, alg, placement, fed.packed_train.width)
+  progs = programs(alg, model, cfg, n)
   key = jax.random.key(0)
   m = cfg.cohort_size or n
   sds = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype)
@@ -150,7 +152,7 @@ def chunk_temp_bytes(alg, model, cfg, fed, placement: str) -> int:
     lm = (cfg.eval_every, m)
     width = (cfg.local_steps * cfg.batch_size if cfg.host_gather == "rows"
              else packed.width)
-    train = engine.Cohort(sds(lm, jnp.int32), sds(lm, jnp.int32), ClientArrays(
+    train = Cohort(sds(lm, jnp.int32), sds(lm, jnp.int32), ClientArrays(
         sds(lm + (width,) + image, jnp.uint8),
         sds(lm + (width,), jnp.int32), sds(lm, jnp.int32)))
   compiled = progs.chunk.lower(carry, jnp.int32(0), train, key, None,

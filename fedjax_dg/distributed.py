@@ -4,10 +4,11 @@ Every process runs the same program (`fedjax-dg run ... --coordinator HOST:PORT
 --num-processes N --process-id I`); `jax.distributed.initialize` joins them, and
 then `jax.devices()` lists the devices of every process: the engine's "clients"
 mesh spans them all, each process places the clients of its own devices
-(`engine.Layout.put_clients`) and the round's collectives cross processes (on
-CPU through gloo, JAX's default CPU collectives). Process 0 writes the run
-directory (results, metrics, reports); orbax checkpoints are written by all
-processes together (each one calls save and restore with the same directory).
+(`engine.layout.Layout.put_clients`) and the round's collectives cross
+processes (on CPU through gloo, JAX's default CPU collectives). Process 0
+writes the run directory (results, metrics, reports); orbax checkpoints are
+written by all processes together (each one calls save and restore with the
+same directory).
 docs/scale.md: the commands for GPU / TPU hosts, what was tested.
 
 Settings: the flags, else the environment JAX reads (`JAX_COORDINATOR_ADDRESS`;

@@ -84,8 +84,9 @@ def weight_divergence(stacked_params: PyTree) -> dict[str, float]:
 
   The "Euclidean weight divergence between client models, per layer" of the hFedF
   paper (Fig. 5b), normalized by the tensor's mean norm so layers compare.
-  O(C^2) per tensor: the engine passes at most `engine.DIVERGENCE_CLIENTS`
-  clients (a seeded sample in larger federations).
+  O(C^2) per tensor: the engine passes at most
+  `engine.evaluation.DIVERGENCE_CLIENTS` clients (a seeded sample in larger
+  federations).
   """
   out = {}
   for path, w in jax.tree_util.tree_flatten_with_path(stacked_params)[0]:

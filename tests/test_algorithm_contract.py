@@ -26,6 +26,7 @@ import pytest
 from conftest import every_algorithm_setup, model_for
 from fedjax_dg import algorithms, config, engine, models
 from fedjax_dg.algorithms.base import with_frozen
+from fedjax_dg.engine.round import make_round
 
 N, M = 4, 3
 
@@ -109,7 +110,7 @@ def test_algorithm_contract(setup, name):
                                    client_mapping="map")
   n = 1 if alg.pooled else N
   train = fed.pooled().train if alg.pooled else fed.train
-  round_fn = engine.make_round(alg, cfg_engine, n)
+  round_fn = make_round(alg, cfg_engine, n)
   carry = jax.eval_shape(alg.init, jax.random.key(0))
   frozen = None if alg.frozen is None else jax.eval_shape(alg.frozen,
                                                           jax.random.key(0))

@@ -15,6 +15,7 @@ from fedjax_dg.algorithms.fedsr import Reference
 from fedjax_dg.client import objectives
 from fedjax_dg.client.update import Batch, ClientContext, local_update
 from fedjax_dg.config import base_config
+from fedjax_dg.engine.round import make_round
 from fedjax_dg.models.fedsr import ProbabilisticModel
 from fedjax_dg.server.gma import (GmaState, agreement_mask,
                                   gradient_masked_averaging)
@@ -154,7 +155,7 @@ def test_fedsr_reference_parameters_stay_local(fed3):
   model = mlp(fed3)
   cfg = base_config()
   alg = algorithms.build("fedsr", model, fed3.num_clients, cfg)
-  round_fn = engine.make_round(alg, engine.EngineConfig(
+  round_fn = make_round(alg, engine.EngineConfig(
       rounds=1, epochs=1, batch_size=16, client_mapping="map"), 3)
 
   @jax.jit  # one program: init, then one round of the engine

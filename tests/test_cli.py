@@ -358,26 +358,26 @@ def test_a_resumed_runs_seconds_count_every_part(tiny_config, tmp_path,
   """Stopped after round 1's checkpoint (that part's time inflated by 1000
   s in it) and resumed: the run's `seconds` and results.json's count both
   parts, not only the last."""
-  from fedjax_dg import engine
+  from fedjax_dg.engine.checkpoint import Checkpointer
   no_plots(monkeypatch)
   path, _ = tiny_config
   out = str(tmp_path / "runs")
   args = ["run", "--config", path] + _small(
       out, "--set", "data.targets=0", "--set", "train.rounds=2")
-  real_save = engine._Checkpointer.save
+  real_save = Checkpointer.save
 
   def save(self, step, carry, meta):
     if step == 2:
       raise KeyboardInterrupt
     real_save(self, step, carry, dict(meta, seconds=meta["seconds"] + 1000.0))
 
-  monkeypatch.setattr(engine._Checkpointer, "save", save)
+  monkeypatch.setattr(Checkpointer, "save", save)
   assert cli.main(args) == 130
   (name,) = os.listdir(out)
   run_dir = os.path.join(out, name)
   first = json.load(open(os.path.join(run_dir, "results.json")))
   assert first["runs"] == [] and first["seconds"] > 0  # stopped: time kept
-  monkeypatch.setattr(engine._Checkpointer, "save", real_save)
+  monkeypatch.setattr(Checkpointer, "save", real_save)
   assert cli.main(["run", "--resume", run_dir]) == 0
   res = json.load(open(os.path.join(run_dir, "results.json")))
   (run,) = res["runs"]
@@ -435,7 +435,8 @@ def test_a_full_disk_ends_with_one_message_and_the_resume_command(
 def test_disk_full_is_found_however_it_is_wrapped():
   import errno
   import logging
-  from fedjax_dg import engine, errors
+  from fedjax_dg import errors
+  from fedjax_dg.engine.checkpoint import QuietDiskFull
   enospc = OSError(errno.ENOSPC, "No space left on device")
   try:
     try:
@@ -451,7 +452,7 @@ def test_disk_full_is_found_however_it_is_wrapped():
     assert errors.is_disk_full(error) == full, error
   record = lambda e: logging.LogRecord("absl", logging.ERROR, "f", 1, "m", (),
                                        (type(e), e, None))
-  quiet = engine._QuietDiskFull()
+  quiet = QuietDiskFull()
   assert not quiet.filter(record(in_context))
   assert quiet.filter(record(ValueError("bad value")))
 

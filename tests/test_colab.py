@@ -244,7 +244,7 @@ def check_scale(ns):
     models = r["clients"] + 2 if r["algorithm"] == "scaffold" else 1
     assert r["device_need"] == padded + models * params, r
   # "auto": this machine's choices by the stated rule.
-  cap = ns["engine"].device_capacity()
+  cap = ns["placement"].device_capacity()
   for r in rows:
     assert ns["auto"][r["algorithm"], r["clients"]] == (
         "device" if r["device_need"] <= cap / 4 else "host")

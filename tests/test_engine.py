@@ -21,6 +21,8 @@ from fedjax_dg.algorithms.local_only import local_only
 from fedjax_dg.client import objectives
 from fedjax_dg.client.update import local_update
 from fedjax_dg.data import federated, partition
+from fedjax_dg.engine.layout import client_mesh
+from fedjax_dg.engine.round import make_round
 from fedjax_dg.optim import make_optimizer
 
 CFG = engine.EngineConfig(rounds=4, eval_every=2, epochs=1, batch_size=8,
@@ -48,8 +50,8 @@ def max_diff(a, b):
 @pytest.fixture(scope="module")
 def adam(fed3):
   """(model, FedAvg with Adam), one pair for the module: `engine.run` keeps
-  its compiled programs per algorithm and model object (engine._programs),
-  so the runs below compile each program once."""
+  its compiled programs per algorithm and model object
+  (engine.programs._programs), so the runs below compile each program once."""
   model = mlp(fed3)
   return model, fedavg(model, make_optimizer("adam", 1e-2),
                        objectives.cross_entropy(model))
@@ -210,6 +212,7 @@ SHARDED = textwrap.dedent("""
     from fedjax_dg.algorithms.hfedf import hfedf
     from fedjax_dg.algorithms.local_only import local_only
     from fedjax_dg.client import objectives
+    from fedjax_dg.engine.programs import programs
     from fedjax_dg.optim import make_optimizer
     assert jax.device_count() == {devices}
     n = {clients}
@@ -245,7 +248,7 @@ SHARDED = textwrap.dedent("""
       one = engine.run(alg, fed, model, dataclasses.replace(cfg, client_mapping="map"))
       auto = dataclasses.replace(cfg, client_mapping="auto",
                                  map_batch_size=2 if alg is lanes else 1)
-      progs = engine.programs(alg, model, auto, n)
+      progs = programs(alg, model, auto, n)
       assert progs.layout.mapping == "shard", progs.layout
       print("MESH", progs.layout.mesh.size)
       many = engine.run(alg, fed, model, auto)
@@ -351,7 +354,7 @@ def test_client_statistics_trace_under_shard_map(fed3):
   from fedjax_dg.algorithms.feddg_ga import slice_metrics
   model = mlp(fed3)
   params = model.init(jax.random.key(0))
-  mesh = engine.client_mesh(1)
+  mesh = client_mesh(1)
   f = jax.shard_map(
       lambda x, y, n: jax.vmap(lambda a, b, c: jnp.stack(slice_metrics(
           model, params, a, b, c, 8, 4)))(x, y, n),
@@ -413,7 +416,7 @@ def test_shared_frozen_parameters_are_held_once(fed3, mapping):
   stacked = (fed3.num_clients,) + kernel
 
   def round_shapes(alg):
-    round_fn = engine.make_round(alg, cfg, fed3.num_clients)
+    round_fn = make_round(alg, cfg, fed3.num_clients)
     carry = jax.eval_shape(alg.init, jax.random.key(0))
     frozen = None if alg.frozen is None else alg.frozen(jax.random.key(0))
     train = jax.tree.map(jnp.asarray, fed3.train)

@@ -13,6 +13,7 @@ from fedjax_dg import engine, models
 from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.client import objectives
 from fedjax_dg.client.update import RunProgress
+from fedjax_dg.engine.programs import program_key, programs
 
 CFG = engine.EngineConfig(rounds=4, eval_every=4, epochs=1, batch_size=1000,
                           client_mapping="map", progress=False)
@@ -61,9 +62,9 @@ def test_server_sees_the_rounds_only_where_asked(fed3):
 
   def trace(alg, cfg):
     """Lowers (traces, never compiles) the chunk program `engine.run` runs
-    for `cfg` (`engine.programs`): the server update records what it sees
-    at trace time."""
-    progs = engine.programs(alg, model, cfg, fed3.num_clients)
+    for `cfg` (`engine.programs.programs`): the server update records what it
+    sees at trace time."""
+    progs = programs(alg, model, cfg, fed3.num_clients)
     progs.chunk.lower(jax.eval_shape(alg.init, jax.random.key(0)),
                       jnp.int32(0), jax.tree.map(jnp.asarray, fed3.train),
                       jax.random.key(cfg.seed), None, cfg.eval_every)
@@ -74,6 +75,6 @@ def test_server_sees_the_rounds_only_where_asked(fed3):
   trace(plain, CFG)
   assert seen == {3: True, 5: True, base.name: True}
   # Programs are compiled per run length only where the length matters.
-  key = lambda a, r: engine._program_key(dataclasses.replace(CFG, rounds=r), a)
+  key = lambda a, r: program_key(dataclasses.replace(CFG, rounds=r), a)
   assert key(plain, 3) == key(plain, 7)
   assert key(asks, 3) != key(asks, 7)

@@ -19,6 +19,7 @@ from fedjax_dg.client import objectives
 from fedjax_dg.client.update import (Batch, ClientContext, RunProgress,
                                      local_update)
 from fedjax_dg.config import base_config
+from fedjax_dg.engine.round import make_round
 from fedjax_dg.errors import ConfigError
 from fedjax_dg.models.fedadg import FedADGNets
 
@@ -317,7 +318,7 @@ def test_a_local_discriminator_stays_with_its_client(setup):
   new, _ = alg.server_update(server, result, jax.random.key(1))
   assert set(new.params) == {"model", "gen"}
   # One engine round keeps the carry (the rows of the cohort rewritten).
-  round_fn = engine.make_round(alg, engine.EngineConfig(
+  round_fn = make_round(alg, engine.EngineConfig(
       rounds=1, epochs=1, batch_size=4, cohort_size=3), 4)
   fed = synthetic_federation(num_clients=4)
   carry = (server, rows)

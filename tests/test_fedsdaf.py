@@ -19,6 +19,7 @@ from fedjax_dg.algorithms import fedsdaf
 from fedjax_dg.algorithms.base import ClientResult, with_frozen
 from fedjax_dg.client.update import Batch, ClientContext, local_update
 from fedjax_dg.config import base_config
+from fedjax_dg.engine.round import make_round
 from fedjax_dg.errors import ConfigError
 
 N = 3
@@ -287,7 +288,7 @@ def test_a_round_trains_adapters_keeps_others_and_aggregates_only_adi(fed):
   sized = with_sizes(fed, [20, 54, 37])
   cfg = engine.EngineConfig(rounds=1, epochs=1, batch_size=8, cohort_size=2,
                             client_mapping="map")
-  round_fn = jax.jit(engine.make_round(_reporting(alg), cfg, N))
+  round_fn = jax.jit(make_round(_reporting(alg), cfg, N))
   train = jax.tree.map(jnp.asarray, sized.train)
   (new_server, new_clients), metrics = round_fn(
       (server, clients), jnp.int32(0), train, jax.random.key(1), frozen)

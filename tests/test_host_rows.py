@@ -1,7 +1,7 @@
 """train.host_gather="rows": with fixed local steps the "host" placement
 gathers only the rows each cohort member's steps read, in read order
-(`engine.step_rows`, `PackedClients.gather(rows=...)`), and gives the numbers
-of the whole-client gather."""
+(`engine.round.step_rows`, `PackedClients.gather(rows=...)`), and gives
+the numbers of the whole-client gather."""
 
 import dataclasses
 
@@ -17,6 +17,8 @@ from fedjax_dg.algorithms.local_only import local_only
 from fedjax_dg.client import objectives
 from fedjax_dg.client.update import epoch_permutations, first_of_argsort
 from fedjax_dg.data import federated, partition
+from fedjax_dg.engine.placement import resolve_gather
+from fedjax_dg.engine.programs import programs
 from fedjax_dg.errors import ConfigError
 from fedjax_dg.optim import make_optimizer
 
@@ -118,7 +120,7 @@ def test_feistel_gives_the_same_batches_on_every_path(unequal):
   assert _same(rows, whole)
   ids = np.asarray([[0, 1, 2, 3, 4]], np.int32)
   n = np.asarray(SIZES, np.int32)[ids]
-  read = {s: np.asarray(engine.programs(
+  read = {s: np.asarray(programs(
       algs["fedavg"], model, dataclasses.replace(CFG, shuffle=s),
       len(SIZES)).step_rows(jax.random.key(0), np.asarray([3], np.int32),
                             ids, n, fed.packed_train.width))[0]
@@ -170,7 +172,7 @@ def test_rows_gathered_are_the_rows_read(unequal):
   fed, model, algs = unequal
   width = fed.packed_train.width
   root = jax.random.key(CFG.seed)
-  progs = engine.programs(algs["fedavg"], model, CFG, len(SIZES))
+  progs = programs(algs["fedavg"], model, CFG, len(SIZES))
   ids = np.asarray([[0, 1, 2], [3, 4, 0]], np.int32)
   n = np.asarray(SIZES, np.int32)[ids]
   got = np.asarray(progs.step_rows(root, np.asarray([7, 8], np.int32), ids, n,
@@ -230,7 +232,7 @@ def test_resolve_gather(unequal):
   something does is a ConfigError naming the setting and the reason."""
   fed, model, algs = unequal
   alg = algs["fedavg"]
-  resolve = lambda cfg, a=alg, pl="host", w=54: engine.resolve_gather(
+  resolve = lambda cfg, a=alg, pl="host", w=54: resolve_gather(
       cfg, a, pl, w).host_gather
   assert resolve(CFG) == "rows"
   assert resolve(CFG, w=40) == "clients"       # 5 x 8 rows: not fewer

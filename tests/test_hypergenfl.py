@@ -17,6 +17,7 @@ from fedjax_dg.algorithms.base import ClientResult
 from fedjax_dg.algorithms.hypergenfl import hypergenfl
 from fedjax_dg.config import base_config
 from fedjax_dg.data import federated, partition
+from fedjax_dg.engine.round import make_round
 from fedjax_dg.models.hypergenfl import AttentionScores, init_attention_scores
 from fedjax_dg.server import hypergenfl as hg
 from fedjax_dg.server.hypernetwork import HyperParams
@@ -396,7 +397,7 @@ def test_engine_rounds_with_a_cohort_touch_only_its_rows():
   cfg = base_config()
   cfg.hypergenfl.embed_dim = 8
   alg = algorithms.build("hypergenfl", model, 6, cfg)
-  round_fn = jax.jit(engine.make_round(alg, engine.EngineConfig(
+  round_fn = jax.jit(make_round(alg, engine.EngineConfig(
       rounds=1, epochs=1, batch_size=8, cohort_size=3, client_mapping="map"), 6))
   train = jax.tree.map(jnp.asarray, fed.train)
   carry = jax.jit(alg.init)(jax.random.key(0))

@@ -126,6 +126,52 @@ def test_imports_point_down():
       assert not [d for d in deps if _under(d, ("fedjax_dg.data",))], mod
 
 
+def engine_data_imports(edges) -> list[tuple[str, str]]:
+  """(engine module, data module) for every import of a `fedjax_dg.data*`
+  module by a `fedjax_dg.engine*` module."""
+  return sorted((mod, dep) for mod, deps in edges.items()
+                if _under(mod, ("fedjax_dg.engine",))
+                for dep in deps if _under(dep, ("fedjax_dg.data",)))
+
+
+def test_the_engine_imports_no_data_module():
+  """The engine asks the data objects what it needs to know about them
+  (`PackedClients.streamed`, `FederatedData.target_streamed`)."""
+  assert engine_data_imports(graph()) == []
+
+
+def test_an_engine_import_of_a_data_module_is_found():
+  edges = graph()
+  assert "fedjax_dg.engine.placement" in edges  # the engine is a package
+  edges["fedjax_dg.engine.placement"] = (edges["fedjax_dg.engine.placement"]
+                                         | {"fedjax_dg.data.images"})
+  assert engine_data_imports(edges) == [("fedjax_dg.engine.placement",
+                                         "fedjax_dg.data.images")]
+
+
+# The engine's modules, each importing only modules before it (docs: the
+# package docstring of fedjax_dg/engine).
+ENGINE_ORDER = ("settings", "checkpoint", "layout", "round", "placement",
+                "evaluation", "programs", "loop")
+
+
+def engine_upward_imports(edges) -> list[tuple[str, str]]:
+  rank = {f"fedjax_dg.engine.{m}": i for i, m in enumerate(ENGINE_ORDER)}
+  return sorted((mod, dep) for mod, deps in edges.items() if mod in rank
+                for dep in deps if _under(dep, ("fedjax_dg.engine",))
+                and rank.get(dep, len(rank)) >= rank[mod])
+
+
+def test_the_engine_modules_import_one_way():
+  assert set(modules()) >= {f"fedjax_dg.engine.{m}" for m in ENGINE_ORDER}
+  assert engine_upward_imports(graph()) == []
+  edges = graph()  # planted: an upward import is found
+  edges["fedjax_dg.engine.round"] = (edges["fedjax_dg.engine.round"]
+                                     | {"fedjax_dg.engine.loop"})
+  assert engine_upward_imports(edges) == [("fedjax_dg.engine.round",
+                                           "fedjax_dg.engine.loop")]
+
+
 def test_packaged_configs_load_without_the_repository_folders(tmp_path):
   """`fedjax-dg demo`'s config is part of the package: importable from any
   directory with only the package on the path (no experiments/ folder)."""

@@ -17,6 +17,8 @@ from fedjax_dg import algorithms, engine, models
 from fedjax_dg.client.lanes import packed_update, schedule
 from fedjax_dg.client.update import (ClientContext, local_training,
                                      local_update, unit_argsort)
+from fedjax_dg.engine.layout import resolve_lanes
+from fedjax_dg.engine.round import make_round
 from fedjax_dg.errors import ConfigError
 from fedjax_dg.optim import make_optimizer
 
@@ -134,7 +136,7 @@ def _rounds(alg, fed, cfg):
   """CFG.rounds rounds of `make_round`: (final carry, losses, cohorts, local
   steps computed: the objective's calls, per client)."""
   if cfg.vmap_lanes == 0:
-    cfg = engine.resolve_lanes(cfg, alg, fed.train.n)
+    cfg = resolve_lanes(cfg, alg, fed.train.n)
   calls = []
 
   def counted(p, batch, rng, ctx):
@@ -142,7 +144,7 @@ def _rounds(alg, fed, cfg):
     return alg.loss(p, batch, rng, ctx)
 
   counting = dataclasses.replace(alg, loss=counted)
-  round_fn = jax.jit(engine.make_round(counting, cfg, len(SIZES)))
+  round_fn = jax.jit(make_round(counting, cfg, len(SIZES)))
   root = jax.random.key(cfg.seed)
   carry = alg.init(jax.random.fold_in(root, 2**31 - 1))
   train = jax.tree.map(jnp.asarray, fed.train)
@@ -193,7 +195,7 @@ def test_scaffold_same_numbers_only_real_steps(unequal):
   padded = 2 * math.ceil(fed.train.x.shape[1] / 8)
   assert computed["map masked"] == CFG.rounds * 3 * padded
   assert computed["map"] == sum(work[c].sum() for c in cohorts)
-  lanes = engine.resolve_lanes(dataclasses.replace(
+  lanes = resolve_lanes(dataclasses.replace(
       CFG, **VARIANTS["vmap lanes auto"]), alg, fed.train.n).vmap_lanes
   assert lanes == 2 and computed["vmap lanes auto"] == sum(
       _lanes_steps(work[c], lanes) for c in cohorts)
@@ -222,7 +224,7 @@ def test_auto_lanes_follow_the_clients_sizes(unequal):
   fed, model = unequal
   alg = algorithms.create("fedavg", model, optimizer=make_optimizer("sgd", 0.1),
                           num_clients=len(SIZES), hparams={})
-  resolve = lambda n, **kw: engine.resolve_lanes(dataclasses.replace(
+  resolve = lambda n, **kw: resolve_lanes(dataclasses.replace(
       CFG, **{"client_mapping": "vmap", **kw}), alg, np.asarray(n)).vmap_lanes
   # ceil(g * mean / max) of the local steps (14, 4, 8, 6): g = the cohort.
   assert resolve(SIZES) == math.ceil(3 * 8 / 14) == 2

@@ -14,6 +14,7 @@ from fedjax_dg.client.sam import ascent, sam
 from fedjax_dg.client.update import Batch, ClientContext, local_update
 from fedjax_dg.config import base_config
 from fedjax_dg.data import federated, partition
+from fedjax_dg.engine.round import make_round
 from fedjax_dg.models.moon import ContrastiveModel
 from fedjax_dg.optim import make_optimizer
 
@@ -30,7 +31,7 @@ def run_rounds(alg, fed, rounds, key=0, carry=None):
   not read, to compile init once)."""
   cfg = engine.EngineConfig(rounds=rounds, epochs=1, batch_size=16,
                             client_mapping="map")
-  round_fn = jax.jit(engine.make_round(alg, cfg, fed.num_clients))
+  round_fn = jax.jit(make_round(alg, cfg, fed.num_clients))
   if carry is None:
     carry = jax.jit(alg.init)(jax.random.key(key))
   train = jax.tree.map(jnp.asarray, fed.train)
@@ -173,7 +174,7 @@ def test_moon_previous_models_are_the_cohorts_trained_models_and_persist(fed3):
   train = jax.tree.map(jnp.asarray, fed3.train)
   cfg = engine.EngineConfig(rounds=1, epochs=1, batch_size=16, cohort_size=2,
                             client_mapping="map")
-  round_fn = jax.jit(engine.make_round(alg, cfg, 3))
+  round_fn = jax.jit(make_round(alg, cfg, 3))
   root = jax.random.key(5)
   carry, states, cohorts = (server0, prev0), [prev0], []
 

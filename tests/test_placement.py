@@ -19,6 +19,10 @@ from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.algorithms.local_only import local_only
 from fedjax_dg.algorithms.scaffold import scaffold
 from fedjax_dg.client import objectives
+from fedjax_dg.engine.evaluation import divergence_ids
+from fedjax_dg.engine.placement import (AUTO_DEVICE_SHARE,
+                                        device_placement_bytes,
+                                        resolve_placement)
 from fedjax_dg.optim import make_optimizer
 
 N = 6
@@ -85,8 +89,8 @@ def test_weight_divergence_over_a_sample_of_clients(setup, monkeypatch):
   """Past DIVERGENCE_CLIENTS clients the final weight divergence compares a
   seeded sample's pairs, the same clients in both placements."""
   fed, model, algs = setup
-  monkeypatch.setattr(engine, "DIVERGENCE_CLIENTS", 4)
-  pick = engine.divergence_ids(N)
+  monkeypatch.setattr("fedjax_dg.engine.evaluation.DIVERGENCE_CLIENTS", 4)
+  pick = divergence_ids(N)
   assert len(pick) == 4 and list(pick) == sorted(set(pick))
   for placement in ("device", "host"):
     res = engine.run(algs["local_only"], fed, model,
@@ -124,17 +128,18 @@ def test_auto_placement_rule(setup, monkeypatch):
   AUTO_DEVICE_SHARE of one device's memory, else the host."""
   fed, _, algs = setup
   alg = algs["local_only"]
-  need = engine.device_placement_bytes(alg, fed.packed_train, fed.packed_val)
+  need = device_placement_bytes(alg, fed.packed_train, fed.packed_val)
   padded = sum(np.asarray(a).nbytes for a in
                jax.tree.leaves((fed.train.x, fed.train.y, fed.val.x, fed.val.y)))
   assert need == padded + engine.checkpoint_bytes(alg)
-  share = engine.AUTO_DEVICE_SHARE
+  share = AUTO_DEVICE_SHARE
   for capacity, want in ((need / share, "device"), (need / share - 1, "host")):
-    monkeypatch.setattr(engine, "device_capacity", lambda c=capacity: c)
-    assert engine.resolve_placement("auto", alg, fed.packed_train,
-                                    fed.packed_val) == want
-  assert engine.resolve_placement("device", alg, fed.packed_train,
-                                  fed.packed_val) == "device"
+    monkeypatch.setattr("fedjax_dg.engine.placement.device_capacity",
+                        lambda c=capacity: c)
+    assert resolve_placement("auto", alg, fed.packed_train,
+                             fed.packed_val) == want
+  assert resolve_placement("device", alg, fed.packed_train,
+                           fed.packed_val) == "device"
 
 
 SHARDED = textwrap.dedent("""
@@ -147,6 +152,8 @@ SHARDED = textwrap.dedent("""
     from fedjax_dg import engine, evaluate, models
     from fedjax_dg.algorithms.local_only import local_only
     from fedjax_dg.client import objectives
+    from fedjax_dg.engine.placement import resolve_gather
+    from fedjax_dg.engine.programs import programs
     from fedjax_dg.optim import make_optimizer
     fed = synthetic_federation(num_clients=5, d=2, num_domains=5, per_domain=30)
     model = models.get_model("mlp", input_shape=fed.image_shape, hidden=8,
@@ -156,11 +163,11 @@ SHARDED = textwrap.dedent("""
                      objectives.cross_entropy(model), num_clients=5)
     cfg = engine.EngineConfig(rounds=2, eval_every=1, epochs=1, batch_size=8,
                               cohort_size=4, progress=False, eval_batch_size=8)
-    assert engine.programs(alg, model, cfg, 5).layout.mesh.size == 2
+    assert programs(alg, model, cfg, 5).layout.mesh.size == 2
     # Epochs, and 2 fixed local steps (the host gathers the rows they read).
     steps = dataclasses.replace(cfg, local_steps=2)
-    assert engine.resolve_gather(steps, alg, "host", fed.packed_train.width
-                                 ).host_gather == "rows"
+    assert resolve_gather(steps, alg, "host", fed.packed_train.width
+                          ).host_gather == "rows"
     for c in (cfg, steps):
       runs = [engine.run(alg, fed, model, dataclasses.replace(c, placement=p))
               for p in ("device", "host")]

@@ -15,6 +15,7 @@ from fedjax_dg.algorithms.base import ServerState
 from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.client import objectives
 from fedjax_dg.data import federated, partition
+from fedjax_dg.engine.checkpoint import Checkpointer
 from fedjax_dg.errors import ConfigError, NonFiniteError
 from fedjax_dg.optim import make_optimizer
 
@@ -50,7 +51,7 @@ def test_nan_loss_stops_the_run_naming_round_and_keeping_the_last_checkpoint(
   msg = str(e.value)
   assert "fedavg" in msg and "training loss" in msg and "round 3" in msg, msg
   assert "round 2) is kept" in msg and "learning rate" in msg
-  assert engine._Checkpointer(ckpt).latest() == 2  # the bad chunk not saved
+  assert Checkpointer(ckpt).latest() == 2  # the bad chunk not saved
 
 
 def test_non_finite_server_state_is_named(fed3):
@@ -214,7 +215,7 @@ def test_checkpoints_to_keep_is_what_stays_and_the_peak_is_one_more(
   alg, model = fedavg_mlp
   steps = lambda d: sorted(int(f) for f in os.listdir(d) if f.isdigit())
   peaks = []
-  init = engine._Checkpointer.__init__
+  init = Checkpointer.__init__
 
   def counting_init(self, directory, keep=1):
     init(self, directory, keep)
@@ -227,7 +228,7 @@ def test_checkpoints_to_keep_is_what_stays_and_the_peak_is_one_more(
 
     deleter.delete_steps = delete_steps
 
-  monkeypatch.setattr(engine._Checkpointer, "__init__", counting_init)
+  monkeypatch.setattr(Checkpointer, "__init__", counting_init)
   for keep in (1, 2):
     ckpt = str(tmp_path / f"keep{keep}")
     cfg = dataclasses.replace(CFG, checkpoints_to_keep=keep)  # 3 chunks
@@ -325,7 +326,7 @@ def test_a_checkpoint_keeps_the_history_of_its_round(tmp_path, monkeypatch):
   real = ocp.args.JsonSave
   monkeypatch.setattr(ocp.args, "JsonSave",
                       lambda item: given.append(item) or real(item))
-  ckpt = engine._Checkpointer(str(tmp_path / "c"))
+  ckpt = Checkpointer(str(tmp_path / "c"))
   history, metrics = [dict(round=1, id_acc=0.5)], dict(loss=[1.0])
   ckpt.save(1, [np.zeros(2)], dict(round=1, history=history,
                                     round_metrics=metrics))
@@ -334,5 +335,5 @@ def test_a_checkpoint_keeps_the_history_of_its_round(tmp_path, monkeypatch):
   ckpt.close()
   assert given[0]["history"] == [dict(round=1, id_acc=0.5)]
   assert given[0]["round_metrics"] == dict(loss=[1.0])
-  _, meta = engine._Checkpointer(str(tmp_path / "c")).restore(1, [np.zeros(2)])
+  _, meta = Checkpointer(str(tmp_path / "c")).restore(1, [np.zeros(2)])
   assert meta["history"] == [dict(round=1, id_acc=0.5)]

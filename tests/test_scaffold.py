@@ -20,6 +20,7 @@ from fedjax_dg.client.update import (Batch, ClientContext, ClientData,
                                      batch_at, epoch_permutations, local_steps,
                                      num_steps)
 from fedjax_dg.data import federated
+from fedjax_dg.engine.round import make_round
 from fedjax_dg.errors import ConfigError
 from fedjax_dg.optim import make_optimizer
 
@@ -91,7 +92,7 @@ def _batches(client_key, n, n_max, batch_size, epochs):
 @functools.partial(jax.jit, static_argnums=(2, 3))
 def _cohort_and_keys(root, r, n_clients, m):
   """The engine's cohort of round r and every client's key (its round key
-  schedule: `engine.round_keys`, `cohort_ids`, `client_keys`), one program."""
+  schedule: `engine.round.round_keys`, `cohort_ids`, `client_keys`), one program."""
   cohort_key, client_key, _ = jax.random.split(jax.random.fold_in(root, r), 3)
   ids = jax.random.choice(cohort_key, n_clients, (m,), replace=False)
   keys = jax.vmap(jax.random.fold_in, (None, 0))(client_key,
@@ -171,7 +172,7 @@ def _engine_equals_numpy(alg, fed, variant, server_lr, weighting, frozen=None,
   """CFG.rounds rounds of `alg` in the engine against `numpy_scaffold` from
   the same initial x: x, c and every c_i after every round."""
   sizes = tuple(int(n) for n in np.asarray(fed.train.n))
-  round_fn = jax.jit(engine.make_round(alg, CFG, len(sizes)))
+  round_fn = jax.jit(make_round(alg, CFG, len(sizes)))
   root = jax.random.key(CFG.seed)
   carry = jax.jit(alg.init)(jax.random.fold_in(root, 2**31 - 1))
   train = jax.tree.map(jnp.asarray, fed.train)
@@ -311,9 +312,9 @@ def test_adapters_train_only_adi_and_head_on_the_frozen_backbone(fed3):
   cfg = engine.EngineConfig(rounds=1, epochs=1, batch_size=8, cohort_size=0,
                             client_mapping="map")
   train = jax.tree.map(jnp.asarray, fed3.train)
-  (got, _), _ = jax.jit(engine.make_round(alg, cfg, n))(
+  (got, _), _ = jax.jit(make_round(alg, cfg, n))(
       (state, controls), jnp.int32(0), train, jax.random.key(1), frozen)
-  (want, _), _ = jax.jit(engine.make_round(ref, cfg, n))(
+  (want, _), _ = jax.jit(make_round(ref, cfg, n))(
       jax.jit(ref.init)(key), jnp.int32(0), train, jax.random.key(1),
       jax.jit(ref.frozen)(key))
   for a, b in zip(jax.tree.leaves(got.params), jax.tree.leaves(want.params)):

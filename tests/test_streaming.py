@@ -19,6 +19,8 @@ from fedjax_dg.algorithms.central import central
 from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.client import objectives
 from fedjax_dg.data import federated, images, partition, sources
+from fedjax_dg.engine.programs import programs
+from fedjax_dg.engine.round import host_schedule
 from fedjax_dg.errors import ConfigError, DataError
 from fedjax_dg.optim import make_optimizer
 
@@ -150,7 +152,8 @@ def test_a_streamed_run_equals_the_in_memory_run(data_dir, tmp_path,
   """The whole experiment path (load, normalization, federation, engine):
   streamed (host placement, the target split scored in blocks of 8
   examples) gives the in-memory run's numbers (auto placement: "device")."""
-  monkeypatch.setattr(engine, "OOD_BLOCK_BYTES", 8 * SIZE * SIZE * 3)
+  monkeypatch.setattr("fedjax_dg.engine.evaluation.OOD_BLOCK_BYTES",
+                      8 * SIZE * SIZE * 3)
   runs = {}
   for streaming in ("off", "on"):
     cfg = config.apply_overrides(config.base_config(), CFG_OVERRIDES + [
@@ -175,7 +178,8 @@ def test_personalized_models_score_the_streamed_target_in_blocks(
   block, `eval_blocks`) in blocks of 8 target examples: the in-memory run's
   per-client accuracies."""
   from fedjax_dg.algorithms.local_only import local_only
-  monkeypatch.setattr(engine, "OOD_BLOCK_BYTES", 8 * SIZE * SIZE * 3)
+  monkeypatch.setattr("fedjax_dg.engine.evaluation.OOD_BLOCK_BYTES",
+                      8 * SIZE * SIZE * 3)
   spec = partition.PartitionSpec(name="domain_split", num_partitions=4, d=1)
   feds = [federated.build(_load(data_dir, s), spec, target_domain="c",
                           val_fraction=0.25) for s in ("off", "on")]
@@ -220,7 +224,7 @@ def test_a_run_reads_each_chunks_cohorts_rows_only(data_dir, monkeypatch,
   schedule), one read per chunk; id-val and target reads come in blocks;
   no read holds the whole dataset. With one fixed local step of 2 examples
   (the row gather, `train.host_gather`) only the records those steps read
-  (`engine.step_rows`), fewer than the cohorts hold."""
+  (`engine.round.step_rows`), fewer than the cohorts hold."""
   ds = _load(data_dir, "on")
   counting = CountingSource(ds.images.source)
   ds = dataclasses.replace(ds, images=images.RecordImages(
@@ -231,7 +235,8 @@ def test_a_run_reads_each_chunks_cohorts_rows_only(data_dir, monkeypatch,
   model = models.get_model("mlp", input_shape=fed.image_shape,
                            num_classes=fed.num_classes, mean=fed.mean,
                            std=fed.std, hidden=8)
-  monkeypatch.setattr(engine, "OOD_BLOCK_BYTES", 8 * SIZE * SIZE * 3)
+  monkeypatch.setattr("fedjax_dg.engine.evaluation.OOD_BLOCK_BYTES",
+                      8 * SIZE * SIZE * 3)
   cfg = engine.EngineConfig(rounds=6, eval_every=2, epochs=1, batch_size=4,
                             cohort_size=2, client_mapping="map",
                             progress=False, eval_batch_size=4,
@@ -250,12 +255,12 @@ def test_a_run_reads_each_chunks_cohorts_rows_only(data_dir, monkeypatch,
   train_all = records(fed.packed_train, range(6))
   val_all = records(fed.packed_val, range(6))
   target_all = frozenset(fed.target_x.records.tolist())
-  schedule = engine.host_schedule(jax.random.key(cfg.seed), 0, cfg.rounds, 6, 2)
+  schedule = host_schedule(jax.random.key(cfg.seed), 0, cfg.rounds, 6, 2)
   want = [records(fed.packed_train, np.unique(schedule[r:r + 2]))
           for r in range(0, cfg.rounds, 2)]
   if steps:
     packed = fed.packed_train
-    rows = engine.programs(alg, model, dataclasses.replace(
+    rows = programs(alg, model, dataclasses.replace(
         cfg, host_gather="rows"), 6).step_rows
     read = lambda r, ids: np.asarray(rows(
         jax.random.key(cfg.seed), np.arange(r, r + 2, dtype=np.int32), ids,
@@ -288,12 +293,13 @@ from fedjax_dg import engine, models
 from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.client import objectives
 from fedjax_dg.data import federated, partition, sources
+from fedjax_dg.engine import evaluation
 from fedjax_dg.optim import make_optimizer
 
 tmp = {tmp!r}
 write_fake_fashion_mnist(tmp + "/idx", n_train=1000, n_test=200)
 kw = dict(data_dir=tmp + "/data", manual_dir=tmp + "/idx", image_size=512)
-engine.OOD_BLOCK_BYTES = 1 << 24
+evaluation.OOD_BLOCK_BYTES = 1 << 24
 
 def streamed_run():
   ds = sources.load("rotated_fashion_mnist", streaming="on", **kw)

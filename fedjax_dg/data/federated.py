@@ -32,7 +32,7 @@ their TFDS records) gives a streamed federation (`streamed`): `packed_train.x`,
 build; the padded view is refused (it would hold every example).
 
 Arrays stay on the host (numpy; jitted functions accept them as they are); the
-engine places them (`engine.Layout`).
+engine places them (`engine.layout.Layout`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,234 @@
+"""One round, as the scan runs it (`make_round`), and the keys and cohorts it
+draws, computed ahead on the host where the "host" placement needs them.
+
+Round body (inside the scan, nothing crosses to the host):
+
+    ids    = the cohort (all N clients, or m drawn without replacement)
+    start  = algorithm.client_start(server, client_state[ids], ids)   [m, ...]
+    local  = the cohort's local training (client.update: each client its
+             own steps), each client with its ClientContext   [m, ...]
+             (+ algorithm.client_aux)
+    server = algorithm.server_update(server, ClientResult(...), key)
+
+(the full contract: `algorithms.base`). How the client axis is mapped is
+`layout`'s; where the round's input comes from (the whole federation, or a
+`Cohort` gathered on the host) is `placement`'s.
+
+Randomness: one root key; round key = fold_in(root, r); client key =
+fold_in(round key, client id), so results do not depend on the mapping, the
+placement or the number of devices (`round_keys`, `client_keys`; the host
+draws the same cohorts and rows ahead: `host_schedule`, `step_rows`).
+How a local pass orders a client's examples is `shuffle` ("sort", the
+default, or "feistel": draws that do not grow with the largest client;
+`client.update.local_training`).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_dg import tree
+from fedjax_dg.algorithms.base import (Algorithm, ClientContext, ClientData,
+                                      ClientResult)
+from fedjax_dg.client.lanes import packed_update
+from fedjax_dg.client.update import local_steps, local_training, train_client
+from fedjax_dg.engine.layout import Layout, group_trainer, sequential
+from fedjax_dg.engine.settings import EngineConfig
+
+# `client_aux`'s key: fold_in(client key, AUX_STREAM), a stream the local
+# update (split(client key)) never uses.
+AUX_STREAM = 0x617578
+
+
+class Cohort(NamedTuple):
+  """One round's cohort gathered on the host (the "host" placement): the round
+  function's per-round input in place of the whole federation (stacked over
+  the rounds of a chunk, [L, ...], as the scan's input)."""
+  ids: Any    # int32 [m]: the cohort's client ids (`cohort_ids`)
+  slots: Any  # int32 [m]: their rows in the chunk's client-state table
+  data: Any   # ClientArrays [m, S, ...]: their examples, padded to S (the
+              # largest client), or (host_gather="rows") the S = steps x B
+              # rows their local steps read, in read order; n: their counts
+
+
+def round_keys(root_key: jax.Array, r) -> jax.Array:
+  """[3] keys of round r: the cohort's, the clients', the server's."""
+  return jax.random.split(jax.random.fold_in(root_key, r), 3)
+
+
+def client_keys(clients_key: jax.Array, ids: jax.Array) -> jax.Array:
+  """[m] keys of the cohort's clients `ids` (their local training's)."""
+  return jax.vmap(jax.random.fold_in, (None, 0))(clients_key, ids)
+
+
+def cohort_ids(cohort_key: jax.Array, num_clients: int, m: int) -> jax.Array:
+  """The round's cohort: m of the N clients drawn without replacement (all of
+  them, in order, when m = N)."""
+  if m < num_clients:
+    return jax.random.choice(cohort_key, num_clients, (m,), replace=False)
+  return jnp.arange(num_clients)
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3, 4))
+def cohort_schedule(root_key: jax.Array, r0, length: int, num_clients: int,
+                    m: int) -> jax.Array:
+  """[length, m] the cohorts of rounds r0 .. r0 + length - 1: the same draws
+  (keys and calls) as the rounds themselves make, so the host can gather a
+  chunk's data ahead of it."""
+  return jax.vmap(lambda r: cohort_ids(round_keys(root_key, r)[0], num_clients,
+                                       m))(r0 + jnp.arange(length))
+
+
+def host_schedule(root_key: jax.Array, r0: int, rounds: int, num_clients: int,
+                  m: int) -> np.ndarray:
+  """int32 [rounds - r0, m] on the host: the cohorts of rounds r0 .. rounds-1,
+  drawn in blocks of rounds of one size (one compile for every run length;
+  a draw holds N random values per round)."""
+  span = max(1, min(1024, (1 << 22) // num_clients))
+  blocks = [np.asarray(cohort_schedule(root_key, r, span, num_clients, m))
+            for r in range(r0, rounds, span)]
+  return np.concatenate(blocks)[:rounds - r0].astype(np.int32)
+
+
+def batch_reader(alg: Algorithm, cfg: EngineConfig) -> str | None:
+  """Why a round of `alg` under `cfg` reads more of a client than its local
+  steps' batches (a sentence), or None: it reads only those, steps x B rows
+  (`placement.resolve_gather`)."""
+  if not (alg.local_steps or cfg.local_steps):
+    return ("its clients train epochs (train.local_steps=0): every example, "
+            "E times")
+  if alg.client_aux is not None:
+    return (f"{alg.name}'s client_aux reads each cohort member's whole "
+            "training data after its local steps")
+  return None
+
+
+def training_of(alg: Algorithm, cfg: EngineConfig) -> Callable:
+  """local_training(n_max=..., in_order=...) -> the clients' `LocalTraining`
+  under `alg` and `cfg`."""
+  return functools.partial(local_training, alg.loss, alg.optimizer,
+                           batch_size=cfg.batch_size, epochs=cfg.epochs,
+                           steps=alg.local_steps or cfg.local_steps,
+                           rounds=cfg.rounds, shuffle=cfg.shuffle)
+
+
+def step_rows(alg: Algorithm, cfg: EngineConfig) -> Callable:
+  """Jitted `rows(root_key, rounds [L], ids [L, m], n [L, m], n_max)` ->
+  int32 [L, m, steps x B]: the rows (of its padded view, width `n_max`) each
+  cohort member's local steps read in rounds `rounds`, in read order: the
+  same keys and permutation draws as the rounds make (`client_keys`,
+  `LocalTraining.rows`), so the host gathers them ahead of the chunk."""
+  training = training_of(alg, cfg)
+
+  def rows(root_key, rounds, ids, n, n_max):
+    read = training(n_max=n_max).rows
+    return jax.vmap(lambda r, i, c: jax.vmap(read)(
+        c, client_keys(round_keys(root_key, r)[1], i)))(rounds, ids, n)
+
+  return jax.jit(rows, static_argnums=(4,))
+
+
+def make_round(alg: Algorithm, cfg: EngineConfig, num_clients: int,
+               layout: Layout | None = None):
+  """round(carry, r, train, root_key, frozen) -> (carry, metrics);
+  carry = (server, clients); `frozen` = the algorithm's shared-frozen params.
+
+  `train` is the whole federation (ClientArrays [N, ...], the "device"
+  placement: the round draws its cohort and gathers it, `clients` is the
+  [N, ...] client state) or this round's `Cohort` (the "host" placement:
+  gathered on the host, `clients` is the chunk's table of client-state rows,
+  read and written at `Cohort.slots`). With `cfg.host_gather="rows"`
+  (`placement.resolve_gather`) a Cohort holds each member's rows in read order
+  (`step_rows`) and its local training reads them so (`in_order`)."""
+  m = cfg.cohort_size or num_clients
+  layout = layout or Layout.of(cfg, num_clients)
+  steps = alg.local_steps or cfg.local_steps
+  in_order = cfg.host_gather == "rows"
+  training = functools.partial(training_of(alg, cfg), in_order=in_order)
+
+  def context(shared, cid, start, row, extra):
+    r, common, frozen = shared
+    return ClientContext(id=cid, round=r, start=start, state=row, extra=extra,
+                         shared=common, frozen=frozen)
+
+  def aux_one(shared, data, p, trained, n, key, cid, start, row, extra):
+    x, y = data
+    return alg.client_aux(context(shared, cid, start, row, extra), trained,
+                          ClientData(x[p], y[p], n, local_steps(
+                              n, cfg.batch_size, cfg.epochs, steps)),
+                          jax.random.fold_in(key, AUX_STREAM))
+
+  def train_one(shared, data, p, start, n, key, cid, row, extra):
+    x, y = data
+    trained, loss = train_client(
+        training(n_max=x.shape[1]), start, lambda idx: (x[p, idx], y[p, idx]),
+        n, key, context(shared, cid, start, row, extra),
+        own_steps=cfg.skip_idle_steps)
+    aux = (None if alg.client_aux is None else
+           aux_one(shared, data, p, trained, n, key, cid, start, row, extra))
+    return trained, loss, aux
+
+  def packed(lanes):
+    def train(shared, data, pos, start, n, key, cid, row, extra):
+      x, y = data
+      trained, losses = packed_update(
+          training(n_max=x.shape[1]), lanes, start,
+          lambda c, idx: (x[pos[c], idx], y[pos[c], idx]), n, key,
+          (cid, start, row, extra), lambda r: context(shared, *r))
+      aux = None if alg.client_aux is None else sequential(aux_one, lanes)(
+          shared, data, pos, trained, n, key, cid, start, row, extra)
+      return trained, losses, aux
+    return train
+
+  mapped = layout.mapper()(group_trainer(
+      train_one, packed, vmapped=layout.vmapped,
+      skip_idle=cfg.skip_idle_steps, map_batch_size=cfg.map_batch_size,
+      lanes=cfg.vmap_lanes or layout.group(m)))
+
+  def round_fn(carry, r, train, root_key, frozen):
+    server, clients = carry
+    cohort_key, client_key, server_key = round_keys(root_key, r)
+    # Client i of the cohort reads its examples at arrays[pos[i]] (in place:
+    # no copy of the cohort's padded examples) and has n[i] of them.
+    slots = None  # None: every client of `clients`, in order
+    if in_order and not isinstance(train, Cohort):
+      raise ValueError("host_gather='rows' trains on a Cohort of the rows "
+                       "gathered on the host (the 'host' placement)")
+    if isinstance(train, Cohort):
+      ids, slots, data = train
+      arrays, pos, n = (data.x, data.y), jnp.arange(m), data.n
+    else:
+      arrays = (train.x, train.y)
+      if m < num_clients:
+        ids = slots = cohort_ids(cohort_key, num_clients, m)
+      else:
+        ids = jnp.arange(num_clients)
+      pos, n = ids, jnp.take(train.n, ids)
+    rows = clients if slots is None else tree.take(clients, slots)
+    start = alg.client_start(server, rows, ids)
+    chex.assert_tree_shape_prefix(
+        start, (m,), custom_message=f"{alg.name}.client_start must give the "
+        f"cohort's {m} clients their parameters stacked as [{m}, ...]")
+    extra = alg.client_ctx(start, rows, ids)
+    shared = (r, alg.client_shared(server), frozen)
+    keys = client_keys(client_key, ids)
+    trained, losses, aux = mapped(shared, arrays, pos, start, n, keys, ids,
+                                  rows, extra)
+    new_rows = (alg.client_end(rows, trained, aux) if alg.client_end_takes_aux
+                else alg.client_end(rows, trained))
+    clients = new_rows if slots is None else tree.put(clients, slots, new_rows)
+    result = ClientResult(ids=ids, round=r, start=start, params=trained,
+                          num_examples=n, loss=losses, aux=aux,
+                          rounds=cfg.rounds if alg.needs_rounds else None)
+    server, metrics = alg.server_update(server, result, server_key)
+    w = n.astype(jnp.float32)
+    metrics = dict(metrics, loss=jnp.sum(losses * w) / jnp.sum(w), cohort=ids)
+    return (server, clients), metrics
+
+  return round_fn
