@@ -21,6 +21,7 @@ import numpy as np
 from fedjax_dg.algorithms.base import Algorithm
 from fedjax_dg.errors import ConfigError, DataError, DiskFull, is_disk_full
 
+
 def checkpoint_bytes(alg: Algorithm) -> int:
   """Bytes of one checkpoint of `alg` (its scan carry: server and per-client
   state; shared-frozen parameters are not saved), from shapes alone."""

@@ -24,6 +24,7 @@ from fedjax_dg.engine.programs import programs
 from fedjax_dg.engine.settings import EngineConfig, RunResult
 from fedjax_dg.errors import NonFiniteError
 
+
 @jax.jit
 def _finite_leaves(tree_) -> jax.Array:
   """[leaves] bool: every value of the leaf is finite (integer leaves are)."""

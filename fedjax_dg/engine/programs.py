@@ -21,6 +21,7 @@ from fedjax_dg.engine.layout import Layout
 from fedjax_dg.engine.round import Cohort, make_round, step_rows
 from fedjax_dg.engine.settings import EngineConfig
 
+
 def program_key(cfg: EngineConfig, alg: Algorithm) -> EngineConfig:
   """The fields of `cfg` that shape the compiled programs (not the seed, ...;
   the rounds only where `alg.needs_rounds`)."""

@@ -34,14 +34,15 @@ class EngineConfig:
   skip_idle_steps: bool = True  # a client's steps past its own count are not
                                 # computed (False: computed and discarded)
   vmap_lanes: int = 0           # vmapped clients: lanes per device (0: auto,
-                                # `resolve_lanes`)
+                                # `layout.resolve_lanes`)
   placement: str = "auto"       # where client data and state live: "device"
                                 # (the whole run), "host" (gathered per chunk
-                                # of rounds), "auto" (`resolve_placement`)
+                                # of rounds), "auto"
+                                # (`placement.resolve_placement`)
   host_gather: str = "auto"     # what "host" gathers per cohort member: its
                                 # whole client ("clients") or only the rows
                                 # its local steps read ("rows"); "auto"
-                                # (`resolve_gather`)
+                                # (`placement.resolve_gather`)
   shuffle: str = "sort"         # each pass's order of a client's examples:
                                 # "sort" (uniform draws over its padded
                                 # width, sorted) or "feistel" (a keyed
