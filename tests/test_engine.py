@@ -348,7 +348,7 @@ def test_fedsdaf_sharded_over_host_devices_matches_one_device():
 def test_client_statistics_trace_under_shard_map(fed3):
   """A client statistic computed in a scan (FedDG-GA's / FedSDAF's gap) traces
   with the clients sharded: its carry varies over the client axis."""
-  from fedjax_dg.algorithms.feddg_ga import slice_metrics
+  from fedjax_dg.client.passes import slice_metrics
   model = mlp(fed3)
   params = model.init(jax.random.key(0))
   mesh = engine.client_mesh(1)
