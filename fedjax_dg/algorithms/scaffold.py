@@ -121,10 +121,10 @@ def step_size(optimizer: optax.GradientTransformation) -> float:
     return float(-update)
 
 
-def scaffold(model, optimizer, loss, *, num_clients: int, variant: str = "II",
-             server_lr: float = 1.0, weighting: str = "uniform",
-             grad_chunk: int = 64, adapters: bool = False,
-             name: str = "scaffold") -> Algorithm:
+def build(model, optimizer, loss, *, num_clients: int, variant: str = "II",
+          server_lr: float = 1.0, weighting: str = "uniform",
+          grad_chunk: int = 64, adapters: bool = False,
+          name: str = "scaffold") -> Algorithm:
   """SCAFFOLD of `model` with local objective `loss` (module docstring).
   `adapters`: on a ViT, only FedSDAF's domain-invariant adapter and the head
   train (and carry control variates) on the frozen backbone, FedAvg
@@ -202,6 +202,3 @@ def scaffold(model, optimizer, loss, *, num_clients: int, variant: str = "II",
       client_shared=lambda server: server.control,
       client_aux=client_aux, client_end=client_end, client_end_takes_aux=True,
       client_init=client_init, frozen=frozen, model=model if adapters else None)
-
-
-build = scaffold
