@@ -104,10 +104,10 @@ def _build_alg(name, model, opt, loss, c):
     from fedjax_dg.algorithms.fedavg import fedavg
     return fedavg(model, opt, loss)
   if name == "central":
-    from fedjax_dg.algorithms.central import central
-    return central(model, opt, loss)
-  from fedjax_dg.algorithms.hfedf import hfedf
-  return hfedf(model, opt, loss, num_clients=c)
+    from fedjax_dg.algorithms import central
+    return central.build(model, opt, loss)
+  from fedjax_dg.algorithms import hfedf
+  return hfedf.build(model, opt, loss, num_clients=c)
 
 
 def _fingerprint(jax, before, after):
@@ -252,7 +252,7 @@ def worker_loop(spec, x, y):
     from fedjax_dg.optim import make_optimizer
     from fedjax_dg.server import ema as ema_transform
     from fedjax_dg.server.hypernetwork import HyperParams
-    module = hypernetwork_module(model)           # hfedf()'s defaults
+    module = hypernetwork_module(model)           # hfedf.build()'s defaults
     h = lambda theta, v: module.apply({"params": theta}, v)
     server_opt = make_optimizer("adam", 1e-3, 1e-5,
                                 decay_mask=HyperParams(theta=True, embeddings=False))

@@ -315,7 +315,7 @@ def main(argv=None):
 
   from fedjax_dg import engine, models
   from fedjax_dg.algorithms.fedavg import fedavg
-  from fedjax_dg.algorithms.local_only import local_only
+  from fedjax_dg.algorithms import local_only
   from fedjax_dg.client import objectives
   from fedjax_dg.optim import make_optimizer
   feds = feds_for(args)
@@ -325,7 +325,7 @@ def main(argv=None):
                            hidden=args.hidden)
   loss, opt = objectives.cross_entropy(model), make_optimizer("sgd", 1e-2)
   build = dict(fedavg=lambda n: fedavg(model, opt, loss),
-               local_only=lambda n: local_only(model, opt, loss, num_clients=n))
+               local_only=lambda n: local_only.build(model, opt, loss, num_clients=n))
   base = engine.EngineConfig(rounds=args.rounds, eval_every=args.eval_every,
                              epochs=args.epochs, batch_size=args.batch,
                              cohort_size=args.cohort, client_mapping="map",

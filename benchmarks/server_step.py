@@ -49,8 +49,8 @@ def worker(variant: str, c: int, reps: int) -> dict:
   model = models.get_model("inception_cnn", input_shape=(32, 32, 3), num_classes=7)
   cfg = base_config()
   if variant == "engine_vjp":  # the generic per-client VJP norms
-    from fedjax_dg.algorithms import hfedf as hfedf_module
-    hfedf_module.client_grad_sq_norms = lambda module: None
+    from fedjax_dg.server import hypernetwork as server_hypernetwork
+    server_hypernetwork.client_grad_sq_norms = lambda module: None
   alg = algorithms.build("hfedf", model, c, cfg)
   server, _ = jax.jit(alg.init)(jax.random.key(0))
   ids = jnp.arange(c)

@@ -41,7 +41,7 @@ WORKER = JOIN + textwrap.dedent("""
     from conftest import synthetic_federation
     from fedjax_dg import models
     from fedjax_dg.algorithms.fedavg import fedavg
-    from fedjax_dg.algorithms.local_only import local_only
+    from fedjax_dg.algorithms import local_only
     from fedjax_dg.client import objectives
     from fedjax_dg.optim import make_optimizer
     assert jax.device_count() == {processes} * {devices}
@@ -53,8 +53,8 @@ WORKER = JOIN + textwrap.dedent("""
     cfg = engine.EngineConfig(rounds=3, eval_every=1, epochs=1, batch_size=8,
                               cohort_size=3, progress=False, eval_batch_size=8)
     out = {{}}
-    for alg in (fedavg(model, opt, loss), local_only(model, opt, loss,
-                                                     num_clients=4)):
+    for alg in (fedavg(model, opt, loss), local_only.build(model, opt, loss,
+                                                           num_clients=4)):
       for mapping in {mappings!r}:
         c = dataclasses.replace(cfg, client_mapping=mapping)
         if {ckpt!r}:
@@ -141,7 +141,7 @@ HOST_WORKER = JOIN + textwrap.dedent("""
     import jax, numpy as np
     from conftest import synthetic_federation
     from fedjax_dg import models
-    from fedjax_dg.algorithms.local_only import local_only
+    from fedjax_dg.algorithms import local_only
     from fedjax_dg.client import objectives
     from fedjax_dg.data import federated
     from fedjax_dg.optim import make_optimizer
@@ -157,8 +157,8 @@ HOST_WORKER = JOIN + textwrap.dedent("""
     model = models.get_model("mlp", input_shape=fed.image_shape,
                              num_classes=fed.num_classes, mean=fed.mean,
                              std=fed.std)
-    alg = local_only(model, make_optimizer("adam", 1e-2),
-                     objectives.cross_entropy(model), num_clients=4)
+    alg = local_only.build(model, make_optimizer("adam", 1e-2),
+                           objectives.cross_entropy(model), num_clients=4)
     res = engine.run(alg, fed, model, engine.EngineConfig(
         rounds=4, eval_every=2, epochs=1, batch_size=8, cohort_size=2,
         placement="host", progress=False, eval_batch_size=8))

@@ -17,7 +17,7 @@ from jax.sharding import PartitionSpec as P
 from conftest import synthetic_domains
 from fedjax_dg import engine, models, plots, report
 from fedjax_dg.algorithms.fedavg import fedavg
-from fedjax_dg.algorithms.local_only import local_only
+from fedjax_dg.algorithms import local_only
 from fedjax_dg.client import objectives
 from fedjax_dg.client.update import local_update
 from fedjax_dg.data import federated, partition
@@ -110,8 +110,8 @@ def test_resume_from_checkpoint_is_bit_exact(fed3, adam, adam_run, tmp_path):
   assert resumed.history[0] == half.history[0]
   # Another algorithm's state (flat leaves of other shapes or another
   # structure) is never restored into this one.
-  other = local_only(model, make_optimizer("adam", 1e-2),
-                     objectives.cross_entropy(model), num_clients=3)
+  other = local_only.build(model, make_optimizer("adam", 1e-2),
+                           objectives.cross_entropy(model), num_clients=3)
   with pytest.raises(ValueError, match="holds another state"):
     engine.run(other, fed3, model, CFG, checkpoint_dir=ckpt)
 
@@ -119,8 +119,8 @@ def test_resume_from_checkpoint_is_bit_exact(fed3, adam, adam_run, tmp_path):
 def test_cohort_and_persistent_client_state(fed3):
   """Partial participation: only the drawn clients train; the rest keep their state."""
   model = mlp(fed3)
-  alg = local_only(model, make_optimizer("sgd", 0.1), objectives.cross_entropy(model),
-                   num_clients=3)
+  alg = local_only.build(model, make_optimizer("sgd", 0.1), objectives.cross_entropy(model),
+                         num_clients=3)
   cfg = dataclasses.replace(CFG, rounds=1, eval_every=1, cohort_size=2)
   res = engine.run(alg, fed3, model, cfg)
   _, init_clients = jax.jit(alg.init)(
@@ -209,8 +209,8 @@ SHARDED = textwrap.dedent("""
     from conftest import synthetic_federation
     from fedjax_dg import engine, models
     from fedjax_dg.algorithms.fedavg import fedavg
-    from fedjax_dg.algorithms.hfedf import hfedf
-    from fedjax_dg.algorithms.local_only import local_only
+    from fedjax_dg.algorithms import hfedf
+    from fedjax_dg.algorithms import local_only
     from fedjax_dg.client import objectives
     from fedjax_dg.engine.programs import programs
     from fedjax_dg.optim import make_optimizer
@@ -224,7 +224,7 @@ SHARDED = textwrap.dedent("""
     loss = objectives.cross_entropy(model)
     opt = make_optimizer("adam", 1e-2)
     worst = 0.0
-    algs = [fedavg(model, opt, loss), local_only(model, opt, loss, num_clients=n)]
+    algs = [fedavg(model, opt, loss), local_only.build(model, opt, loss, num_clients=n)]
     lanes = None  # the algorithm sharded with 2 lanes per device
     if {with_hfedf}:
       # FedSAM in FedAvg's place: FedAvg with SAM's optimizer, whose state is
@@ -232,9 +232,9 @@ SHARDED = textwrap.dedent("""
       # clients in 2 lanes per device (client.lanes; one loop per client on
       # each device: FedSAM and hFedF); then a server step over the sharded
       # (and padded) cohort.
-      from fedjax_dg.algorithms.fedsam import fedsam
-      algs = [fedsam(model, opt, loss), algs[1],
-              hfedf(model, opt, loss, num_clients=n, ema_warmup=1)]
+      from fedjax_dg.algorithms import fedsam
+      algs = [fedsam.build(model, opt, loss), algs[1],
+              hfedf.build(model, opt, loss, num_clients=n, ema_warmup=1)]
       lanes = algs[1]
     if {with_fedsdaf}:  # a frozen backbone, per-client adapters, GA's gaps
       from fedjax_dg import algorithms
@@ -351,7 +351,7 @@ def test_fedsdaf_sharded_over_host_devices_matches_one_device():
 def test_client_statistics_trace_under_shard_map(fed3):
   """A client statistic computed in a scan (FedDG-GA's / FedSDAF's gap) traces
   with the clients sharded: its carry varies over the client axis."""
-  from fedjax_dg.algorithms.feddg_ga import slice_metrics
+  from fedjax_dg.client.passes import slice_metrics
   model = mlp(fed3)
   params = model.init(jax.random.key(0))
   mesh = client_mesh(1)

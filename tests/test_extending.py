@@ -56,6 +56,9 @@ def test_one_new_file_is_a_registered_configured_algorithm(fedfit):
   experiment.validate(c)
   with pytest.raises(config.ConfigError, match="did you mean 'fedfit.temperature'"):
     config.apply_overrides(c, ["fedfit.temprature=0.5"])
+  # A bad value is the user's to fix: a ConfigError, as every module raises.
+  with pytest.raises(config.ConfigError, match="fedfit.temperature must be > 0"):
+    fedfit.build(None, None, None, temperature=0.0)
 
 
 def test_the_augmentation_is_a_bounded_brightness_shift(fedfit):

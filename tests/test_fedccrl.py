@@ -17,7 +17,7 @@ from conftest import synthetic_federation, with_sizes
 from fedjax_dg import algorithms, engine, models, optim
 from fedjax_dg.algorithms import fedccrl
 from fedjax_dg.algorithms.base import ClientResult
-from fedjax_dg.client import augment, objectives
+from fedjax_dg.client import augment, objectives, style_pool
 from fedjax_dg.client.update import (Batch, ClientContext, ClientData,
                                      local_update)
 from fedjax_dg.config import base_config
@@ -509,8 +509,8 @@ def test_style_pool_keeps_ceil_r_n_statistics_per_client(unequal):
   4, 2, 1 statistics where floor gives 3 and 3, 1, 0; the same in each
   round's `client_aux`."""
   fed, model = unequal
-  assert fedccrl.pool_slots(0.25, 13) == 4
-  assert [fedccrl.pool_slots(r, 10) for r in (0.05, 0.15, 1.0)] == [1, 2, 10]
+  assert style_pool.pool_slots(0.25, 13) == 4
+  assert [style_pool.pool_slots(r, 10) for r in (0.05, 0.15, 1.0)] == [1, 2, 10]
   alg = fedccrl.build(model, optax.sgd(0.1), data=fed,
                       num_clients=fed.num_clients, r=0.25)
   server, _ = alg.init(jax.random.key(0))

@@ -146,24 +146,24 @@ def test_aggregator_over_rounds_and_cohorts_matches_the_protocol():
   ref_w, ref_before = np.full(n, 1.0 / n), {}
   for r in range(rounds):
     ids = rng.choice(n, m, replace=False)
-    after, before = rng.uniform(0, 2, m), rng.uniform(0, 2, m)
+    received, trained = rng.uniform(0, 2, m), rng.uniform(0, 2, m)
     models_ = {"a": jnp.asarray(rng.normal(size=(m, 2, 3)), jnp.float32)}
     out, state = update(models_, state, params, ids=jnp.asarray(ids),
-                        after=jnp.asarray(after, jnp.float32),
-                        before=jnp.asarray(before, jnp.float32),
+                        received=jnp.asarray(received, jnp.float32),
+                        trained=jnp.asarray(trained, jnp.float32),
                         progress=r / rounds, weights=jnp.ones(m),
                         key=jax.random.key(0))
     # The reference: a Python loop over the cohort.
     gaps, valid = np.zeros(n), np.zeros(n, bool)
     for i, c in enumerate(ids):
       if c in ref_before:
-        gaps[c], valid[c] = after[i] - ref_before[c], True
+        gaps[c], valid[c] = received[i] - ref_before[c], True
     step = d * (1 - r / rounds)
     if valid.any() and np.abs(gaps).max() > 0:
       moved = np.clip(ref_w + gaps / np.abs(gaps).max() * step / n, 0, 1)
       ref_w = moved / moved.sum()
     for i, c in enumerate(ids):
-      ref_before[c] = before[i]
+      ref_before[c] = trained[i]
     np.testing.assert_allclose(np.asarray(state.weights), ref_w, rtol=1e-5,
                                atol=1e-6)
     np.testing.assert_allclose(np.asarray(state.gaps), gaps, rtol=1e-5,
@@ -234,7 +234,7 @@ def test_server_update_gap_is_received_minus_the_last_trained(setup):
     return ClientResult(ids=ids, round=jnp.asarray(r), start=stacked,
                         params=stacked, num_examples=jnp.full(3, 10),
                         loss=jnp.zeros(3), rounds=4,
-                        aux=feddg_ga.GapMetrics(jnp.asarray(received),
+                        aux=ga.GapMetrics(jnp.asarray(received),
                                                 jnp.asarray(trained)))
 
   server, m0 = alg.server_update(server, result(0, [1.0, 1.0, 1.0],

@@ -21,6 +21,8 @@ from fedjax_dg.client.update import Batch, ClientContext, local_update
 from fedjax_dg.config import base_config
 from fedjax_dg.engine.round import make_round
 from fedjax_dg.errors import ConfigError
+from fedjax_dg.models import vit_adapters
+from fedjax_dg.server import ga
 
 N = 3
 # One block (TINY_VIT has two): every parameter kind (backbone, A_di, A_dw,
@@ -298,7 +300,7 @@ def test_a_round_trains_adapters_keeps_others_and_aggregates_only_adi(fed):
   cohort = metrics["cohort"]
   out = [i for i in range(N) if i not in cohort]
   row = lambda t, i: jax.tree.map(lambda a: a[i], t)
-  local = lambda t: {k: t[k] for k in fedsdaf.LOCAL}
+  local = lambda t: {k: t[k] for k in vit_adapters.LOCAL}
   starts = [row(metrics["start"], j) for j in range(len(cohort))]
   trained = [row(metrics["trained"], j) for j in range(len(cohort))]
   for i, start, t in zip(cohort, starts, trained):
@@ -345,7 +347,7 @@ def test_ga_aggregation_reads_the_clients_gaps(fed):
   m = 3
   stacked = _moved({**tree.broadcast(server.params, m),
                     **jax.tree.map(lambda a: a[:m], clients)})
-  aux = fedsdaf.GapMetrics(received=jnp.array([1.0, 2.0, 3.0]),
+  aux = ga.GapMetrics(received=jnp.array([1.0, 2.0, 3.0]),
                            trained=jnp.array([0.5, 0.5, 0.5]))
   res = ClientResult(ids=jnp.arange(m), round=jnp.int32(0), start=None,
                      params=stacked, num_examples=jnp.ones(m),

@@ -21,6 +21,7 @@ from fedjax_dg.config import base_config
 from fedjax_dg.data import federated, partition
 from fedjax_dg.models import autoencoder as ae
 from fedjax_dg.server import EmaState
+from fedjax_dg.server.hypernetwork import default_embed_dim
 from test_server import cohort_inputs, tiny_generator
 
 ENGINE = engine.EngineConfig(rounds=6, eval_every=3, epochs=1, batch_size=8,
@@ -200,7 +201,7 @@ def test_random_embeddings_per_tensor_few_shot_end_to_end(few_shot_fed):
   assert len(res.final["ood_acc_per_client"]) == n
   # Every round's embeddings are a fresh N(0, 1) draw from that round's server
   # key (so independent of what the clients sent: never learned).
-  e = hfedf_lib.default_embed_dim(n)
+  e = default_embed_dim(n)
   assert res.server.hp.embeddings.shape == (n, e) == (6, 2)
   means = np.asarray(res.round_metrics["embeddings_mean"])
   draws = [jax.random.normal(_server_key(ENGINE.seed, r), (n, e))
@@ -255,7 +256,7 @@ AE_EPOCHS = 10
 def _ae_embeddings(fed, seed=0):
   c = base_config().hfedf
   return hfedf_lib.autoencoder_embeddings(
-      fed, hfedf_lib.default_embed_dim(fed.num_clients),
+      fed, default_embed_dim(fed.num_clients),
       key=jax.random.fold_in(jax.random.key(seed), 0xAE),
       num_images=c.autoencoder_images, epochs=AE_EPOCHS,
       lr=c.autoencoder_lr, batch_size=c.autoencoder_batch_size)

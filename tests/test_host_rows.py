@@ -13,7 +13,7 @@ import pytest
 from conftest import synthetic_domains, with_sizes
 from fedjax_dg import algorithms, engine, models
 from fedjax_dg.algorithms.fedavg import fedavg
-from fedjax_dg.algorithms.local_only import local_only
+from fedjax_dg.algorithms import local_only
 from fedjax_dg.client import objectives
 from fedjax_dg.client.update import epoch_permutations, first_of_argsort
 from fedjax_dg.data import federated, partition
@@ -47,7 +47,7 @@ def unequal():
                            std=fed.std, hidden=6)
   loss, opt = objectives.cross_entropy(model), make_optimizer("sgd", 0.1)
   algs = {"fedavg": fedavg(model, opt, loss),
-          "local_only": local_only(model, opt, loss, num_clients=len(SIZES))}
+          "local_only": local_only.build(model, opt, loss, num_clients=len(SIZES))}
   return fed, model, algs
 
 

@@ -14,7 +14,7 @@ import pytest
 from conftest import synthetic_domains
 from fedjax_dg import algorithms, engine, models, tree
 from fedjax_dg.algorithms.base import ClientResult
-from fedjax_dg.algorithms.hypergenfl import hypergenfl
+from fedjax_dg.algorithms import hypergenfl
 from fedjax_dg.config import base_config
 from fedjax_dg.data import federated, partition
 from fedjax_dg.engine.round import make_round
@@ -109,8 +109,8 @@ def test_module_vs_tensor_granularity_counts():
       "fc1/bias", "fc1/kernel", "fc2/bias", "fc2/kernel")
   cnn = models.get_model("small_cnn", input_shape=(8, 8, 3), num_classes=4)
   for granularity, L in (("module", 4), ("tensor", 8)):
-    alg = hypergenfl(cnn, optax.sgd(0.1), None, num_clients=5, embed_dim=8,
-                     granularity=granularity)
+    alg = hypergenfl.build(cnn, optax.sgd(0.1), None, num_clients=5, embed_dim=8,
+                           granularity=granularity)
     server, _ = jax.eval_shape(alg.init, jax.random.key(0))
     assert server.weights.shape == (5, L)
     assert server.hp.theta["decode"]["kernel"].shape == (8, L)
@@ -167,8 +167,8 @@ def test_identical_embeddings_give_uniform_weights_and_the_plain_mean():
   np.testing.assert_allclose(w, 0.25, rtol=1e-6)
   # Round 0 with all-ones embeddings (Alg. 1 line 3) is the *unweighted* mean,
   # whatever the clients' data sizes.
-  alg = hypergenfl(model, optax.sgd(0.1), None, num_clients=6, embed_dim=8,
-                   num_heads=2, order="aggregate_first")
+  alg = hypergenfl.build(model, optax.sgd(0.1), None, num_clients=6, embed_dim=8,
+                         num_heads=2, order="aggregate_first")
   server, _ = jax.jit(alg.init)(jax.random.key(0))
   start, trained = cohort(model, 4)
   ids = jnp.array([5, 0, 3, 2])
@@ -314,9 +314,9 @@ def test_mse_and_logcosh_steps_bring_the_aggregate_closer_to_the_clients(kind):
 
 
 def ordered(order):
-  return hypergenfl(tiny_model(), optax.sgd(0.1), None, num_clients=5,
-                    embed_dim=8, num_heads=2, embeddings="random", order=order,
-                    server_optimizer="sgd", server_lr=1.0)
+  return hypergenfl.build(tiny_model(), optax.sgd(0.1), None, num_clients=5,
+                          embed_dim=8, num_heads=2, embeddings="random", order=order,
+                          server_optimizer="sgd", server_lr=1.0)
 
 
 @functools.lru_cache(maxsize=None)
@@ -488,7 +488,7 @@ def cifar_cnn_hypergenfl():
   preactivation of (phi, embeddings)); one compile each for every seed."""
   from fedjax_dg.models.hypergenfl import decoder_preactivations
   model = models.get_model("cifar_cnn", input_shape=(32, 32, 3), num_classes=10)
-  alg = hypergenfl(model, optax.sgd(0.1), None, num_clients=10)
+  alg = hypergenfl.build(model, optax.sgd(0.1), None, num_clients=10)
   layer_of, _ = hg.layer_groups(jax.eval_shape(model.init, jax.random.key(0)))
   module = AttentionScores(embed_dim=128, num_layers=max(layer_of) + 1)
   draw = jax.jit(lambda key: init_attention_scores(module, key, 128))

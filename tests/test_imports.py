@@ -172,6 +172,40 @@ def test_the_engine_modules_import_one_way():
                                            "fedjax_dg.engine.loop")]
 
 
+ALGORITHMS = "fedjax_dg.algorithms"
+# The FedAvg family's root: its members are `fedavg.fedavg` with another
+# objective, optimizer, aggregator or state.
+FAMILY_ROOT = "fedjax_dg.algorithms.fedavg"
+
+
+def paper_imports(edges) -> list[tuple[str, str]]:
+  """(module, algorithm module it imports) for every algorithm module
+  (`fedjax_dg/algorithms/<name>.py`, not `base`) importing another one, the
+  FedAvg root aside: what two papers share lives below them (client/,
+  server/, models/, tree.py)."""
+  papers = {m for m in edges if m.startswith(ALGORITHMS + ".")
+            and m != f"{ALGORITHMS}.base"}
+  return [(m, d) for m in sorted(papers) for d in sorted(edges[m])
+          if d in papers and d != FAMILY_ROOT]
+
+
+def test_no_algorithm_module_imports_another():
+  found = paper_imports(graph())
+  assert not found, "algorithm modules importing another: " + ", ".join(
+      f"{m} -> {d}" for m, d in found)
+
+
+def test_a_planted_paper_import_is_found():
+  edges = graph()
+  assert "fedjax_dg.algorithms.pfedhn" in edges
+  edges["fedjax_dg.algorithms.pfedhn"] = (
+      edges["fedjax_dg.algorithms.pfedhn"] | {"fedjax_dg.algorithms.hfedf",
+                                              FAMILY_ROOT})
+  found = paper_imports(edges)
+  assert ("fedjax_dg.algorithms.pfedhn", "fedjax_dg.algorithms.hfedf") in found
+  assert ("fedjax_dg.algorithms.pfedhn", FAMILY_ROOT) not in found
+
+
 def test_packaged_configs_load_without_the_repository_folders(tmp_path):
   """`fedjax-dg demo`'s config is part of the package: importable from any
   directory with only the package on the path (no experiments/ folder)."""

@@ -8,7 +8,8 @@ import pytest
 
 from conftest import synthetic_domains
 from fedjax_dg import algorithms, engine, models, tree
-from fedjax_dg.algorithms.moon import (Negative, model_contrastive_loss, moon,
+from fedjax_dg.algorithms import moon
+from fedjax_dg.algorithms.moon import (Negative, model_contrastive_loss,
                                        objective)
 from fedjax_dg.client.sam import ascent, sam
 from fedjax_dg.client.update import Batch, ClientContext, local_update
@@ -169,7 +170,7 @@ def test_moon_classifies_with_the_plain_client_model(fed3):
 
 
 def test_moon_previous_models_are_the_cohorts_trained_models_and_persist(fed3):
-  alg = moon(mlp(fed3), optax.adam(1e-2), num_clients=3, proj_dim=8)
+  alg = moon.build(mlp(fed3), optax.adam(1e-2), num_clients=3, proj_dim=8)
   server0, prev0 = jax.jit(alg.init)(jax.random.key(0))
   train = jax.tree.map(jnp.asarray, fed3.train)
   cfg = engine.EngineConfig(rounds=1, epochs=1, batch_size=16, cohort_size=2,
@@ -217,13 +218,13 @@ def test_moon_previous_models_are_the_cohorts_trained_models_and_persist(fed3):
 
 
 def test_moon_prev_init_global_uses_the_global_model_until_trained(fed3):
-  alg = moon(mlp(fed3), optax.sgd(1e-2), num_clients=3, proj_dim=8,
-             prev_init="global")
+  alg = moon.build(mlp(fed3), optax.sgd(1e-2), num_clients=3, proj_dim=8,
+                   prev_init="global")
   _, prev = jax.tree.map(np.asarray, jax.jit(alg.init)(jax.random.key(0)))
   prev = prev._replace(trained=np.array([True, False, True]))
   start = jax.tree.map(lambda p: np.asarray(p) + np.float32(1.0), prev.params)
   ids = np.arange(3)
-  initial = moon(mlp(fed3), optax.sgd(1e-2), num_clients=3, proj_dim=8)
+  initial = moon.build(mlp(fed3), optax.sgd(1e-2), num_clients=3, proj_dim=8)
   # One program (eagerly: ~50).
   extra, on_start, on_prev = jax.jit(lambda start, prev: (
       alg.client_ctx(start, prev, ids), initial.client_ctx(start, prev, ids).on,

@@ -14,10 +14,10 @@ import pytest
 
 from conftest import every_algorithm_setup, model_for, synthetic_federation
 from fedjax_dg import algorithms, engine, evaluate, models
-from fedjax_dg.algorithms.central import central
+from fedjax_dg.algorithms import central
 from fedjax_dg.algorithms.fedavg import fedavg
-from fedjax_dg.algorithms.local_only import local_only
-from fedjax_dg.algorithms.scaffold import scaffold
+from fedjax_dg.algorithms import local_only
+from fedjax_dg.algorithms import scaffold
 from fedjax_dg.client import objectives
 from fedjax_dg.engine.evaluation import divergence_ids
 from fedjax_dg.engine.placement import (AUTO_DEVICE_SHARE,
@@ -41,8 +41,8 @@ def setup():
                            std=fed.std, hidden=8)
   loss, opt = objectives.cross_entropy(model), make_optimizer("sgd", 0.1)
   algs = {"fedavg": fedavg(model, opt, loss),
-          "local_only": local_only(model, opt, loss, num_clients=N),
-          "scaffold": scaffold(model, opt, loss, num_clients=N)}
+          "local_only": local_only.build(model, opt, loss, num_clients=N),
+          "scaffold": scaffold.build(model, opt, loss, num_clients=N)}
   return fed, model, algs
 
 
@@ -104,7 +104,7 @@ def test_host_placement_pooled_central(setup):
   """Central (one pooled "client" holding every example, per-client id-val):
   the same numbers on the host."""
   fed, model, algs = setup
-  alg = central(model, make_optimizer("sgd", 0.1), objectives.cross_entropy(model))
+  alg = central.build(model, make_optimizer("sgd", 0.1), objectives.cross_entropy(model))
   cfg = dataclasses.replace(CFG, rounds=2)
   assert_same_run(engine.run(alg, fed, model, dataclasses.replace(
       cfg, placement="device")), engine.run(alg, fed, model, dataclasses.replace(
@@ -150,7 +150,7 @@ SHARDED = textwrap.dedent("""
     import jax, numpy as np
     from conftest import synthetic_federation
     from fedjax_dg import engine, evaluate, models
-    from fedjax_dg.algorithms.local_only import local_only
+    from fedjax_dg.algorithms import local_only
     from fedjax_dg.client import objectives
     from fedjax_dg.engine.placement import resolve_gather
     from fedjax_dg.engine.programs import programs
@@ -159,8 +159,8 @@ SHARDED = textwrap.dedent("""
     model = models.get_model("mlp", input_shape=fed.image_shape, hidden=8,
                              num_classes=fed.num_classes, mean=fed.mean,
                              std=fed.std)
-    alg = local_only(model, make_optimizer("sgd", 0.1),
-                     objectives.cross_entropy(model), num_clients=5)
+    alg = local_only.build(model, make_optimizer("sgd", 0.1),
+                           objectives.cross_entropy(model), num_clients=5)
     cfg = engine.EngineConfig(rounds=2, eval_every=1, epochs=1, batch_size=8,
                               cohort_size=4, progress=False, eval_batch_size=8)
     assert programs(alg, model, cfg, 5).layout.mesh.size == 2

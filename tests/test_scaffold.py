@@ -14,6 +14,7 @@ import pytest
 
 from conftest import TINY_VIT
 from fedjax_dg import engine, models
+from fedjax_dg.models import vit_adapters
 from fedjax_dg.algorithms import scaffold
 from fedjax_dg.client import objectives
 from fedjax_dg.client.update import (Batch, ClientContext, ClientData,
@@ -289,6 +290,13 @@ def test_bad_settings_name_the_field(setup, hp, needle):
 VIT = dict(TINY_VIT, depth=1)
 
 
+def _adapter_loss(vit):
+  """The adapter setting's plain cross-entropy (FedAvg (Adapter)'s ViT, the
+  frozen backbone merged in), uncorrected."""
+  vmodel, _, _ = vit_adapters.adapter_setting(vit, who="test")
+  return scaffold.on_frozen(objectives.cross_entropy(vmodel))
+
+
 def test_adapters_train_only_adi_and_head_on_the_frozen_backbone(fed3):
   """scaffold.adapters=True: the state holds the adapter and the head only
   (controls shaped alike), the backbone is held frozen, and round 0 (c = c_i
@@ -324,9 +332,7 @@ def test_adapters_train_only_adi_and_head_on_the_frozen_backbone(fed3):
   # From round 1 on (c, c_i non-zero) the clients descend the corrected
   # objective: the adapter setting's plain cross-entropy gradient (the frozen
   # backbone's, autodiff) plus c - c_i, on the adapter and head only.
-  from fedjax_dg.algorithms import fedsdaf
-  _, _, _, plain = fedsdaf.adapter_setting(vit, objectives.cross_entropy,
-                                           who="test")
+  plain = _adapter_loss(vit)
   c, ci = _rand_like(state.params, 0), _rand_like(state.params, 1)
   ctx = ClientContext(id=0, round=0, start=state.params, state=ci, shared=c,
                       frozen=frozen)
@@ -357,7 +363,6 @@ def test_adapter_rounds_equal_a_numpy_scaffold(setup, variant):
   loop on the adapter and head only, its gradients those of the plain
   cross-entropy of the ViT with the frozen backbone (autodiff, no correction:
   the loop adds c - c_i itself)."""
-  from fedjax_dg.algorithms import fedsdaf
   fed, _ = setup
   vit = models.get_model("vit_tiny", input_shape=fed.image_shape,
                          num_classes=fed.num_classes, mean=fed.mean,
@@ -366,8 +371,7 @@ def test_adapter_rounds_equal_a_numpy_scaffold(setup, variant):
                        num_clients=len(SIZES), variant=variant, adapters=True)
   frozen = jax.jit(alg.frozen)(jax.random.fold_in(jax.random.key(CFG.seed),
                                                   2**31 - 1))
-  _, _, _, loss = fedsdaf.adapter_setting(vit, objectives.cross_entropy,
-                                          who="test")
+  loss = _adapter_loss(vit)
   ctx = ClientContext(id=0, round=0, start=None, frozen=frozen)
   grad_fn = jax.jit(lambda p, x, y, mask: jax.grad(loss)(
       p, Batch(x, y, mask), jax.random.key(0), ctx))

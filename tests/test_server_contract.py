@@ -52,7 +52,8 @@ def _extras(params):
   return dict(weights=jnp.array([3.0, 1.0, 2.0]), ids=jnp.array([4, 0, 2]),
               key=jax.random.key(3), start=params, unused=jnp.ones(()),
               # GA's per-client metrics and the run's progress r / R.
-              after=jnp.array([0.9, 0.5, 0.7]), before=jnp.array([0.2, 0.3, 0.1]),
+              received=jnp.array([0.9, 0.5, 0.7]),
+              trained=jnp.array([0.2, 0.3, 0.1]),
               progress=jnp.float32(0.25))
 
 

@@ -414,7 +414,7 @@ def test_fedbe_as_built_averages_the_swa_iterates_from_its_start(sfed):
   step floor(0.5 * 10) = 5 every 3 steps: the mean of the iterates after
   steps 6 and 9 (the SWA arithmetic itself:
   test_server_train_swa_averages_the_right_iterates), not the last iterate,
-  which SWA switched off in `fedbe()`'s wiring (swa_start=-1) returns; nor
+  which SWA switched off in `fedbe.build`'s wiring (swa_start=-1) returns; nor
   another window (a misread start or frequency)."""
   model = _mlp(sfed)
   cfg = _cfg(fedbe=dict(steps=10, batch_size=16, num_samples=2, lr=0.5,
@@ -444,7 +444,7 @@ def test_fedbe_as_built_averages_the_swa_iterates_from_its_start(sfed):
   got, want = both(server)
   chex.assert_trees_all_close(got, want, rtol=1e-5, atol=1e-6)
   # The student moved: the windows' averages differ (planting swa_start=-1
-  # in fedbe() fails the comparison above).
+  # in fedbe.build fails the comparison above).
   start = tree.weighted_mean(stacked, result.num_examples)
   assert float(optax.tree.norm(optax.tree.sub(got, start))) > 1e-2
 

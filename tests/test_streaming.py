@@ -15,7 +15,7 @@ from PIL import Image
 import pytest
 
 from fedjax_dg import config, engine, experiment, models
-from fedjax_dg.algorithms.central import central
+from fedjax_dg.algorithms import central
 from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.client import objectives
 from fedjax_dg.data import federated, images, partition, sources
@@ -177,7 +177,7 @@ def test_personalized_models_score_the_streamed_target_in_blocks(
   """Local-only (a model per client: the target split scored per client
   block, `eval_blocks`) in blocks of 8 target examples: the in-memory run's
   per-client accuracies."""
-  from fedjax_dg.algorithms.local_only import local_only
+  from fedjax_dg.algorithms import local_only
   monkeypatch.setattr("fedjax_dg.engine.evaluation.OOD_BLOCK_BYTES",
                       8 * SIZE * SIZE * 3)
   spec = partition.PartitionSpec(name="domain_split", num_partitions=4, d=1)
@@ -185,8 +185,8 @@ def test_personalized_models_score_the_streamed_target_in_blocks(
                           val_fraction=0.25) for s in ("off", "on")]
   model = models.get_model("mlp", input_shape=feds[0].image_shape,
                            num_classes=3, hidden=4)
-  alg = local_only(model, make_optimizer("sgd", 0.1),
-                   objectives.cross_entropy(model), num_clients=4)
+  alg = local_only.build(model, make_optimizer("sgd", 0.1),
+                         objectives.cross_entropy(model), num_clients=4)
   cfg = engine.EngineConfig(rounds=1, epochs=1, batch_size=4, cohort_size=2,
                             client_mapping="map", progress=False,
                             placement="host", eval_batch_size=4)
@@ -379,7 +379,7 @@ def test_the_engine_refuses_device_placement_and_pooled_training(data_dir):
                dataclasses.replace(cfg, placement="device"))
   with pytest.raises(ConfigError, match=r"central.*every training example.*"
                      r"data.streaming='off'"):
-    engine.run(central(model, opt, loss), fed, model, cfg)
+    engine.run(central.build(model, opt, loss), fed, model, cfg)
 
 
 @pytest.mark.parametrize("overrides,named", [

@@ -55,11 +55,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from fedjax_dg import tree
 from fedjax_dg.algorithms.base import Algorithm, ClientResult, ServerState
 from fedjax_dg.algorithms.fedavg import fedavg
-from fedjax_dg.algorithms.fedccrl import StylePool, pool_slots
 from fedjax_dg.client import objectives
-from fedjax_dg.client.update import epoch_permutations
+from fedjax_dg.client.style_pool import (StylePool, pool_slots, sampled_rows,
+                                         valid_slots)
 from fedjax_dg.errors import (ConfigError, DataError, NeedsDataError,
                               StandInWarning)
 from fedjax_dg.models import adain
@@ -132,11 +133,9 @@ def single_styles(net, x: jax.Array, n: jax.Array, key: jax.Array, *, r: float,
                   slots: int, depth: int, chunk: int, eps: float) -> StylePool:
   """One client's single-image styles [S, C]: of ceil(r n) random distinct
   images among its `n`; the rows past ceil(r n) are invalid."""
-  order = epoch_permutations(key, n, x.shape[0], 1)[0, :slots]
-  mean, var = image_stats(net, jnp.take(x, order, axis=0), depth=depth,
+  mean, var = image_stats(net, sampled_rows(x, n, key, slots), depth=depth,
                           chunk=min(chunk, slots))
-  count = jnp.ceil(r * n.astype(jnp.float32)).astype(jnp.int32)
-  return StylePool(mean, jnp.sqrt(var + eps), jnp.arange(slots) < count)
+  return StylePool(mean, jnp.sqrt(var + eps), valid_slots(r, n, slots))
 
 
 def draw_styles(key: jax.Array, bank: StylePool, own: jax.Array, num: int,
@@ -316,8 +315,7 @@ def build(model, optimizer, *, depth: int = 4,  # encoder ends at relu{depth}_1
                                       result, key)
     single = server.single
     if result.aux is not None:
-      single = StylePool(*(p.at[result.ids].set(a)
-                           for p, a in zip(server.single, result.aux)))
+      single = tree.put(server.single, result.ids, result.aux)
     size = sum(jnp.sum(b.valid) for b in (single, server.overall)
                if b is not None)
     return (CCSTState(new.params, new.opt, single, server.overall),

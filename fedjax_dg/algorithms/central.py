@@ -11,9 +11,6 @@ DISPLAY_NAME = "Central"
 FEDERATED = False  # no arrows against FedAvg in the tables, never bolded
 
 
-def central(model, optimizer, loss) -> Algorithm:
+def build(model, optimizer, loss) -> Algorithm:
   return dataclasses.replace(fedavg(model, optimizer, loss, name="central"),
                              pooled=True)
-
-
-build = central

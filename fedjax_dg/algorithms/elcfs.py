@@ -37,18 +37,18 @@ docs/faithfulness.md, "ELCFS (FedDG)". Round metric: `elcfs_bank_size`.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
+from fedjax_dg import tree
 from fedjax_dg.algorithms.base import Algorithm, ClientResult, ServerState
 from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.client import frequency
 from fedjax_dg.client import objectives
-from fedjax_dg.client.update import epoch_permutations
+from fedjax_dg.client.style_pool import pool_slots, sampled_rows, valid_slots
 from fedjax_dg.errors import ConfigError, NeedsDataError
 
 DISPLAY_NAME = "ELCFS"
@@ -75,20 +75,13 @@ def uses_data(hparams) -> bool:
   return True
 
 
-def bank_slots(fraction: float, n_max: int) -> int:
-  """S = ceil(f n_max): the bank slots per client."""
-  return max(1, math.ceil(fraction * n_max))
-
-
 def client_bank(x: jax.Array, n: jax.Array, key: jax.Array, fraction: float,
                 slots: int, ratio: float) -> AmplitudeBank:
   """One client's bank rows: the windows of ceil(f n) random images among its
   `n` valid ones (x: uint8 [n_max, H, W, C]); rows past ceil(f n) invalid."""
-  order = epoch_permutations(key, n, x.shape[0], 1)[0, :slots]
-  imgs = jnp.take(x, order, axis=0).astype(jnp.float32)
+  imgs = sampled_rows(x, n, key, slots).astype(jnp.float32)
   amp = jax.vmap(lambda im: frequency.bank_entry(im, ratio))(imgs)
-  count = jnp.ceil(fraction * n.astype(jnp.float32)).astype(jnp.int32)
-  return AmplitudeBank(amp, jnp.arange(slots) < count)
+  return AmplitudeBank(amp, valid_slots(fraction, n, slots))
 
 
 def transformed_batch(pixels, key, bank: AmplitudeBank, own, *, ratio: float,
@@ -177,7 +170,7 @@ def build(model, optimizer, *,
   n = jnp.asarray(data.train.n)
   if int(jnp.sum(n > 0)) < 2:
     raise ConfigError("elcfs needs >= 2 clients holding data")
-  slots = bank_slots(bank_fraction, int(data.train.x.shape[1]))
+  slots = pool_slots(bank_fraction, int(data.train.x.shape[1]))
   keys = jax.random.split(jax.random.fold_in(jax.random.key(seed), 0xF7),
                           n.shape[0])
   first = jax.jit(jax.vmap(lambda x, n_i, k: client_bank(
@@ -212,8 +205,7 @@ def build(model, optimizer, *,
                                       result, key)
     bank = server.bank
     if refresh_bank:
-      bank = AmplitudeBank(*(b.at[result.ids].set(a)
-                             for b, a in zip(server.bank, result.aux)))
+      bank = tree.put(server.bank, result.ids, result.aux)
     metrics = dict(metrics, elcfs_bank_size=jnp.sum(bank.valid))
     return ELCFSState(new.params, new.opt, bank), metrics
 

@@ -131,7 +131,7 @@ def bayesian_ensemble_distillation(model, server_x, optimizer, *, steps: int,
   return ServerTransform(distill.initial_distill_state, update)
 
 
-def fedbe(model, optimizer, loss, *, data,
+def build(model, optimizer, loss, *, data,
           num_samples: int = 10,      # ref. code num_sample_teacher
           sampler: str = "gaussian",  # gaussian (the paper's main) | dirichlet
           var_scale: float = 1.0,     # std multiplier of the samples (paper: 1;
@@ -187,6 +187,3 @@ def fedbe(model, optimizer, loss, *, data,
       include_mean=include_mean, include_clients=include_clients)
   return fedavg(model, optimizer, loss, aggregator=aggregator,
                 metrics=distill.distill_metrics, name="fedbe")
-
-
-build = fedbe

@@ -27,18 +27,19 @@ L_RA / L_JS. Round metrics: `ccdt_pool_size` (valid statistics in the pool).
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
+from fedjax_dg import tree
 from fedjax_dg.algorithms.base import Algorithm, ClientResult, ServerState
 from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.client import augment
 from fedjax_dg.client import objectives
-from fedjax_dg.client.update import epoch_permutations
+from fedjax_dg.client.style_pool import (StylePool, pool_slots, sampled_rows,
+                                         valid_slots)
 from fedjax_dg.errors import ConfigError, NeedsDataError
 
 DISPLAY_NAME = "FedCCRL"
@@ -47,14 +48,6 @@ DISPLAY_NAME = "FedCCRL"
 CLIENT = dict(optimizer="adam", lr=1e-3, weight_decay=0.0, schedule="cosine")
 OVERFLOW = ("clamp", "wrap")
 CLS = ("mean", "sum")
-
-
-class StylePool(NamedTuple):
-  """Style statistics: [N, S, C] means and stds, [N, S] validity (or one
-  client's row of each, as `client_aux` returns them)."""
-  mu: jax.Array
-  sig: jax.Array
-  valid: jax.Array
 
 
 class FedCCRLState(NamedTuple):
@@ -68,20 +61,13 @@ def uses_data(hparams) -> bool:
   return bool(hparams.get("ccdt", True))
 
 
-def pool_slots(r: float, n_max: int) -> int:
-  """S = ceil(r n_max): the statistics slots per client."""
-  return max(1, math.ceil(r * n_max))
-
-
 def client_styles(model, x: jax.Array, n: jax.Array, key: jax.Array, r: float,
                   slots: int, eps: float) -> StylePool:
   """One client's F_i (Eq. 8): statistics of ceil(r n) random examples of its
   `n` valid ones (x: uint8 [n_max, ...]); rows past ceil(r n) are invalid."""
-  order = epoch_permutations(key, n, x.shape[0], 1)[0, :slots]
-  imgs = model.normalize(jnp.take(x, order, axis=0))
+  imgs = model.normalize(sampled_rows(x, n, key, slots))
   mu, sig = jax.vmap(lambda im: augment.style_stats(im, eps))(imgs)
-  count = jnp.ceil(r * n.astype(jnp.float32)).astype(jnp.int32)
-  return StylePool(mu, sig, jnp.arange(slots) < count)
+  return StylePool(mu, sig, valid_slots(r, n, slots))
 
 
 def build(model, optimizer, *, r: float = 0.1,  # share of statistics uploaded
@@ -199,8 +185,7 @@ def build(model, optimizer, *, r: float = 0.1,  # share of statistics uploaded
                                       result, key)
     pool = server.pool
     if ccdt:
-      pool = StylePool(*(p.at[result.ids].set(a)
-                         for p, a in zip(server.pool, result.aux)))
+      pool = tree.put(server.pool, result.ids, result.aux)
     metrics = dict(metrics, ccdt_pool_size=jnp.sum(pool.valid))
     return FedCCRLState(new.params, new.opt, pool), metrics
 

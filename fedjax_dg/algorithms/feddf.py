@@ -63,7 +63,7 @@ def ensemble_distillation(model, server_x, optimizer, *, steps: int,
   return ServerTransform(distill.initial_distill_state, update)
 
 
-def feddf(model, optimizer, loss, *, data,
+def build(model, optimizer, loss, *, data,
           epochs: int = 20, steps: int = 0,  # FedLAW ref. code's FedDF: 20
                                              # server epochs (FedDF: up to 1e4
                                              # steps with early stopping)
@@ -94,6 +94,3 @@ def feddf(model, optimizer, loss, *, data,
                                      eval_chunk=eval_chunk)
   return fedavg(model, optimizer, loss, aggregator=aggregator,
                 metrics=distill.distill_metrics, name="feddf")
-
-
-build = feddf

@@ -28,72 +28,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import NamedTuple
 
-import jax
-import jax.numpy as jnp
-import optax
-
-from fedjax_dg.algorithms.base import (Algorithm, ClientResult, ServerState,
-                                       with_frozen)
+from fedjax_dg.algorithms.base import Algorithm, ClientResult, with_frozen
 from fedjax_dg.algorithms.fedavg import fedavg
-from fedjax_dg.client.update import match_varying
+from fedjax_dg.client.passes import slice_metrics
 from fedjax_dg.errors import ConfigError
 from fedjax_dg.server import ga
+from fedjax_dg.server.ga import GapMetrics, ga_server_update
 
 DISPLAY_NAME = "FedDG-GA"
-
-
-class GapMetrics(NamedTuple):
-  """What a client reports (`client_aux`): E_k of the model it received and of
-  the model it trained, on its fixed slice."""
-  received: jax.Array
-  trained: jax.Array
-
-
-def slice_metrics(model, params, x, y, n, examples: int, chunk: int):
-  """(mean cross-entropy, accuracy) of `params` over the first
-  min(n, examples) rows of x [n_max, ...] (`examples` = 0: all n), in
-  evaluation mode, `chunk` rows at a time."""
-  n_max = x.shape[0]
-  k = n_max if examples <= 0 else min(examples, n_max)
-  c = min(chunk, k)
-  pad = -k % c
-  x = jnp.pad(x[:k], [(0, pad)] + [(0, 0)] * (x.ndim - 1))
-  y = jnp.pad(y[:k], (0, pad))
-  count = jnp.minimum(n, k)
-  mask = (jnp.arange(k + pad) < count).astype(jnp.float32)
-  split = lambda a: a.reshape((-1, c) + a.shape[1:])
-
-  def step(totals, piece):
-    xc, yc, mc = piece
-    logits = model.apply(params, xc)
-    ce = optax.softmax_cross_entropy_with_integer_labels(logits, yc)
-    hit = (jnp.argmax(logits, axis=-1) == yc).astype(jnp.float32)
-    return (totals[0] + jnp.sum(ce * mc), totals[1] + jnp.sum(hit * mc)), None
-
-  zero = jnp.zeros((), jnp.float32)
-  # Under shard_map the totals vary per client shard as the rows do.
-  (ce, hits), _ = jax.lax.scan(step, match_varying((zero, zero), x),
-                               (split(x), split(y), split(mask)))
-  denom = jnp.maximum(count, 1).astype(jnp.float32)
-  return ce / denom, hits / denom
-
-
-def ga_server_update(aggregator, server: ServerState, stacked,
-                     result: ClientResult, key):
-  """The server step of GA aggregation over the cohort's `stacked` models
-  (the gaps from `GapMetrics` in `result.aux`), with its round metrics in
-  cohort order (FedDG-GA's and FedSDAF's)."""
-  params, opt = aggregator.update(
-      stacked, server.opt, server.params, ids=result.ids,
-      after=result.aux.received, before=result.aux.trained,
-      progress=result.round / result.rounds,
-      weights=result.num_examples, key=key)
-  cohort = lambda v: jnp.take(v, result.ids)
-  return ServerState(params, opt), {"ga_weights": cohort(opt.weights),
-                                    "ga_gaps": cohort(opt.gaps),
-                                    "ga_step": opt.step}
 
 
 def build(model, optimizer, loss, *, num_clients: int,

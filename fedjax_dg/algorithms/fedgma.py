@@ -20,15 +20,12 @@ DISPLAY_NAME = "FedGMA"
 CLIENT = dict(lr=1e-3, weight_decay=1e-4)
 
 
-def fedgma(model, optimizer, loss, *,
-           threshold: float = 0.7,  # mask threshold tau (Table 10): 0.7 PACS,
-                                    # 0.3 Office-Home, 0.5 VLCS
-           step_size: float = 1.0,  # server step eta: 1 PACS, 1e-2 OH / VLCS
-           ) -> Algorithm:
+def build(model, optimizer, loss, *,
+          threshold: float = 0.7,  # mask threshold tau (Table 10): 0.7 PACS,
+                                   # 0.3 Office-Home, 0.5 VLCS
+          step_size: float = 1.0,  # server step eta: 1 PACS, 1e-2 OH / VLCS
+          ) -> Algorithm:
   return fedavg(model, optimizer, loss,
                 aggregator=gradient_masked_averaging(threshold, step_size),
                 metrics=lambda opt, result: {"gma_unmasked": opt.unmasked},
                 name="fedgma")
-
-
-build = fedgma

@@ -28,6 +28,7 @@ import optax
 
 from fedjax_dg.algorithms.base import Algorithm, ClientResult, ServerState
 from fedjax_dg.algorithms.fedavg import fedavg
+from fedjax_dg.client.passes import sum_over_chunks
 from fedjax_dg.errors import ConfigError
 
 DISPLAY_NAME = "FedIIR"
@@ -56,21 +57,14 @@ def head_ce_and_grad(model, params, feats, y, mask):
 def client_gradient(model, params, x, y, n, chunk: int):
   """g_i: the gradient over `fc2` of the mean cross-entropy over a client's
   `n` real examples (x: [n_max, ...]), computed `chunk` examples at a time."""
-  n_max = x.shape[0]
-  pad = -n_max % chunk
-  x = jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1))
-  y = jnp.pad(y, (0, pad))
-  mask = (jnp.arange(n_max + pad) < n).astype(jnp.float32)
-  split = lambda a: a.reshape((-1, chunk) + a.shape[1:])
 
-  def step(total, piece):
-    xc, yc, mc = piece
-    feats = model.features(params, xc)
-    _, g = head_ce_and_grad(model, params, feats, yc, mc)
-    return jax.tree.map(jnp.add, total, g), None
+  def chunk_grad(i, batch):
+    del i
+    feats = model.features(params, batch.x)
+    return head_ce_and_grad(model, params, feats, batch.y, batch.mask)[1]
 
   zero = jax.tree.map(jnp.zeros_like, params[HEAD])
-  total, _ = jax.lax.scan(step, zero, (split(x), split(y), split(mask)))
+  total = sum_over_chunks(chunk_grad, zero, x, y, n, chunk)
   return jax.tree.map(lambda g: g / jnp.maximum(n, 1), total)
 
 

@@ -108,14 +108,14 @@ def _metrics(state: FedLawState, result) -> dict:
           "proxy_loss_last": state.loss_last}
 
 
-def fedlaw(model, optimizer, loss, *, data, num_clients: int,
-           epochs: int = 20, steps: int = 0,  # ref. code server_epochs
-           batch_size: int = 128,     # ref. code validate_batchsize
-           lr: float = 1e-2,          # ref. code: 1e-2 CIFAR-10, 5e-3 otherwise
-           b1: float = 0.5, b2: float = 0.999,  # ref. code's Adam betas
-           lambda_init: str = "size",  # size (ref. code: log data shares) |
-                                       # uniform
-           ) -> Algorithm:
+def build(model, optimizer, loss, *, data, num_clients: int,
+          epochs: int = 20, steps: int = 0,  # ref. code server_epochs
+          batch_size: int = 128,     # ref. code validate_batchsize
+          lr: float = 1e-2,          # ref. code: 1e-2 CIFAR-10, 5e-3 otherwise
+          b1: float = 0.5, b2: float = 0.999,  # ref. code's Adam betas
+          lambda_init: str = "size",  # size (ref. code: log data shares) |
+                                      # uniform
+          ) -> Algorithm:
   """FedLAW; `data` is the run's FederatedData (its `server_x` / `server_y`).
 
   Args:
@@ -136,6 +136,3 @@ def fedlaw(model, optimizer, loss, *, data, num_clients: int,
       lambda_init=lambda_init)
   return fedavg(model, optimizer, loss, aggregator=aggregator,
                 metrics=_metrics, name="fedlaw")
-
-
-build = fedlaw

@@ -16,12 +16,9 @@ DISPLAY_NAME = "FedProx"
 CLIENT = dict(lr=1e-3, weight_decay=1e-4)
 
 
-def fedprox(model, optimizer, loss, *,
-            mu: float = 1e-2,  # "L2 regularizer", Table 10: 1e-2 PACS / OH / VLCS
-            ) -> Algorithm:
+def build(model, optimizer, loss, *,
+          mu: float = 1e-2,  # "L2 regularizer", Table 10: 1e-2 PACS / OH / VLCS
+          ) -> Algorithm:
   if mu < 0:
     raise ConfigError(f"FedProx mu must be >= 0, got {mu}")
   return fedavg(model, optimizer, objectives.proximal(loss, mu), name="fedprox")
-
-
-build = fedprox

@@ -21,15 +21,12 @@ from fedjax_dg.client.sam import sam
 DISPLAY_NAME = "FedSam"
 
 
-def fedsam(model, optimizer, loss, *,
-           rho: float = 0.05,       # SAM radius: Foret et al.'s default
-                                    # (Caldarola et al.'s CIFAR scripts: 0.5)
-           adaptive: bool = False,  # True: ASAM (Kwon et al. 2021), FedASAM
-           eta: float = 0.01,       # ASAM's T_w = |w| + eta (ASAM ref. code)
-           ) -> Algorithm:
+def build(model, optimizer, loss, *,
+          rho: float = 0.05,       # SAM radius: Foret et al.'s default
+                                   # (Caldarola et al.'s CIFAR scripts: 0.5)
+          adaptive: bool = False,  # True: ASAM (Kwon et al. 2021), FedASAM
+          eta: float = 0.01,       # ASAM's T_w = |w| + eta (ASAM ref. code)
+          ) -> Algorithm:
   """FedSAM with base client `optimizer`, radius `rho` (adaptive: ASAM's eta)."""
   return fedavg(model, sam(optimizer, rho, adaptive=adaptive, eta=eta), loss,
                 name="fedsam")
-
-
-build = fedsam

@@ -34,9 +34,7 @@ released code's readings that change numbers are switches too (`train_head`,
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import warnings
 
 import jax
 import jax.numpy as jnp
@@ -45,13 +43,15 @@ import optax
 from fedjax_dg import tree
 from fedjax_dg.algorithms.base import (Algorithm, ClientResult, ServerState,
                                        with_frozen)
-from fedjax_dg.algorithms.feddg_ga import (GapMetrics, ga_server_update,
-                                           slice_metrics)
 from fedjax_dg.client.objectives import masked_mean
+from fedjax_dg.client.passes import slice_metrics
 from fedjax_dg.client.update import RunProgress
-from fedjax_dg.errors import ConfigError, StandInWarning
-from fedjax_dg.models import vit as vit_lib
+from fedjax_dg.errors import ConfigError
+from fedjax_dg.models.vit_adapters import (FROZEN, GLOBAL, LOCAL, MODELS,
+                                           adapted_model, frozen_backbone,
+                                           sample_trainable)
 from fedjax_dg.server import ga, weighted_mean
+from fedjax_dg.server.ga import GapMetrics, ga_server_update
 
 DISPLAY_NAME = "FedSDAF"
 # The released code's client optimizer: SGD, momentum 0.9, weight decay 5e-4,
@@ -69,11 +69,8 @@ VARIANTS = {
     "fedsdaf_head": ("FedSDAF (head only)", dict(domain_aware=False,
                                                  domain_invariant=False)),
 }
-# The models it runs on (checked before any data is read).
-MODELS = ("vit_b16", "vit_tiny")
-GLOBAL = ("adi", "head")
-LOCAL = ("adw", "fuse")
-FROZEN = ("backbone",)
+# MODELS (imported above): the models it runs on (checked before any data
+# is read).
 AGGREGATIONS = ("ga", "fedavg")
 BKD_ORDERS = ("alternate", "joint")
 KLS = ("forward", "reverse")
@@ -163,76 +160,6 @@ def _check(alpha, aggregation, bkd_order, kl_dir, domain_invariant,
                       "(0: all of a client's examples)")
 
 
-def adapted_model(model, *, domain_invariant: bool = True,
-                  domain_aware: bool = False, fusion: bool = False,
-                  adapter_dim: int = 0, fusion_heads: int = 8,
-                  adapter_init: str = "torch", who: str = "fedsdaf"):
-  """The run's ViT with FedSDAF's adapters (a clear error naming `who` for
-  other models)."""
-  if not isinstance(model.module, vit_lib.ViT):
-    raise ConfigError(f"{who} runs on a ViT (model.name one of {MODELS}), "
-                      f"not model.name={model.name!r}")
-  adapters = ("kia" if domain_aware else "di") if domain_invariant else "none"
-  if adapter_init not in vit_lib.ADAPTER_INITS:
-    raise ConfigError(f"fedsdaf.adapter_init={adapter_init!r}: allowed "
-                      f"{vit_lib.ADAPTER_INITS}")
-  module = model.module.clone(adapters=adapters, fusion=fusion,
-                              adapter_dim=adapter_dim,
-                              fusion_heads=fusion_heads,
-                              adapter_init=adapter_init)
-  return dataclasses.replace(model, module=module)
-
-
-def frozen_backbone(vmodel, held=FROZEN, who: str = "fedsdaf"):
-  """`Algorithm.frozen` of a ViT whose `held` entries are not trained: the
-  backbone read once (eagerly: `model.weights` is read here), never the
-  file's head (other classes). Without `model.weights` the frozen backbone
-  is a random one: a `StandInWarning` naming `who` (the run records it)."""
-  if not vmodel.weights:
-    warnings.warn(
-        f"{who}: no model.weights: the frozen ViT backbone is randomly "
-        "initialized and never trained, so only the adapters and head learn, "
-        "on random features (the paper's backbone is ImageNet-pretrained; "
-        "docs/models.md, \"ViT\", says where weights come from)",
-        StandInWarning, stacklevel=2)
-
-  def frozen(key):
-    full = dataclasses.replace(vmodel, skip_head=True).init(key)
-    return {k: full[k] for k in held}
-
-  return frozen
-
-
-def sample_trainable(vmodel):
-  """key -> the adapters and the head alone (never the backbone)."""
-  dummy = jnp.zeros((1, 2, vmodel.module.dim), jnp.float32)
-
-  def sample(key):
-    return vmodel.module.init({"params": key}, dummy,
-                              method=vit_lib.ViT.trainable)["params"]
-
-  return sample
-
-
-def adapter_setting(model, loss_of, who: str):
-  """(the ViT with one domain-invariant adapter, its `frozen`, key -> its
-  trained entries {adi, head}, the local objective `loss_of(vmodel)` on the
-  frozen backbone + the trained entries): FedAvg (Adapter)'s setting, for
-  other algorithms (SCAFFOLD's `adapters=True`)."""
-  vmodel = adapted_model(model, who=who)
-  sample = sample_trainable(vmodel)
-  base = loss_of(vmodel)
-
-  def loss(params, batch, rng, ctx):
-    return base(with_frozen(ctx.frozen, params), batch, rng, ctx)
-
-  def init(key):
-    p = sample(key)
-    return {k: p[k] for k in GLOBAL}
-
-  return vmodel, frozen_backbone(vmodel, who=who), init, loss
-
-
 def build(model, optimizer, *, num_clients: int,
           alpha: float = 1.0,            # BKD weight (Eq. 7); 0: no BKD
           fusion: bool = True,           # the MHSA of Eq. 3
@@ -267,12 +194,7 @@ def build(model, optimizer, *, num_clients: int,
                                    metric=metric)
   else:
     aggregator = weighted_mean()
-  dummy = jnp.zeros((1, 2, module.dim), jnp.float32)
-
-  def sample(key):
-    """The adapters and head alone (never the backbone)."""
-    return module.init({"params": key}, dummy, method=vit_lib.ViT.trainable
-                       )["params"]
+  sample = sample_trainable(vmodel)
 
   def client_init(key, ids):
     """Each client's own draw of the domain-aware adapters (and fusion)."""

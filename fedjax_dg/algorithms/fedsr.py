@@ -43,7 +43,7 @@ class Reference(NamedTuple):
   c: jax.Array        # scalar
 
 
-def fedsr(model, optimizer, *, num_clients: int,
+def build(model, optimizer, *, num_clients: int,
           z_dim: int = 0,           # 0: the model's feature width (ref.: 512 =
                                     # ResNet-18's)
           l2r_coeff: float = 1e-2,  # ref. code; Table 10: 1e-1 PACS / OH, 1e-2 VLCS
@@ -84,6 +84,3 @@ def fedsr(model, optimizer, *, num_clients: int,
       base, init=init, client_start=client_start, client_end=client_end,
       server_update=server_update, client_init=client_init,
       eval_params=lambda server, clients: prob.to_model_params(server.params))
-
-
-build = fedsr

@@ -8,8 +8,10 @@
     theta, v <- Adam(+weight decay) step      (server optimizer)
     theta, v <- EMA(theta, v, t)              (Alg. 4, warm-up round w)
 
-Everything is a composition of `server.hypernetwork_step` and `server.ema`;
-pFedHN (`algorithms.pfedhn`) is this record without GradAlign and EMA.
+Everything is a composition of `server.hypernetwork.hypernetwork_server`
+(the generator, the server step with GradAlign) and `server.ema`; pFedHN
+(`algorithms.pfedhn`) is the same hypernetwork server without GradAlign and
+EMA.
 
 Variants (docs/faithfulness.md, "hFedF variants"):
 
@@ -45,14 +47,11 @@ from fedjax_dg.algorithms.base import Algorithm, ClientResult
 from fedjax_dg.client.update import local_update
 from fedjax_dg.errors import ConfigError, NeedsDataError
 from fedjax_dg.models import autoencoder as ae
-from fedjax_dg.models.hypernetwork import (client_grad_sq_norms,
-                                            hypernetwork_module,
-                                            init_hypernetwork)
-from fedjax_dg.optim import make_optimizer
 from fedjax_dg.server import ema as ema_transform
 from fedjax_dg.server.gradalign import ALIGN_OVER, GRANULARITIES
 from fedjax_dg.server.hypernetwork import (HyperParams, HypernetworkState,
-                                          hypernetwork_step)
+                                          default_embed_dim,
+                                          hypernetwork_server)
 
 DISPLAY_NAME = "hFedF"
 # The clients' optimizer: the run's (Table 10: Adam lr 1e-3) with weight decay
@@ -78,11 +77,6 @@ class HFedFState(NamedTuple):
 def uses_data(hparams) -> bool:
   """Autoencoder embeddings are computed from the run's data."""
   return hparams.get("embeddings") == "autoencoder"
-
-
-def default_embed_dim(num_clients: int) -> int:
-  """floor(1 + N / 4), pFedHN's rule used by hFedF."""
-  return int(1 + num_clients / 4)
 
 
 def autoencoder_embeddings(data, latent: int, *, key: jax.Array,
@@ -152,7 +146,7 @@ def _autoencoder_program(module, num_images, epochs, lr, batch_size):
   return program
 
 
-def hfedf(model, optimizer, loss, *, num_clients: int,
+def build(model, optimizer, loss, *, num_clients: int,
           embed_dim: int = 0,          # 0: floor(1 + N/4) (pFedHN's rule, the paper)
           hidden: int = 50, n_hidden: int = 3,  # Table 8
           head_init: str = "client_init",  # client_init | default
@@ -213,41 +207,29 @@ def hfedf(model, optimizer, loss, *, num_clients: int,
         lr=autoencoder_lr, batch_size=autoencoder_batch_size))
   # Random and autoencoder embeddings are never learned.
   learn = learn_embeddings and embeddings == "learned"
-  module = hypernetwork_module(model, hidden=hidden, n_hidden=n_hidden,
-                               head_init=head_init)
-  h = lambda theta, v: module.apply({"params": theta}, v)
-  generate_many = jax.vmap(h, in_axes=(None, 0))
-  # Weight decay on the hypernetwork weights (pFedHN: and its embeddings).
-  server_opt = make_optimizer(
-      server_optimizer, server_lr, server_weight_decay, server_momentum,
-      clip_norm=server_clip_norm,
-      decay_mask=HyperParams(theta=True, embeddings=embed_weight_decay))
-  step = hypernetwork_step(h, server_opt, align=gradalign, temperature=temperature,
-                           norm_batch_size=norm_batch_size,
-                           learn_embeddings=learn,
-                           granularity=gradalign_granularity,
-                           align_over=gradalign_over,
-                           client_sq_norms=client_grad_sq_norms(module))
+  hn = hypernetwork_server(
+      model, num_clients=num_clients, embed_dim=e, hidden=hidden,
+      n_hidden=n_hidden, head_init=head_init, optimizer=server_optimizer,
+      lr=server_lr, weight_decay=server_weight_decay,
+      momentum=server_momentum, clip_norm=server_clip_norm,
+      decay_embeddings=embed_weight_decay, embeddings=fixed,
+      align=gradalign, temperature=temperature,
+      norm_batch_size=norm_batch_size, learn_embeddings=learn,
+      granularity=gradalign_granularity, align_over=gradalign_over)
   smoother = ema_transform(ema_decay, ema_warmup) if ema else None
 
   def init(key):
-    k_theta, k_emb = jax.random.split(key)
-    emb = (fixed if fixed is not None
-           else jax.random.normal(k_emb, (num_clients, e)))
-    hp = HyperParams(theta=init_hypernetwork(module, model, k_theta, e),
-                     embeddings=emb)
-    return HFedFState(hp, step.init(hp),
+    hp, opt = hn.init(key)
+    return HFedFState(hp, opt,
                       smoother.init(hp) if smoother else optax.EmptyState()), None
 
   def client_start(server, rows, ids):
     del rows
-    return generate_many(server.hp.theta,
-                         jnp.take(server.hp.embeddings, ids, axis=0))
+    return hn.models(server.hp, ids)
 
   def server_update(server, result: ClientResult, key):
-    deltas = jax.tree.map(jnp.subtract, result.start, result.params)
-    updates, opt = step.update(deltas, server.opt, server.hp, ids=result.ids)
-    hp = optax.apply_updates(server.hp, updates)
+    hp, opt = hn.step(server.hp, server.opt, result.start, result.params,
+                      result.ids)
     ema_state = server.ema
     if smoother is not None:
       hp, ema_state = smoother.update(hp, server.ema)
@@ -267,7 +249,7 @@ def hfedf(model, optimizer, loss, *, num_clients: int,
 
   def eval_params(server, clients):
     del clients
-    return generate_many(server.hp.theta, server.hp.embeddings)
+    return hn.all_models(server.hp)
 
   def eval_clients(server, rows, ids):
     return client_start(server, rows, ids)  # the generated models
@@ -280,6 +262,3 @@ def hfedf(model, optimizer, loss, *, num_clients: int,
                    optimizer=optimizer, server_update=server_update,
                    eval_params=eval_params, eval_clients=eval_clients,
                    personalized=True, extras=extras)
-
-
-build = hfedf

@@ -40,8 +40,9 @@ from fedjax_dg.errors import ConfigError
 from fedjax_dg.models.hypergenfl import (AttentionScores, decoder_preactivations,
                                          init_attention_scores)
 from fedjax_dg.optim import make_optimizer
-from fedjax_dg.server.hypergenfl import (LOSSES, HyperGenFLState, aggregate,
-                                         hypergenfl_step, layer_groups)
+from fedjax_dg.server.hypergenfl import (LOSSES, HyperGenFLStepState,
+                                         aggregate, hypergenfl_step,
+                                         layer_groups)
 from fedjax_dg.server.hypernetwork import HyperParams
 
 DISPLAY_NAME = "HG-FL"
@@ -52,12 +53,13 @@ EMBEDDINGS = ("ones", "onehot", "random")  # Table 6
 ORDERS = ("update_first", "aggregate_first")
 
 
-class State(NamedTuple):
-  params: dict            # the global model theta_g
-  hp: HyperParams         # phi and the [N, d] embedding table
-  opt: HyperGenFLState    # AdamW's state and the last gradient point's weights
-  weights: jax.Array      # [N, L] weights of the last aggregate (0 outside
-                          # the last cohort)
+class HyperGenFLState(NamedTuple):
+  params: dict              # the global model theta_g
+  hp: HyperParams           # phi and the [N, d] embedding table
+  opt: HyperGenFLStepState  # AdamW's state and the last gradient point's
+                            # weights
+  weights: jax.Array        # [N, L] weights of the last aggregate (0 outside
+                            # the last cohort)
 
 
 def init_embeddings(kind: str, num_clients: int, dim: int,
@@ -95,30 +97,30 @@ def init_alive(module: AttentionScores, key: jax.Array, dim: int,
   return phi
 
 
-def hypergenfl(model, optimizer, loss, *, num_clients: int,
-               embed_dim: int = 128,   # Sec. 4.1 (= the attention width);
-                                       # Tables 7-8: 64-256
-               embeddings: str = "ones",  # ones (Alg. 1, Sec. 5.1) | onehot
-                                          # (fixed, d = N) | random (N(0, 1),
-                                          # learned): Table 6
-               num_heads: int = 4,     # not given; must divide d (and N for
-                                       # onehot: 1/2/4 fit 128 and Table 6's 100)
-               attention_layers: int = 1,  # residual MHA blocks (Sec. 5.2;
-                                           # Tables 7-8: 1-3)
-               lam: float = 1e-3,      # lambda of Eq. 5: "a small positive
-                                       # constant", no value given
-               granularity: str = "module",  # one weight per module (kernel +
-                                             # bias, Eq. 3's "layer") | tensor
-               server_loss: str = "default",  # Table 9: default (Eq. 10-17) |
-                                              # mse | logcosh
-               order: str = "update_first",   # aggregate with the updated
-                                              # hypernetwork (Alg. 1) |
-                                              # aggregate_first
-               server_optimizer: str = "adamw",  # Sec. 4.1: AdamW
-               server_lr: float = 1e-2,  # Sec. 4.1: "learning rate for the
-                                         # hypernetwork 0.01"
-               server_weight_decay: float = 1e-5,  # Sec. 4.1
-               ) -> Algorithm:
+def build(model, optimizer, loss, *, num_clients: int,
+          embed_dim: int = 128,   # Sec. 4.1 (= the attention width);
+                                  # Tables 7-8: 64-256
+          embeddings: str = "ones",  # ones (Alg. 1, Sec. 5.1) | onehot
+                                     # (fixed, d = N) | random (N(0, 1),
+                                     # learned): Table 6
+          num_heads: int = 4,     # not given; must divide d (and N for
+                                  # onehot: 1/2/4 fit 128 and Table 6's 100)
+          attention_layers: int = 1,  # residual MHA blocks (Sec. 5.2;
+                                      # Tables 7-8: 1-3)
+          lam: float = 1e-3,      # lambda of Eq. 5: "a small positive
+                                  # constant", no value given
+          granularity: str = "module",  # one weight per module (kernel +
+                                        # bias, Eq. 3's "layer") | tensor
+          server_loss: str = "default",  # Table 9: default (Eq. 10-17) |
+                                         # mse | logcosh
+          order: str = "update_first",   # aggregate with the updated
+                                         # hypernetwork (Alg. 1) |
+                                         # aggregate_first
+          server_optimizer: str = "adamw",  # Sec. 4.1: AdamW
+          server_lr: float = 1e-2,  # Sec. 4.1: "learning rate for the
+                                    # hypernetwork 0.01"
+          server_weight_decay: float = 1e-5,  # Sec. 4.1
+          ) -> Algorithm:
   """HyperGenFL; `embed_dim` is ignored for one-hot embeddings (d = N).
 
   The clients use the run's optimizer (`client`): Sec. 4.1's "AdamW lr 0.01,
@@ -147,7 +149,7 @@ def hypergenfl(model, optimizer, loss, *, num_clients: int,
     k_model, k_phi, k_emb = jax.random.split(key, 3)
     table = init_embeddings(embeddings, num_clients, d, k_emb)
     hp = HyperParams(theta=init_alive(module, k_phi, d, table), embeddings=table)
-    return State(model.init(k_model), hp, step.init(hp),
+    return HyperGenFLState(model.init(k_model), hp, step.init(hp),
                  jnp.zeros((num_clients, module.num_layers))), None
 
   def server_update(server, result: ClientResult, key):
@@ -172,7 +174,7 @@ def hypergenfl(model, optimizer, loss, *, num_clients: int,
         "hg_mse": jnp.mean(sq) / tree.num_params(params),
     }
     weights = jnp.zeros_like(server.weights).at[result.ids].set(w)
-    return State(params, hp, opt, weights), metrics
+    return HyperGenFLState(params, hp, opt, weights), metrics
 
   def extras(server, clients):
     del clients
@@ -182,9 +184,6 @@ def hypergenfl(model, optimizer, loss, *, num_clients: int,
   return dataclasses.replace(fedavg(model, optimizer, loss, name="hypergenfl"),
                              init=init, server_update=server_update,
                              extras=extras)
-
-
-build = hypergenfl
 
 
 def diagnose(round_metrics) -> list[str]:

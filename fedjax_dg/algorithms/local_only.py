@@ -16,7 +16,7 @@ DISPLAY_NAME = "Local-only"
 FEDERATED = False
 
 
-def local_only(model, optimizer, loss, *, num_clients: int) -> Algorithm:
+def build(model, optimizer, loss, *, num_clients: int) -> Algorithm:
 
   def client_init(key, ids):
     return tree.broadcast(model.init(key), ids.shape[0])
@@ -32,6 +32,3 @@ def local_only(model, optimizer, loss, *, num_clients: int) -> Algorithm:
       eval_params=lambda server, clients: clients,
       personalized=True,
       client_end=lambda rows, trained: trained, client_init=client_init)
-
-
-build = local_only

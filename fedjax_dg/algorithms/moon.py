@@ -102,15 +102,16 @@ def _rows_equal(a, b) -> jax.Array:
   return jnp.stack(jax.tree.leaves(jax.tree.map(same, a, b))).all(axis=0)
 
 
-def moon(model, optimizer, *, num_clients: int,
-         mu: float = 1.0,           # ref. code default; paper: 5 CIFAR-10, 1
-                                    # CIFAR-100 / Tiny-ImageNet; HyperGenFL 0.01
-         temperature: float = 0.5,  # paper, ref. code and HyperGenFL
-         proj_dim: int = 256,       # projection head output (ref. --out_dim)
-         prev_init: str = "initial",  # initial | global: a client's previous
-                                      # model before it has trained
-                                      # (docs/faithfulness.md)
-         ) -> Algorithm:
+def build(model, optimizer, *, num_clients: int,
+          mu: float = 1.0,           # ref. code default; paper: 5 CIFAR-10,
+                                     # 1 CIFAR-100 / Tiny-ImageNet;
+                                     # HyperGenFL 0.01
+          temperature: float = 0.5,  # paper, ref. code and HyperGenFL
+          proj_dim: int = 256,       # projection head output (ref. --out_dim)
+          prev_init: str = "initial",  # initial | global: a client's previous
+                                       # model before it has trained
+                                       # (docs/faithfulness.md)
+          ) -> Algorithm:
   """MOON over client `model` with a `proj_dim` projection head.
 
   The clients use the run's optimizer (`client`; the reference code: SGD lr
@@ -149,6 +150,3 @@ def moon(model, optimizer, *, num_clients: int,
   return dataclasses.replace(
       base, init=init, client_ctx=client_ctx, client_end=client_end,
       client_init=client_init, eval_params=lambda server, clients: cm.to_model_params(server.params))
-
-
-build = moon

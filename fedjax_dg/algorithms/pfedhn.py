@@ -8,20 +8,22 @@
 
 The reference code takes one server step per sampled client; here the whole cohort's
 mean gradient is one step (`train.cohort_size=1` gives one client per step). No
-GradAlign, no EMA: hFedF (`algorithms.hfedf`) without its two additions, with the
-reference code's hypernetwork and server optimizer. Defaults are the reference
-code's; see docs/faithfulness.md.
+GradAlign, no EMA: the hypernetwork server hFedF builds on
+(`server.hypernetwork.hypernetwork_server`) without hFedF's two additions, with
+the reference code's hypernetwork and server optimizer. Defaults are the
+reference code's; see docs/faithfulness.md.
 """
 
 from __future__ import annotations
 
-import dataclasses
+from typing import NamedTuple
 
 import optax
 
-from fedjax_dg.algorithms.base import Algorithm
-from fedjax_dg.algorithms.hfedf import hfedf
+from fedjax_dg.algorithms.base import Algorithm, ClientResult
 from fedjax_dg.errors import ConfigError
+from fedjax_dg.server.hypernetwork import (HyperParams, HypernetworkState,
+                                          hypernetwork_server)
 
 DISPLAY_NAME = "pFedHN"
 # Table 10: lr 1e-3 all; wd 1e-5 PACS, 1e-4 OH / VLCS. Reference code:
@@ -29,18 +31,23 @@ DISPLAY_NAME = "pFedHN"
 CLIENT = dict(optimizer="adam", lr=1e-3, weight_decay=1e-5, momentum=0.0)
 
 
-def pfedhn(model, optimizer, loss, *, num_clients: int,
-           embed_dim: int = 0,        # 0: floor(1 + N/4), the reference code's rule
-           hidden: int = 100, n_hidden: int = 3,  # reference code
-           head_init: str = "client_init",  # as hFedF (docs/faithfulness.md)
-           server_optimizer: str = "sgd", server_momentum: float = 0.9,
-           server_clip_norm: float = 50.0,
-           server_lr: float = 1e-2,   # 1e-2 PACS, 1e-3 OH / VLCS (ref. code: 1e-2)
-           server_weight_decay: float = 1e-3,  # 1e-3 PACS, 1e-4 OH / VLCS
-           embed_weight_decay: bool = False,  # the ref. code decays them too
-           local_steps: int = 0,      # 0: train.epochs (hFedF protocol); 50: ref.
-           client_clip_norm: float = 0.0,  # 50 in the reference code's inner loop
-           ) -> Algorithm:
+class PFedHNState(NamedTuple):
+  hp: HyperParams         # hypernetwork weights and the [N, e] embedding table
+  opt: HypernetworkState  # the server optimizer's state
+
+
+def build(model, optimizer, loss, *, num_clients: int,
+          embed_dim: int = 0,        # 0: floor(1 + N/4), the reference code's rule
+          hidden: int = 100, n_hidden: int = 3,  # reference code
+          head_init: str = "client_init",  # as hFedF (docs/faithfulness.md)
+          server_optimizer: str = "sgd", server_momentum: float = 0.9,
+          server_clip_norm: float = 50.0,
+          server_lr: float = 1e-2,   # 1e-2 PACS, 1e-3 OH / VLCS (ref. code: 1e-2)
+          server_weight_decay: float = 1e-3,  # 1e-3 PACS, 1e-4 OH / VLCS
+          embed_weight_decay: bool = False,  # the ref. code decays them too
+          local_steps: int = 0,      # 0: train.epochs (hFedF protocol); 50: ref.
+          client_clip_norm: float = 0.0,  # 50 in the reference code's inner loop
+          ) -> Algorithm:
   """pFedHN.
 
   Args:
@@ -59,19 +66,29 @@ def pfedhn(model, optimizer, loss, *, num_clients: int,
   if client_clip_norm > 0:
     optimizer = optax.chain(optax.clip_by_global_norm(client_clip_norm),
                             optimizer)
-  base = hfedf(model, optimizer, loss, num_clients=num_clients,
-               embed_dim=embed_dim, hidden=hidden, n_hidden=n_hidden,
-               head_init=head_init, server_optimizer=server_optimizer,
-               server_lr=server_lr, server_weight_decay=server_weight_decay,
-               server_momentum=server_momentum, server_clip_norm=server_clip_norm,
-               embed_weight_decay=embed_weight_decay, gradalign=False, ema=False,
-               name="pfedhn")
+  hn = hypernetwork_server(
+      model, num_clients=num_clients, embed_dim=embed_dim, hidden=hidden,
+      n_hidden=n_hidden, head_init=head_init, optimizer=server_optimizer,
+      lr=server_lr, weight_decay=server_weight_decay,
+      momentum=server_momentum, clip_norm=server_clip_norm,
+      decay_embeddings=embed_weight_decay, align=False)
 
-  def server_update(server, result, key):  # no GradAlign: nothing to report
-    return base.server_update(server, result, key)[0], {}
+  def init(key):
+    return PFedHNState(*hn.init(key)), None
 
-  return dataclasses.replace(base, server_update=server_update,
-                             local_steps=local_steps, extras=lambda s, c: {})
+  def client_start(server, rows, ids):
+    del rows
+    return hn.models(server.hp, ids)
 
+  def server_update(server, result: ClientResult, key):
+    del key
+    return PFedHNState(*hn.step(server.hp, server.opt, result.start,
+                                result.params, result.ids)), {}
 
-build = pfedhn
+  return Algorithm(name="pfedhn", init=init, client_start=client_start,
+                   loss=loss, optimizer=optimizer,
+                   server_update=server_update,
+                   eval_params=lambda server, clients: hn.all_models(server.hp),
+                   eval_clients=lambda server, rows, ids: client_start(
+                       server, rows, ids),
+                   personalized=True, local_steps=local_steps)

@@ -51,12 +51,13 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_dg import tree
-from fedjax_dg.algorithms.base import Algorithm, ClientResult
-from fedjax_dg.algorithms import fedsdaf
+from fedjax_dg.algorithms.base import Algorithm, ClientResult, with_frozen
 from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.client import objectives
+from fedjax_dg.client.passes import sum_over_chunks
 from fedjax_dg.client.update import Batch, RunProgress
 from fedjax_dg.errors import ConfigError
+from fedjax_dg.models.vit_adapters import adapter_setting
 
 DISPLAY_NAME = "SCAFFOLD"
 # Algorithm 1's clients: plain SGD. lr 1e-2: NIID-Bench's default (the paper
@@ -87,23 +88,25 @@ def full_gradient(loss, params, x, y, n, key, ctx, chunk: int):
   """g_i(params): the gradient of the mean of `loss` over a client's `n` real
   examples (x: [n_max, ...]), `chunk` examples at a time. `loss` is a masked
   mean over its batch, so each chunk's gradient is weighted by its count."""
-  n_max = x.shape[0]
-  pad = -n_max % chunk
-  x = jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1))
-  y = jnp.pad(y, (0, pad))
-  mask = (jnp.arange(n_max + pad) < n).astype(jnp.float32)
-  split = lambda a: a.reshape((-1, chunk) + a.shape[1:])
   grad = jax.grad(loss)
 
-  def step(total, piece):
-    i, xc, yc, mc = piece
-    g = grad(params, Batch(xc, yc, mc), jax.random.fold_in(key, i), ctx)
-    return optax.tree.add(total, optax.tree.scale(jnp.sum(mc), g)), None
+  def chunk_grad(i, batch):
+    g = grad(params, batch, jax.random.fold_in(key, i), ctx)
+    return optax.tree.scale(jnp.sum(batch.mask), g)
 
-  pieces = (jnp.arange((n_max + pad) // chunk), split(x), split(y),
-            split(mask))
-  total, _ = jax.lax.scan(step, optax.tree.zeros_like(params), pieces)
+  total = sum_over_chunks(chunk_grad, optax.tree.zeros_like(params), x, y, n,
+                          chunk)
   return optax.tree.scale(1.0 / jnp.maximum(n, 1), total)
+
+
+def on_frozen(loss):
+  """`loss` of the model's whole parameters as an objective of the trained
+  ones: the shared-frozen entries (`ctx.frozen`) merged in."""
+
+  def objective(params, batch: Batch, rng, ctx):
+    return loss(with_frozen(ctx.frozen, params), batch, rng, ctx)
+
+  return objective
 
 
 def step_size(optimizer: optax.GradientTransformation) -> float:
@@ -118,10 +121,10 @@ def step_size(optimizer: optax.GradientTransformation) -> float:
     return float(-update)
 
 
-def scaffold(model, optimizer, loss, *, num_clients: int, variant: str = "II",
-             server_lr: float = 1.0, weighting: str = "uniform",
-             grad_chunk: int = 64, adapters: bool = False,
-             name: str = "scaffold") -> Algorithm:
+def build(model, optimizer, loss, *, num_clients: int, variant: str = "II",
+          server_lr: float = 1.0, weighting: str = "uniform",
+          grad_chunk: int = 64, adapters: bool = False,
+          name: str = "scaffold") -> Algorithm:
   """SCAFFOLD of `model` with local objective `loss` (module docstring).
   `adapters`: on a ViT, only FedSDAF's domain-invariant adapter and the head
   train (and carry control variates) on the frozen backbone, FedAvg
@@ -144,8 +147,9 @@ def scaffold(model, optimizer, loss, *, num_clients: int, variant: str = "II",
   frozen = None
   sample = model.init
   if adapters:
-    model, frozen, sample, loss = fedsdaf.adapter_setting(
-        model, objectives.cross_entropy, who="scaffold.adapters=True")
+    model, frozen, sample = adapter_setting(model,
+                                            who="scaffold.adapters=True")
+    loss = on_frozen(objectives.cross_entropy(model))
   base = fedavg(model, optimizer, corrected(loss), name=name)
 
   def client_init(key, ids):
@@ -198,6 +202,3 @@ def scaffold(model, optimizer, loss, *, num_clients: int, variant: str = "II",
       client_shared=lambda server: server.control,
       client_aux=client_aux, client_end=client_end, client_end_takes_aux=True,
       client_init=client_init, frozen=frozen, model=model if adapters else None)
-
-
-build = scaffold

@@ -25,11 +25,12 @@ in tests/test_feddg_ga.py.
 Timing. theta_k^{r-1} is the client's local model of its last round; its
 metric, measured then on the same fixed examples in evaluation mode, is the
 same number, so the state keeps it (`before`, [N]) instead of the model. In
-round r a cohort client reports E_k(theta^r) (the model it received) and
-E_k(theta_k^r) (the model it trained): the first with the stored `before`
-makes G_k, the second becomes the next `before`. A client without a stored
-value (its first round, all of round 0) has no gap and keeps its weight, as
-the paper's `r > 0`.
+round r a cohort client reports E_k(theta^r) (`received`: the model it
+received) and E_k(theta_k^r) (`trained`: the model it trained), its
+`GapMetrics`: the first with the stored `before` makes G_k, the second
+becomes the next `before`. A client without a stored value (its first
+round, all of round 0) has no gap and keeps its weight, as the paper's
+`r > 0`.
 
 Cohorts. Weights are per client id (`[N]`). Only the cohort's clients with a
 gap move (gap 0 for the others: the code's update with their weights left
@@ -54,6 +55,14 @@ from fedjax_dg.server.aggregate import ServerTransform
 # The metric's sign: a loss gap > 0 and an accuracy gap < 0 both mean the global
 # model generalizes worse to the client than its own model (code: `signal`).
 SIGNS = {"loss": 1.0, "acc": -1.0}
+
+
+class GapMetrics(NamedTuple):
+  """What a client reports (its `client_aux`): E_k of the model it received
+  and of the model it trained, on its fixed slice (`client.passes.
+  slice_metrics`). Stacked over the cohort: [m] each."""
+  received: jax.Array
+  trained: jax.Array
 
 
 class GAState(NamedTuple):
@@ -116,8 +125,8 @@ def ga_aggregation(num_clients: int, *, step_size: float = 0.2,
                    ) -> ServerTransform:
   """Stacked trained models [m, ...] -> sum_k a_k theta_k over the cohort.
 
-  Extras: `ids` [m]; `after` [m], E_k of the model the client received
-  (theta^r); `before` [m], E_k of the model it trained (theta_k^r);
+  Extras: `ids` [m]; `received` [m], E_k of the model the client received
+  (theta^r); `trained` [m], E_k of the model it trained (theta_k^r);
   `progress` = r / R (the step decays linearly over the run). `metric`
   ("loss" or "acc") fixes the sign; E_k must be that metric.
   """
@@ -139,11 +148,11 @@ def ga_aggregation(num_clients: int, *, step_size: float = 0.2,
                    gaps=jnp.zeros((n,), jnp.float32),
                    step=jnp.zeros((), jnp.float32))
 
-  def update(updates, state: GAState, params=None, *, ids, after, before,
+  def update(updates, state: GAState, params=None, *, ids, received, trained,
              progress, **extra):
     del params, extra
     valid_c = jnp.take(state.seen, ids)
-    gap_c = jnp.where(valid_c, after - jnp.take(state.before, ids), 0.0)
+    gap_c = jnp.where(valid_c, received - jnp.take(state.before, ids), 0.0)
     zero = jnp.zeros_like(state.gaps)
     gaps = zero.at[ids].set(gap_c.astype(jnp.float32))
     valid = jnp.zeros_like(state.seen).at[ids].set(valid_c)
@@ -153,9 +162,28 @@ def ga_aggregation(num_clients: int, *, step_size: float = 0.2,
     out = tree.weighted_sum(updates, cohort_weights(weights, ids))
     new = GAState(weights=weights,
                   before=state.before.at[ids].set(
-                      jnp.asarray(before, jnp.float32)),
+                      jnp.asarray(trained, jnp.float32)),
                   seen=state.seen.at[ids].set(True),
                   gaps=gaps, step=step)
     return out, new
 
   return ServerTransform(init, update)
+
+
+def ga_server_update(aggregator: ServerTransform, server, stacked, result,
+                     key):
+  """The server step of GA aggregation (FedDG-GA's and FedSDAF's) over the
+  cohort's `stacked` models: `server` a (params, opt) NamedTuple with the
+  aggregator's `GAState` as `opt`, `result` the round's `ClientResult`
+  (`GapMetrics` as its `aux`; `rounds`, the run's length, set). Returns the
+  new server (`server._replace`) and the round metrics in cohort order:
+  `ga_weights`, `ga_gaps`, `ga_step`."""
+  params, opt = aggregator.update(
+      stacked, server.opt, server.params, ids=result.ids,
+      received=result.aux.received, trained=result.aux.trained,
+      progress=result.round / result.rounds,
+      weights=result.num_examples, key=key)
+  cohort = lambda v: jnp.take(v, result.ids)
+  return server._replace(params=params, opt=opt), {
+      "ga_weights": cohort(opt.weights), "ga_gaps": cohort(opt.gaps),
+      "ga_step": opt.step}

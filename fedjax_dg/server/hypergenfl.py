@@ -53,9 +53,10 @@ GRANULARITIES = ("module", "tensor")
 LOSSES = ("default", "mse", "logcosh")
 
 
-class HyperGenFLState(NamedTuple):
-  """The server optimizer's state and the weights A of the last step's gradient
-  point per client and layer ([N, L]; zero for clients outside the last cohort)."""
+class HyperGenFLStepState(NamedTuple):
+  """`hypergenfl_step`'s state: the server optimizer's state and the weights
+  A of the last step's gradient point per client and layer ([N, L]; zero for
+  clients outside the last cohort)."""
   opt: Any
   weights: jax.Array
 
@@ -159,10 +160,12 @@ def hypergenfl_step(hn: WeightNet, layer_of: tuple[int, ...],
 
   def init(params: HyperParams):
     n = params.embeddings.shape[0]
-    return HyperGenFLState(optimizer.init(params), jnp.zeros((n, num_layers)))
+    return HyperGenFLStepState(optimizer.init(params),
+                               jnp.zeros((n, num_layers)))
 
-  def update(updates, state: HyperGenFLState, params: HyperParams = None, *,
-             ids: jax.Array, start: PyTree, **extra):
+  def update(updates, state: HyperGenFLStepState,
+             params: HyperParams = None, *, ids: jax.Array, start: PyTree,
+             **extra):
     del extra
     sigma = jnp.take(params.embeddings, ids, axis=0)
     _, weights, g_phi, g_sigma = server_grads(hn, layer_of, params.theta, sigma,
@@ -173,7 +176,7 @@ def hypergenfl_step(hn: WeightNet, layer_of: tuple[int, ...],
     grads = HyperParams(theta=g_phi, embeddings=jnp.where(active, g_emb, 0.0))
     out, opt = optimizer.update(grads, state.opt, params)
     out = out._replace(embeddings=jnp.where(active, out.embeddings, 0.0))
-    return out, HyperGenFLState(
+    return out, HyperGenFLStepState(
         opt, jnp.zeros_like(state.weights).at[ids].set(weights))
 
   return ServerTransform(init, update)

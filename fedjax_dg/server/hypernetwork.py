@@ -1,4 +1,7 @@
-"""The hypernetwork server step (pFedHN convention, hFedF Alg. 1/3) as a transform.
+"""The hypernetwork server (pFedHN convention, hFedF Alg. 1/3): its step as a
+transform, and the whole server as plain functions (`hypernetwork_server`:
+hFedF adds GradAlign and the EMA to it, pFedHN is it with the reference
+code's settings).
 
 Sign. delta_i = phi_i - phi_i^trained (old minus new, pFedHN's reference code:
 `grad_outputs = params_sent - params_after_local`), g = the VJP of the generator
@@ -16,6 +19,10 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_dg.errors import ConfigError
+from fedjax_dg.models.hypernetwork import (client_grad_sq_norms,
+                                            hypernetwork_module,
+                                            init_hypernetwork)
+from fedjax_dg.optim import make_optimizer
 from fedjax_dg.server.aggregate import ServerTransform
 from fedjax_dg.server.gradalign import (ALIGN_OVER, GRANULARITIES, HyperGrads,
                                        hypernetwork_grads)
@@ -95,3 +102,77 @@ def hypernetwork_step(h: Callable, optimizer: optax.GradientTransformation, *,
                                   rows(state.weights_emb, g.weights_emb), tensors)
 
   return ServerTransform(init, update)
+
+
+class HypernetworkServer(NamedTuple):
+  """A hypernetwork server as plain functions (`hypernetwork_server`).
+
+  init(key) -> (HyperParams, HypernetworkState): theta and the [N, e]
+      embedding table, the step's state.
+  models(hp, ids) -> [m, ...] the generated models of clients `ids`.
+  all_models(hp) -> [N, ...] every client's generated model.
+  step(hp, state, start, trained, ids) -> (hp, state): one server step from
+      the cohort's generated (`start`) and trained models [m, ...].
+  """
+  init: Callable[[jax.Array], tuple[HyperParams, HypernetworkState]]
+  models: Callable[[HyperParams, jax.Array], Any]
+  all_models: Callable[[HyperParams], Any]
+  step: Callable[..., tuple[HyperParams, HypernetworkState]]
+
+
+def default_embed_dim(num_clients: int) -> int:
+  """floor(1 + N / 4): pFedHN's rule for the embedding size e, hFedF's too."""
+  return int(1 + num_clients / 4)
+
+
+def hypernetwork_server(model, *, num_clients: int, embed_dim: int = 0,
+                        hidden: int, n_hidden: int, head_init: str,
+                        optimizer: str, lr: float, weight_decay: float,
+                        momentum: float, clip_norm: float,
+                        decay_embeddings: bool,
+                        embeddings: jax.Array | None = None,
+                        **step_options) -> HypernetworkServer:
+  """The server of a hypernetwork generating `model`'s parameters, one
+  embedding row per client.
+
+  `embed_dim` 0: `default_embed_dim`. `hidden`, `n_hidden`, `head_init`: the
+  generator (`models.hypernetwork`). The server optimizer is
+  `optim.make_optimizer(optimizer, lr, weight_decay, momentum, clip_norm)`
+  with weight decay on theta, and on the embeddings with
+  `decay_embeddings`. `embeddings`: a fixed [N, e] table; None: N(0, 1)
+  draws at `init`. `step_options` go to `hypernetwork_step` (GradAlign,
+  `learn_embeddings`, ...); the generator's closed-form per-client gradient
+  norms are given to it.
+  """
+  e = embed_dim or default_embed_dim(num_clients)
+  module = hypernetwork_module(model, hidden=hidden, n_hidden=n_hidden,
+                               head_init=head_init)
+  h = lambda theta, v: module.apply({"params": theta}, v)
+  generate_many = jax.vmap(h, in_axes=(None, 0))
+  server_opt = make_optimizer(
+      optimizer, lr, weight_decay, momentum, clip_norm=clip_norm,
+      decay_mask=HyperParams(theta=True, embeddings=decay_embeddings))
+  transform = hypernetwork_step(h, server_opt,
+                                client_sq_norms=client_grad_sq_norms(module),
+                                **step_options)
+
+  def init(key):
+    k_theta, k_emb = jax.random.split(key)
+    emb = (embeddings if embeddings is not None
+           else jax.random.normal(k_emb, (num_clients, e)))
+    hp = HyperParams(theta=init_hypernetwork(module, model, k_theta, e),
+                     embeddings=emb)
+    return hp, transform.init(hp)
+
+  def models(hp, ids):
+    return generate_many(hp.theta, jnp.take(hp.embeddings, ids, axis=0))
+
+  def all_models(hp):
+    return generate_many(hp.theta, hp.embeddings)
+
+  def step(hp, state, start, trained, ids):
+    deltas = jax.tree.map(jnp.subtract, start, trained)
+    updates, state = transform.update(deltas, state, hp, ids=ids)
+    return optax.apply_updates(hp, updates), state
+
+  return HypernetworkServer(init, models, all_models, step)
