@@ -49,7 +49,7 @@ def worker(variant: str, m: int, model_name: str, reps: int) -> dict:
 
   from fedjax_dg import algorithms, models, tree
   from fedjax_dg.algorithms.base import ClientResult
-  from fedjax_dg.config import base_config
+  from fedjax_dg.run.config import base_config
 
   model = models.get_model(model_name, input_shape=(32, 32, 3), num_classes=10)
   cfg = base_config()

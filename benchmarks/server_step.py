@@ -44,7 +44,7 @@ def worker(variant: str, c: int, reps: int) -> dict:
 
   from fedjax_dg import algorithms, models, tree
   from fedjax_dg.algorithms.base import ClientResult
-  from fedjax_dg.config import base_config
+  from fedjax_dg.run.config import base_config
 
   model = models.get_model("inception_cnn", input_shape=(32, 32, 3), num_classes=7)
   cfg = base_config()

@@ -58,7 +58,8 @@ def main(argv=None):
   p.add_argument("--seed", type=int, default=0)
   args = p.parse_args(argv)
 
-  from fedjax_dg import algorithms, engine, experiment
+  from fedjax_dg import algorithms, engine
+  from fedjax_dg.run import experiment
   from fedjax_dg.data import federated, partition
   from fedjax_dg.errors import ConfigError
   from fedjax_dg.models import vit_weights

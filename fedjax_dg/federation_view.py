@@ -64,7 +64,7 @@ def plot(panels: list[tuple[str, list[str], np.ndarray]], by: str, path: str,
   segment per domain / class) or a heatmap; written to `path`."""
   if kind not in KINDS:
     raise ConfigError(f"--plot-kind {kind!r}: allowed {KINDS}")
-  from fedjax_dg.plots import pyplot
+  from fedjax_dg.report.plots import pyplot
   plt = pyplot()
   clients = max(len(t) for _, _, t in panels)
   every = list(dict.fromkeys(n for _, names, _ in panels for n in names))
@@ -104,7 +104,7 @@ def plot(panels: list[tuple[str, list[str], np.ndarray]], by: str, path: str,
 
 def main(args) -> int:
   """`fedjax-dg partition --config CFG [--set k=v] [--by] [--plot OUT.png]`."""
-  from fedjax_dg import config as config_lib, experiment
+  from fedjax_dg.run import config as config_lib, experiment
   if args.plot and not args.plot.lower().endswith(".png"):
     raise ConfigError(f"--plot {args.plot!r}: give a .png path")
   if args.plot_kind not in KINDS:

@@ -97,7 +97,7 @@ def every_algorithm_setup(num_clients=4):
   in seconds: 5 domains of 24 images, a server split (FedDF, FedBE, FedLAW),
   2 server steps, 1 autoencoder epoch (hFedF), CCST's encoder up to relu1_1
   (8x8 images). -> (fed, cfg)."""
-  from fedjax_dg import config
+  from fedjax_dg.run import config
   fed = federated.build(synthetic_domains(num_domains=5, per_domain=24),
                         partition.PartitionSpec(num_partitions=num_clients,
                                                 seed=0),

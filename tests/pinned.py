@@ -53,7 +53,7 @@ def federation():
 
 
 def config():
-  from fedjax_dg.config import base_config
+  from fedjax_dg.run.config import base_config
   c = base_config()
   # 6 rounds of ~6 local steps need larger steps than the papers'.
   c.client.lr = 1e-2

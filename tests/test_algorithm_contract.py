@@ -24,7 +24,8 @@ import numpy as np
 import pytest
 
 from conftest import every_algorithm_setup, model_for
-from fedjax_dg import algorithms, config, engine, models
+from fedjax_dg import algorithms, engine, models
+from fedjax_dg.run import config
 from fedjax_dg.algorithms.base import with_frozen
 
 N, M = 4, 3

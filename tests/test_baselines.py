@@ -14,7 +14,7 @@ from fedjax_dg.algorithms.base import ClientResult, ServerState
 from fedjax_dg.algorithms.fedsr import Reference
 from fedjax_dg.client import objectives
 from fedjax_dg.client.update import Batch, ClientContext, local_update
-from fedjax_dg.config import base_config
+from fedjax_dg.run.config import base_config
 from fedjax_dg.models.fedsr import ProbabilisticModel
 from fedjax_dg.server.gma import (GmaState, agreement_mask,
                                   gradient_masked_averaging)

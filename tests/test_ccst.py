@@ -13,12 +13,13 @@ import pytest
 from safetensors.numpy import save_file
 
 from conftest import synthetic_federation, with_sizes
-from fedjax_dg import algorithms, engine, experiment, models, tree
+from fedjax_dg import algorithms, engine, models, tree
+from fedjax_dg.run import experiment
 from fedjax_dg.algorithms import ccst
 from fedjax_dg.algorithms.base import ClientResult
 from fedjax_dg.algorithms.fedccrl import StylePool
 from fedjax_dg.client.update import Batch, ClientContext, ClientData
-from fedjax_dg.config import base_config
+from fedjax_dg.run.config import base_config
 from fedjax_dg.errors import ConfigError, DataError, NeedsDataError
 from fedjax_dg.models import adain
 

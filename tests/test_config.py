@@ -6,12 +6,14 @@ import textwrap
 
 import pytest
 
-from fedjax_dg import algorithms, config, engine, experiment, tables
+from fedjax_dg import algorithms, engine
+from fedjax_dg.run import config, experiment
+from fedjax_dg.report import tables
 
 
 def _experiment(tmp_path, body: str) -> str:
   path = tmp_path / "exp.py"
-  path.write_text("from fedjax_dg.config import base_config\n\n"
+  path.write_text("from fedjax_dg.run.config import base_config\n\n"
                   "def get_config():\n  c = base_config()\n"
                   + textwrap.indent(textwrap.dedent(body), "  ") + "  return c\n")
   return str(path)
@@ -108,7 +110,7 @@ def test_every_section_is_known_to_the_tables():
 
 
 SCENARIO_FILE = """
-from fedjax_dg.config import base_config
+from fedjax_dg.run.config import base_config
 
 def get_config():
   c = base_config()
@@ -124,7 +126,7 @@ def test_a_value_the_scenario_would_replace_is_refused_on_every_path(tmp_path):
   silently replaced (`config.explicit`)."""
   import copy
   import pickle
-  from fedjax_dg import presets
+  from fedjax_dg.run import presets
   from fedjax_dg.errors import ConfigError
   needle = r"sets data\.alpha=0\.1, but data\.alpha=0\.5 was given too"
   path = tmp_path / "extreme.py"

@@ -614,7 +614,7 @@ def test_a_folder_of_your_own_becomes_a_named_dataset(tmp_path, n_domains,
 def test_a_folder_dataset_with_a_constant_channel_trains_end_to_end(tmp_path):
   """Blue is 77 in every image of the dataset: its std is 0, guarded
   (`channel_stats`: std 1, so it normalizes to 0, not 0 / 0 = NaN)."""
-  from fedjax_dg import config, experiment
+  from fedjax_dg.run import config, experiment
   root = _write_own_folder(str(tmp_path / "mine"),
                            ["a", "b", "c"], ["x", "y"], gray=False)
   data_dir = str(tmp_path / "data")
@@ -777,7 +777,7 @@ def test_a_run_is_told_where_a_folder_dataset_was_prepared(tmp_path,
   """Prepared before the checkout's .data/ existed, a folder dataset lands in
   ~/.cache/...; once .data/ exists, the lookup names the directory it looked
   in, the one that holds the dataset and both ways out."""
-  from fedjax_dg import config, experiment
+  from fedjax_dg.run import config, experiment
   monkeypatch.setenv("HOME", str(tmp_path / "home"))
   monkeypatch.delenv("FEDJAX_DG_DATA_DIR", raising=False)
   checkout = tmp_path / "checkout" / ".data"
@@ -880,7 +880,7 @@ def test_the_own_folder_config_uses_every_image_and_says_what_to_set(
   without data.name stops and says to set it; with it, every image of the
   folder is in the federation (clients' training and validation + target),
   gray kept gray."""
-  from fedjax_dg import config, experiment
+  from fedjax_dg.run import config, experiment
   path = os.path.join(os.path.dirname(os.path.dirname(__file__)),
                       "experiments", "own_folder.py")
   cfg = config.load(path)

@@ -15,7 +15,7 @@ from fedjax_dg.algorithms import elcfs
 from fedjax_dg.algorithms.base import ClientResult
 from fedjax_dg.client import frequency, objectives
 from fedjax_dg.client.update import Batch, ClientContext, ClientData
-from fedjax_dg.config import base_config
+from fedjax_dg.run.config import base_config
 from fedjax_dg.errors import ConfigError, NeedsDataError
 
 RNG = np.random.default_rng(0)

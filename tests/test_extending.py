@@ -18,7 +18,9 @@ import numpy as np
 import pytest
 
 from conftest import synthetic_federation
-from fedjax_dg import algorithms, config, engine, experiment, models, tables
+from fedjax_dg import algorithms, engine, models
+from fedjax_dg.run import config, experiment
+from fedjax_dg.report import tables
 from fedjax_dg.client.update import Batch
 
 DOC = os.path.join(os.path.dirname(__file__), "..", "docs", "extending.md")

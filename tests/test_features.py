@@ -8,8 +8,10 @@ import jax
 import numpy as np
 import pytest
 
-from fedjax_dg import algorithms, engine, experiment, models, plots
-from fedjax_dg.config import base_config
+from fedjax_dg import algorithms, engine, models
+from fedjax_dg.run import experiment
+from fedjax_dg.report import plots
+from fedjax_dg.run.config import base_config
 from fedjax_dg.errors import ConfigError
 
 CFG = engine.EngineConfig(rounds=1, eval_every=1, epochs=1, batch_size=16,

@@ -18,7 +18,7 @@ from fedjax_dg.algorithms.base import ClientResult
 from fedjax_dg.client import objectives
 from fedjax_dg.client.update import (Batch, ClientContext, RunProgress,
                                      local_update)
-from fedjax_dg.config import base_config
+from fedjax_dg.run.config import base_config
 from fedjax_dg.errors import ConfigError
 from fedjax_dg.models.fedadg import FedADGNets
 

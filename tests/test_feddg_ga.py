@@ -14,7 +14,7 @@ from fedjax_dg import algorithms, engine, models, tree
 from fedjax_dg.algorithms import feddg_ga
 from fedjax_dg.algorithms.base import ClientResult
 from fedjax_dg.client.update import ClientContext, ClientData
-from fedjax_dg.config import base_config
+from fedjax_dg.run.config import base_config
 from fedjax_dg.errors import ConfigError
 from fedjax_dg.server import ga
 

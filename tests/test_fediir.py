@@ -13,7 +13,7 @@ from fedjax_dg import algorithms, engine, models
 from fedjax_dg.algorithms import fediir
 from fedjax_dg.algorithms.base import ClientResult
 from fedjax_dg.client.update import Batch, ClientContext, ClientData
-from fedjax_dg.config import base_config
+from fedjax_dg.run.config import base_config
 from fedjax_dg.errors import ConfigError
 
 

@@ -14,11 +14,12 @@ import optax
 import pytest
 
 from conftest import TINY_VIT, synthetic_federation, with_sizes
-from fedjax_dg import algorithms, engine, experiment, models, tree
+from fedjax_dg import algorithms, engine, models, tree
+from fedjax_dg.run import experiment
 from fedjax_dg.algorithms import fedsdaf
 from fedjax_dg.algorithms.base import ClientResult, with_frozen
 from fedjax_dg.client.update import Batch, ClientContext, local_update
-from fedjax_dg.config import base_config
+from fedjax_dg.run.config import base_config
 from fedjax_dg.errors import ConfigError
 
 N = 3

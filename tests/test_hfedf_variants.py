@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 from conftest import synthetic_domains
-from fedjax_dg import (algorithms, engine, experiment, models, presets, server,
-                       tree)
+from fedjax_dg import algorithms, engine, models, server, tree
+from fedjax_dg.run import experiment, presets
 from fedjax_dg.algorithms import hfedf as hfedf_lib
 from fedjax_dg.algorithms.base import ClientResult
-from fedjax_dg.config import base_config
+from fedjax_dg.run.config import base_config
 from fedjax_dg.data import federated, partition
 from fedjax_dg.models import autoencoder as ae
 from fedjax_dg.server import EmaState

@@ -15,7 +15,7 @@ from conftest import synthetic_domains
 from fedjax_dg import algorithms, engine, models, tree
 from fedjax_dg.algorithms.base import ClientResult
 from fedjax_dg.algorithms.hypergenfl import hypergenfl
-from fedjax_dg.config import base_config
+from fedjax_dg.run.config import base_config
 from fedjax_dg.data import federated, partition
 from fedjax_dg.models.hypergenfl import AttentionScores, init_attention_scores
 from fedjax_dg.server import hypergenfl as hg
@@ -553,7 +553,7 @@ def test_a_run_whose_hypernetwork_dies_is_warned_about(fed3):
   hypernetwork's gradients are ~1e-9 here and Adam rescales them to ~lr: on
   two devices it dies one round earlier), so the round is read from the
   run's own `hg_dead`."""
-  from fedjax_dg import report
+  from fedjax_dg.report import run_summary
   model = models.get_model("mlp", input_shape=fed3.image_shape,
                            num_classes=fed3.num_classes, mean=fed3.mean,
                            std=fed3.std, hidden=6)
@@ -571,7 +571,7 @@ def test_a_run_whose_hypernetwork_dies_is_warned_about(fed3):
                       f"({4 - since} of 4 rounds)")
   results = dict(runs=[dict(target="0", warnings=[w]),
                        dict(target="1", warnings=[])])
-  assert report.warnings_text(results) == f"WARNING (0): {w}"
+  assert run_summary.warnings_text(results) == f"WARNING (0): {w}"
   # The run's reported metrics and extras: the server's embedding table and
   # its [N, L] weights table (every client in every cohort here).
   w_min = np.asarray(res.round_metrics["hg_weight_min"])

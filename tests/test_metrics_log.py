@@ -8,7 +8,8 @@ import struct
 
 import pytest
 
-from fedjax_dg import cli, engine, metrics_log
+from fedjax_dg import cli, engine
+from fedjax_dg.report import metrics_log
 
 
 def reject(token):
@@ -77,7 +78,7 @@ def test_resumed_chunks_replace_their_lines_and_sync_matches_history(tmp_path):
 
 
 TINY = '''
-from fedjax_dg.config import base_config
+from fedjax_dg.run.config import base_config
 
 def get_config():
   c = base_config()

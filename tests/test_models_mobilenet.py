@@ -441,7 +441,7 @@ def test_seeded_weights_give_torchvisions_logits():
 
 
 def test_config_keys_reach_get_model(tmp_path):
-  from fedjax_dg import config, experiment
+  from fedjax_dg.run import config, experiment
   path = tmp_path / "mnv3.safetensors"
   path.write_bytes(b"")
   cfg = config.apply_overrides(config.base_config(), [

@@ -12,7 +12,7 @@ from fedjax_dg.algorithms.moon import (Negative, model_contrastive_loss, moon,
                                        objective)
 from fedjax_dg.client.sam import ascent, sam
 from fedjax_dg.client.update import Batch, ClientContext, local_update
-from fedjax_dg.config import base_config
+from fedjax_dg.run.config import base_config
 from fedjax_dg.data import federated, partition
 from fedjax_dg.models.moon import ContrastiveModel
 from fedjax_dg.optim import make_optimizer

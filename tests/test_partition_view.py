@@ -6,13 +6,14 @@ import re
 import numpy as np
 import pytest
 
-from fedjax_dg import cli, config as config_lib, experiment, federation_view
+from fedjax_dg import cli, federation_view
+from fedjax_dg.run import config as config_lib, experiment
 from fedjax_dg.errors import ConfigError
 
 from conftest import synthetic_domains, synthetic_federation
 
 CONFIG = '''
-from fedjax_dg.config import base_config
+from fedjax_dg.run.config import base_config
 
 def get_config():
   c = base_config()

@@ -5,7 +5,8 @@ import os
 
 import pytest
 
-from fedjax_dg import config, presets, report, tables
+from fedjax_dg.run import config, presets
+from fedjax_dg.report import run_summary, tables
 
 
 def _results(targets=("test",), algorithms=("fedavg", "hypergenfl")):
@@ -26,7 +27,7 @@ def _results(targets=("test",), algorithms=("fedavg", "hypergenfl")):
 
 
 def test_report_shows_best_and_final_side_by_side():
-  header, rows = report.table_rows(_results())
+  header, rows = run_summary.table_rows(_results())
   assert header == ["algorithm", "id test", "id μ", "best id test", "best id μ",
                     "test test", "test μ", "best test test", "best test μ"]
   cols = dict(zip(header, zip(*rows)))
@@ -34,23 +35,23 @@ def test_report_shows_best_and_final_side_by_side():
   assert cols["test test"] == ("50.0", "60.0")
   assert cols["best test test"] == ("55.0", "60.0")
   assert cols["best id μ"] == ("72.0", "72.0")
-  assert report.best_over_rounds(_results()["runs"][0], "ood_acc") == (0.55, 2)
-  lines = report.best_rounds(_results())
+  assert run_summary.best_over_rounds(_results()["runs"][0], "ood_acc") == (0.55, 2)
+  lines = run_summary.best_rounds(_results())
   assert lines[0] == "fedavg / test: best test 55.0 at round 2 of 3 (final 50.0)"
 
 
 def test_report_names_ood_for_domain_targets_and_writes_table(tmp_path):
   res = _results(targets=("photo", "sketch"))
-  header, rows = report.table_rows(res)
+  header, rows = run_summary.table_rows(res)
   assert "ood μ" in header and "best ood μ" in header and "test μ" not in header
   cols = dict(zip(header, zip(*rows)))
   assert cols["best ood μ"][0] == "55.5 ± 0.5"  # mean (std) of 55.0 and 56.0
-  assert report.eval_label(["test"]) == "test"
-  assert report.eval_label(["val"]) == "test"  # Tiny-ImageNet's labeled split
-  assert report.eval_label(["test", "photo"]) == "ood"
-  assert report.eval_label([]) == "ood"
+  assert run_summary.eval_label(["test"]) == "test"
+  assert run_summary.eval_label(["val"]) == "test"  # Tiny-ImageNet's labeled split
+  assert run_summary.eval_label(["test", "photo"]) == "ood"
+  assert run_summary.eval_label([]) == "ood"
   res = _results()
-  paths = report.write_all(res, str(tmp_path))
+  paths = run_summary.write_all(res, str(tmp_path))
   text = open(os.path.join(tmp_path, "table.md")).read()
   assert "best test μ" in text and "held-out official test split" in text
   assert "best test 55.0 at round 2" in text
@@ -84,7 +85,7 @@ def test_tables_best_and_final_with_test_naming():
     ("standard", 10, 5, 0.5), ("advanced", 100, 20, 0.25),
     ("extreme", 100, 20, 0.1)])
 def test_scenarios_follow_table1(name, clients, active, beta):
-  from fedjax_dg import experiment  # pylint: disable=g-import-not-at-top
+  from fedjax_dg.run import experiment  # pylint: disable=g-import-not-at-top
   cfg = config.base_config()
   applied = presets.apply_scenario(cfg, name)
   assert cfg.data.partition == "dirichlet" and cfg.data.targets == "test"
@@ -107,7 +108,8 @@ def test_scenarios_follow_table1(name, clients, active, beta):
     ("tiny_imagenet", "resnet50", 64, 1, "val")])
 def test_scenario_with_dataset_sets_backbone_and_epochs(dataset, model, size,
                                                         epochs, target):
-  from fedjax_dg import experiment, models  # pylint: disable=g-import-not-at-top
+  from fedjax_dg import models  # pylint: disable=g-import-not-at-top
+  from fedjax_dg.run import experiment
   from fedjax_dg.data import sources  # pylint: disable=g-import-not-at-top
   cfg = config.base_config()
   presets.apply_scenario(cfg, "extreme", dataset=dataset)
@@ -139,8 +141,8 @@ def test_scenario_errors_and_optional_sections():
 
 def test_targets_all_on_split_datasets_is_the_evaluation_split_only():
   """data.targets='all' never holds out 'train' (clients would train on test)."""
-  from fedjax_dg import experiment
-  from fedjax_dg.config import base_config
+  from fedjax_dg.run import experiment
+  from fedjax_dg.run.config import base_config
   c = base_config()
   c.data.name = "fashion_mnist"
   assert experiment.target_domains(c, ("train", "test")) == ["test"]
@@ -151,7 +153,7 @@ def test_targets_all_on_split_datasets_is_the_evaluation_split_only():
 
 
 def test_scenario_field_sets_table1_values_and_rejects_conflicts():
-  from fedjax_dg import experiment  # pylint: disable=g-import-not-at-top
+  from fedjax_dg.run import experiment  # pylint: disable=g-import-not-at-top
   cfg = config.apply_overrides(config.base_config(), ["scenario=extreme"])
   resolved = experiment.resolve(cfg)
   assert (resolved.data.num_clients, resolved.train.cohort_size,

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from conftest import synthetic_domains
-from fedjax_dg import config, engine, experiment, models
+from fedjax_dg import engine, models
+from fedjax_dg.run import config, experiment
 from fedjax_dg.algorithms.base import ServerState
 from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.client import objectives

@@ -11,13 +11,14 @@ import pytest
 
 from conftest import synthetic_domains
 from test_data_federated import make_dataset
-from fedjax_dg import algorithms, engine, experiment, models, optim, tree
+from fedjax_dg import algorithms, engine, models, optim, tree
+from fedjax_dg.run import experiment
 from fedjax_dg.algorithms.base import ClientResult
 from fedjax_dg.algorithms import fedbe as fedbe_lib
 from fedjax_dg.algorithms import feddf as feddf_lib
 from fedjax_dg.algorithms import fedlaw as fedlaw_lib
 from fedjax_dg.algorithms.feddf import avg_logits_teacher
-from fedjax_dg.config import base_config
+from fedjax_dg.run.config import base_config
 from fedjax_dg.data import federated
 from fedjax_dg.data.partition import PartitionSpec
 from fedjax_dg.errors import ConfigError

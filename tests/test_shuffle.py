@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_dg import config, engine, experiment
+from fedjax_dg import engine
+from fedjax_dg.run import config, experiment
 from fedjax_dg.client.update import (FEISTEL_ROUNDS, feistel_permutation,
                                      local_training)
 from fedjax_dg.errors import ConfigError

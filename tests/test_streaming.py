@@ -14,7 +14,8 @@ import numpy as np
 from PIL import Image
 import pytest
 
-from fedjax_dg import config, engine, experiment, models
+from fedjax_dg import engine, models
+from fedjax_dg.run import config, experiment
 from fedjax_dg.algorithms.central import central
 from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.client import objectives

@@ -10,10 +10,12 @@ import statistics
 
 import pytest
 
-from fedjax_dg import cli, sweep, tables
+from fedjax_dg import cli
+from fedjax_dg.run import sweep
+from fedjax_dg.report import tables
 
 TINY = '''
-from fedjax_dg.config import base_config
+from fedjax_dg.run.config import base_config
 
 def get_config():
   c = base_config()
@@ -46,7 +48,7 @@ def _no_run_figures(monkeypatch):
   """Cells' run directories without report.write_all's matplotlib figures
   (~1-3 s each; no test here looks at them, test_cli.py does); the sweep's
   own report (plots.sweep_curves) is kept."""
-  from fedjax_dg import plots
+  from fedjax_dg.report import plots
   monkeypatch.setattr(plots, "ALL", {})
 
 

@@ -18,7 +18,7 @@ seeds=(0, 1, 2))`: the grid and seeds used when the command line gives none
 (`--grid KEY=...` replaces that key's values, `--seeds` the seeds).
 
 `fedjax-dg report DIR` reads every cell and writes the paper-shaped tables of
-`fedjax_dg/tables.py` as markdown and CSV, a long CSV of every run and the
+`fedjax_dg/report/tables.py` as markdown and CSV, a long CSV of every run and the
 averaged learning curves (see docs/protocol.md). `fedjax-dg report DIR DIR...`
 (run or sweep directories of one dataset and the same targets) puts them side
 by side instead: one comparison table per metric, columns per directory.
@@ -36,11 +36,11 @@ import os
 import re
 import time
 
-from fedjax_dg import config as config_lib
+from fedjax_dg.run import config as config_lib
 from fedjax_dg import distributed
-from fedjax_dg import plots
-from fedjax_dg import presets
-from fedjax_dg import tables
+from fedjax_dg.report import plots
+from fedjax_dg.run import presets
+from fedjax_dg.report import tables
 from fedjax_dg.errors import ConfigError, DataError, DiskFull, Stopped
 
 MANIFEST = "sweep.json"
@@ -196,7 +196,7 @@ def check(p: Plan, *, data: bool = True) -> list[int]:
 
   Returns each cell's number of held-out targets (for the ETA).
   """
-  from fedjax_dg import experiment
+  from fedjax_dg.run import experiment
   for cell, cfg in zip(p.cells, p.configs):
     try:
       experiment.validate(cfg)
@@ -288,7 +288,7 @@ def run_sweep(config_path: str | None = None, sets=(), grid=(), seeds=None, *,
               dry_run: bool = False, report: bool = True,
               echo=print) -> tuple[str | None, int]:
   """Runs (or resumes) a sweep; returns (sweep directory, number of failed cells)."""
-  from fedjax_dg import experiment
+  from fedjax_dg.run import experiment
   echo = distributed.main_only(echo)
   if resume:
     manifest = read_manifest(resume)
@@ -404,7 +404,7 @@ def _cell_outputs(results: dict, cell_dir: str, echo) -> None:
   """The cell's own table.md and figures, as `fedjax-dg run` writes them; a
   failure here is reported and does not fail the cell (results.json is written)."""
   try:
-    from fedjax_dg import report as run_report
+    from fedjax_dg.report import run_summary as run_report
     run_report.write_all(results, cell_dir)
   except Exception as e:  # noqa: BLE001
     echo(f"[sweep] {cell_dir}: table.md / figures not written: "
@@ -634,7 +634,7 @@ def compare(dirs: list[str], out: str | None = None) -> list[str]:
   markdown and CSV, every run in runs.csv and the curves, labelled by
   directory; written to `out` (default: a new `compare-<time>` folder beside
   the first directory). Returns the paths, report.md first."""
-  from fedjax_dg import experiment
+  from fedjax_dg.run import experiment
   labels = column_labels(dirs)
   loaded = [load_records(d) for d in dirs]
   for d, (_, records) in zip(dirs, loaded):

@@ -20,9 +20,10 @@ import warnings
 import jax
 import numpy as np
 
-from fedjax_dg import algorithms, distributed, engine, metrics_log
-from fedjax_dg import config as config_lib
-from fedjax_dg.config import ConfigDict
+from fedjax_dg import algorithms, distributed, engine
+from fedjax_dg.report import metrics_log
+from fedjax_dg.run import config as config_lib
+from fedjax_dg.run.config import ConfigDict
 from fedjax_dg.errors import (ConfigError, DiskFull, NeedsDataError,
                               StandInWarning, Stopped, is_disk_full)
 
@@ -79,7 +80,7 @@ def engine_config(cfg: ConfigDict) -> engine.EngineConfig:
 
 def resolve(cfg: ConfigDict) -> ConfigDict:
   """A copy of `cfg` with its presets expanded (`scenario`, HyperGenFL Table 1)."""
-  from fedjax_dg import presets
+  from fedjax_dg.run import presets
   cfg = cfg.copy_and_resolve_references()
   presets.resolve_scenario(cfg)
   return cfg

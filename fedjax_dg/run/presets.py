@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedjax_dg.config import ConfigDict
+from fedjax_dg.run.config import ConfigDict
 from fedjax_dg.errors import ConfigError
 
 _CLIENT = lambda lr, wd: {"client.lr": lr, "client.weight_decay": wd}
@@ -237,7 +237,7 @@ def resolve_scenario(cfg: ConfigDict) -> list[str]:
   or holding a value other than the default (a config not built on
   `base_config`). Idempotent. Returns the applied values.
   """
-  from fedjax_dg import config as config_lib
+  from fedjax_dg.run import config as config_lib
   name = cfg.get("scenario", "")
   if not name:
     return []
