@@ -50,17 +50,17 @@ def _resume_config(run_dir: str, overrides: list[str],
                    module: str | None = None):
   """The config `run_dir` was run with (its config.json) with the `--set`
   overrides: what `--resume DIR` runs without --config. A --set that changes
-  a stored value is refused later (`experiment.check_resume`); with
+  a stored value is refused later (`directory.check_resume`); with
   `module` (demo), a run of another config is refused here."""
   import importlib
   import json
   from fedjax_dg.run import config as config_lib
-  from fedjax_dg.run import sweep
+  from fedjax_dg.run import directory, sweep
   path = os.path.join(run_dir, "config.json")
   if not os.path.isdir(run_dir):
     raise ConfigError(f"--resume {run_dir}: no such run directory")
   if not os.path.isfile(path):
-    if os.path.isfile(os.path.join(run_dir, sweep.MANIFEST)):
+    if os.path.isfile(os.path.join(run_dir, directory.MANIFEST)):
       raise ConfigError(f"--resume {run_dir}: a sweep directory; continue it "
                         f"with: fedjax-dg sweep --resume {run_dir}")
     raise ConfigError(f"--resume {run_dir}: holds no config.json, so it is not "
@@ -214,12 +214,12 @@ def main(argv: list[str] | None = None) -> int:
       return doctor.main()
     if args.command == "algorithms":
       from fedjax_dg import algorithms
-      from fedjax_dg.run import experiment
+      from fedjax_dg.run import disk
       if not args.config:
         print(algorithms.describe())
         return 0
       cfgs = [_config(path, args.set) for path in args.config]
-      print(experiment.checkpoint_table(
+      print(disk.checkpoint_table(
           cfgs, algorithms.available() if args.all else None))
       return 0
     if args.command == "demo":
@@ -227,9 +227,9 @@ def main(argv: list[str] | None = None) -> int:
                   module=FULL if args.full else DEMO,
                   processes=distributed.from_args(args))
     if args.command in ("sweep", "report"):
-      from fedjax_dg.run import sweep
+      from fedjax_dg.run import reports, sweep
       if args.command == "report":
-        return sweep.main_report(args)
+        return reports.main_report(args)
       setup_jax(distributed.from_args(args))
       return sweep.main_sweep(args)
     return _run(args.config, args.set, args.resume,

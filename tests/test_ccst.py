@@ -14,7 +14,7 @@ from safetensors.numpy import save_file
 
 from conftest import synthetic_federation, with_sizes
 from fedjax_dg import algorithms, engine, models, tree
-from fedjax_dg.run import experiment
+from fedjax_dg.run import assemble
 from fedjax_dg.algorithms import ccst
 from fedjax_dg.algorithms.base import ClientResult
 from fedjax_dg.algorithms.fedccrl import StylePool
@@ -536,10 +536,10 @@ def test_bad_settings_and_missing_data_are_errors(fed, model, tmp_path):
   # A run's settings are checked on a 4x4 stand-in model before any data is
   # read: depth 4 must pass there (the image size is the data's to check).
   cfg.algorithms = ["ccst"]
-  experiment.check_algorithms(cfg)
+  assemble.check_algorithms(cfg)
   cfg.ccst.k = 0
   with pytest.raises(ConfigError, match="ccst.k=0"):
-    experiment.check_algorithms(cfg)
+    assemble.check_algorithms(cfg)
   assert ccst.uses_data({})
 
 

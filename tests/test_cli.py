@@ -227,7 +227,7 @@ def test_ctrl_c_says_how_to_continue(tiny_config, monkeypatch, capsys):
   """Ctrl-C prints the run directory and the command that continues it
   (`--resume DIR` alone: the directory stores its config, shell-quoted)."""
   import shlex
-  from fedjax_dg.run import experiment, sweep
+  from fedjax_dg.run import assemble, directory, experiment, sweep
   path, out = tiny_config
   real_run, real_run_all = experiment.run, experiment._run_all
 
@@ -267,7 +267,7 @@ def test_ctrl_c_says_how_to_continue(tiny_config, monkeypatch, capsys):
 
   def resume(cfg, run_dir=None, resume=False, **kwargs):
     stored = json.load(open(os.path.join(run_dir, "config.json")))
-    now = json.loads(experiment.resolve(cfg).to_json())
+    now = json.loads(assemble.resolve(cfg).to_json())
     resumed.append((run_dir, resume, config.drift(stored, now)))
     raise KeyboardInterrupt
 
@@ -283,7 +283,7 @@ def test_ctrl_c_says_how_to_continue(tiny_config, monkeypatch, capsys):
   err = capsys.readouterr().err
   assert err.strip().splitlines()[-1].strip() == shlex.join(
       ["fedjax-dg", "sweep", "--resume", sweep_dir])
-  assert os.path.exists(os.path.join(sweep_dir, sweep.MANIFEST))
+  assert os.path.exists(os.path.join(sweep_dir, directory.MANIFEST))
 
 
 # ------------------------------------------- issue 23: runs that end badly
@@ -480,7 +480,7 @@ def test_a_run_failing_at_build_leaves_no_run_directory(tiny_config, tmp_path,
 
 def test_an_unwritable_output_dir_is_a_config_error_naming_it(
     tiny_config, tmp_path, monkeypatch, capsys):
-  from fedjax_dg.run import experiment
+  from fedjax_dg.run import directory, experiment
   path, _ = tiny_config
   afile = tmp_path / "afile"
   afile.write_text("")
@@ -507,7 +507,7 @@ def test_an_unwritable_output_dir_is_a_config_error_naming_it(
   monkeypatch.setattr(os, "makedirs", refuse)
   with pytest.raises(experiment.ConfigError, match=r"^--out='/x': cannot "
                      "create the run directory '/x/compare-"):
-    experiment.make_run_dir("/x", "compare", field="--out")
+    directory.make_run_dir("/x", "compare", field="--out")
 
 
 def test_stand_ins_are_recorded_in_results_and_table(tiny_config, tmp_path,

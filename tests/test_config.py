@@ -7,8 +7,8 @@ import textwrap
 import pytest
 
 from fedjax_dg import algorithms, engine
-from fedjax_dg.run import config, experiment
-from fedjax_dg.report import tables
+from fedjax_dg.run import assemble, checks, config, experiment
+from fedjax_dg.report.records import split_settings
 
 
 def _experiment(tmp_path, body: str) -> str:
@@ -89,7 +89,7 @@ def test_defaults_have_one_source(monkeypatch):
   monkeypatch.setattr(build, "__kwdefaults__", dict(build.__kwdefaults__, mu=0.5))
   assert config.base_config().fedprox.mu == 0.5
   # ... and the engine's dataclass.
-  assert experiment.engine_config(config.base_config()) == engine.EngineConfig(
+  assert assemble.engine_config(config.base_config()) == engine.EngineConfig(
       seed=0, **{k: v for k, v in c.train.items() if k != "keep_checkpoints"})
 
 
@@ -104,7 +104,7 @@ def test_every_section_is_known_to_the_tables():
   """A grid key of any registered algorithm's section never splits FedAvg's
   rows (the registry, not a hand-kept list, says what a section is)."""
   for section in algorithms.modules():
-    own, general = tables.split_settings("fedavg", {f"{section}.x": "1"})
+    own, general = split_settings("fedavg", {f"{section}.x": "1"})
     assert general == {}, section
     assert (own == {"fedavg.x": "1"}) == (section == "fedavg")
 
@@ -133,7 +133,7 @@ def test_a_value_the_scenario_would_replace_is_refused_on_every_path(tmp_path):
   path.write_text(SCENARIO_FILE)
   from_file = config.load(str(path))
   with pytest.raises(ConfigError, match=needle):
-    experiment.validate(from_file)
+    checks.validate(from_file)
   cfg = config.base_config()  # the Python API
   cfg.scenario = "extreme"
   cfg.data.alpha = 0.5
@@ -148,10 +148,10 @@ def test_a_value_the_scenario_would_replace_is_refused_on_every_path(tmp_path):
   cfg = config.base_config()
   cfg.scenario = "extreme"
   cfg.train.cohort_size = 20
-  resolved = experiment.resolve(cfg)
+  resolved = assemble.resolve(cfg)
   assert (resolved.data.num_clients, resolved.train.cohort_size,
           resolved.data.alpha) == (100, 20, 0.1)
-  assert experiment.resolve(resolved).data.alpha == 0.1  # idempotent
+  assert assemble.resolve(resolved).data.alpha == 0.1  # idempotent
   assert config.explicit(config.base_config().data) == frozenset()
 
 
@@ -189,7 +189,7 @@ def test_image_size_must_be_a_positive_side(value):
       f"data.image_size={value}", "algorithms=fedavg", "model.name=mlp"])
   with pytest.raises(config.ConfigError, match=rf"data.image_size={value}: "
                      "must be a positive side in pixels.*e.g. 28"):
-    experiment.validate(cfg)
+    checks.validate(cfg)
   if value != "None":  # no path skips it (None: the Python API's native size)
     with pytest.raises(ValueError, match="image_size"):
-      experiment.load_dataset(cfg)
+      assemble.load_dataset(cfg)

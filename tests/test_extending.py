@@ -19,8 +19,8 @@ import pytest
 
 from conftest import synthetic_federation
 from fedjax_dg import algorithms, engine, models
-from fedjax_dg.run import config, experiment
-from fedjax_dg.report import tables
+from fedjax_dg.run import checks, config
+from fedjax_dg.report.records import display_name
 from fedjax_dg.client.update import Batch
 
 DOC = os.path.join(os.path.dirname(__file__), "..", "docs", "extending.md")
@@ -51,10 +51,10 @@ def test_one_new_file_is_a_registered_configured_algorithm(fedfit):
   c = config.base_config()
   assert (c.fedfit.jitter, c.fedfit.temperature, c.fedfit.probe) == (0.1, 1.0, 32)
   assert set(c.fedfit.client) == set(algorithms.CLIENT_KEYS)
-  assert tables.display_name("fedfit") == "FedFit"
+  assert display_name("fedfit") == "FedFit"
   c.algorithms = ("fedfit", "fedavg")
   c.model.name = "mlp"
-  experiment.validate(c)
+  checks.validate(c)
   with pytest.raises(config.ConfigError, match="did you mean 'fedfit.temperature'"):
     config.apply_overrides(c, ["fedfit.temprature=0.5"])
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fedjax_dg import algorithms, engine, models
-from fedjax_dg.run import experiment
+from fedjax_dg.run import directory
 from fedjax_dg.report import plots
 from fedjax_dg.run.config import base_config
 from fedjax_dg.errors import ConfigError
@@ -60,7 +60,7 @@ def test_tsne_plot_draws_one_panel_per_algorithm_with_features(tmp_path):
                  algorithms=["fedavg", "fedccrl", "fedprox"], runs=[])
   assert plots.tsne(results, str(tmp_path / "tsne.png")) is None
   for name in ("fedavg", "fedccrl"):
-    experiment.save_features(str(tmp_path), name, "t0", dict(
+    directory.save_features(str(tmp_path), name, "t0", dict(
         features=rng.normal(size=(40, 5)).astype(np.float32),
         labels=rng.integers(0, 3, 40)))
   out = plots.tsne(results, str(tmp_path / "tsne.png"))

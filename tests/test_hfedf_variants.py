@@ -14,7 +14,7 @@ import pytest
 
 from conftest import synthetic_domains
 from fedjax_dg import algorithms, engine, models, server, tree
-from fedjax_dg.run import experiment, presets
+from fedjax_dg.run import assemble, checks, presets
 from fedjax_dg.algorithms import hfedf as hfedf_lib
 from fedjax_dg.algorithms.base import ClientResult
 from fedjax_dg.run.config import base_config
@@ -152,12 +152,12 @@ def _server_key(seed, r):
 
 @pytest.fixture(scope="module")
 def few_shot_fed():
-  """Fig. 3 / Fig. 4 settings through experiment.federate: N = 6 > 3 source
+  """Fig. 3 / Fig. 4 settings through assemble.federate: N = 6 > 3 source
   domains with d = 2 each, k = 3 target images per client."""
   ds = synthetic_domains(num_domains=4, per_domain=80, classes=4, noise=140)
   cfg = base_config()
   cfg.data.num_clients, cfg.data.d, cfg.data.few_shot_k = 6, 2, 3
-  return ds, experiment.federate(cfg, ds, "dom0")
+  return ds, assemble.federate(cfg, ds, "dom0")
 
 
 def test_few_shot_and_more_clients_than_domains_in_the_federation(few_shot_fed):
@@ -368,7 +368,7 @@ def test_table3_ablations_are_algorithm_names(fed3):
   cfg = base_config()
   cfg.algorithms = tuple(hfedf_lib.VARIANTS)
   cfg.model.name = "mlp"
-  experiment.validate(cfg)  # a sweep over algorithms accepts them
+  checks.validate(cfg)  # a sweep over algorithms accepts them
   for name in hfedf_lib.VARIANTS:
     assert name in algorithms.available()
     assert algorithms.spec(name).section == "hfedf"

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from fedjax_dg import cli, federation_view
-from fedjax_dg.run import config as config_lib, experiment
+from fedjax_dg.run import assemble, config as config_lib
 from fedjax_dg.errors import ConfigError
 
 from conftest import synthetic_domains, synthetic_federation
@@ -45,10 +45,10 @@ def parse(printed):
 
 
 def federations(path, sets):
-  cfg = experiment.resolve(config_lib.apply_overrides(config_lib.load(path),
+  cfg = assemble.resolve(config_lib.apply_overrides(config_lib.load(path),
                                                       sets))
-  ds = experiment.load_dataset(cfg)
-  return ds, {t: experiment.federate(cfg, ds, t) for t in ("0", "75")}
+  ds = assemble.load_dataset(cfg)
+  return ds, {t: assemble.federate(cfg, ds, t) for t in ("0", "75")}
 
 
 @pytest.fixture(scope="module")

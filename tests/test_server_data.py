@@ -12,7 +12,7 @@ import pytest
 from conftest import synthetic_domains
 from test_data_federated import make_dataset
 from fedjax_dg import algorithms, engine, models, optim, tree
-from fedjax_dg.run import experiment
+from fedjax_dg.run import checks
 from fedjax_dg.algorithms.base import ClientResult
 from fedjax_dg.algorithms import fedbe as fedbe_lib
 from fedjax_dg.algorithms import feddf as feddf_lib
@@ -101,14 +101,14 @@ def test_server_fraction_errors_name_the_setting():
   for name in SERVER_DATA:
     cfg.algorithms = ("fedavg", name)
     with pytest.raises(ValueError, match=r"data.server_fraction.*> 0"):
-      experiment.validate(cfg)
+      checks.validate(cfg)
     cfg.data.server_fraction = 0.02
-    experiment.validate(cfg)  # fine now
+    checks.validate(cfg)  # fine now
     cfg.data.server_fraction = 0.0
   cfg.data.server_fraction = -0.1
   cfg.algorithms = ("fedavg",)
   with pytest.raises(ValueError, match="data.server_fraction"):
-    experiment.validate(cfg)
+    checks.validate(cfg)
 
 
 def test_build_without_server_data_is_a_clear_error(fed3):

@@ -11,8 +11,9 @@ import statistics
 import pytest
 
 from fedjax_dg import cli
-from fedjax_dg.run import sweep
+from fedjax_dg.run import reports, sweep
 from fedjax_dg.report import tables
+from fedjax_dg.report.records import aggregate, display_name, records_from_cell
 
 TINY = '''
 from fedjax_dg.run.config import base_config
@@ -226,7 +227,7 @@ def _constructed():
           runs.append(dict(algorithm=alg, target=t, seconds=1.0, history=history,
                            final=dict(round=3, id_acc=fid, ood_acc=food)))
       config = dict(seed=seed, data=dict(d=d), hfedf=dict(gradalign=True, ema=True))
-      recs += tables.records_from_cell(
+      recs += records_from_cell(
           f"data.d={d}__seed={seed}", {"data.d": str(d), "seed": str(seed)}, config,
           dict(runs=runs, algorithms=[], targets=["A", "B"]))
   return recs
@@ -292,7 +293,7 @@ def test_table3_of_a_grid_names_its_reference():
   for decay, acc in (("0.25", 0.6), ("0.75", 0.65)):
     runs = [dict(algorithm="hfedf", target="A", history=[],
                  final=dict(round=1, id_acc=acc, ood_acc=acc))]
-    recs += tables.records_from_cell(
+    recs += records_from_cell(
         f"c{decay}", {"hfedf.ema_decay": decay, "seed": "0"},
         dict(seed=0, data=dict(d=1), hfedf=dict(ema_decay=float(decay))),
         dict(runs=runs))
@@ -317,13 +318,13 @@ def test_records_best_over_rounds_and_ablation_names_from_grid():
     runs = [dict(algorithm=a, target="A", history=[],
                  final=dict(round=1, id_acc=v, ood_acc=v))
             for a, v in (("fedavg", 0.5), ("hfedf", 0.6 if ema else 0.7))]
-    recs += tables.records_from_cell(
+    recs += records_from_cell(
         f"c{ema}", {"hfedf.ema": str(ema), "seed": "0"},
         dict(seed=0, data=dict(d=1), hfedf=dict(ema=ema)),
         dict(runs=runs))
   assert [r["variant"] for r in recs] == ["FedAvg", "hFedF", "FedAvg",
                                           "hFedF w/o EMA"]
-  agg = tables.aggregate(recs, "id_acc")
+  agg = aggregate(recs, "id_acc")
   assert agg[("FedAvg", 1)].per_target["A"].seeds == 1
   assert agg[("FedAvg", 1)].runs == 2
 
@@ -411,8 +412,8 @@ def test_report_refuses_to_compare_other_data_or_targets(tmp_path, capsys, other
 def test_report_labels_directories_by_name_or_path_and_refuses_repeats(tmp_path,
                                                                        capsys):
   x, y = str(tmp_path / "x" / "run"), str(tmp_path / "y" / "run")
-  assert sweep.column_labels([x, str(tmp_path / "z")]) == ["run", "z"]
-  assert sweep.column_labels([x, y]) == ["x/run", "y/run"]
+  assert reports.column_labels([x, str(tmp_path / "z")]) == ["run", "z"]
+  assert reports.column_labels([x, y]) == ["x/run", "y/run"]
   _write_cell(x, 0)
   assert cli.main(["report", x, x]) == 2
   assert "given twice" in capsys.readouterr().err
@@ -436,7 +437,7 @@ def test_report_of_runs_without_an_id_split_has_no_id_table(tmp_path):
     with open(os.path.join(d, "results.json"), "w") as f:
       json.dump(res, f)
   out = str(tmp_path / "cmp")
-  paths = sweep.compare(dirs, out)
+  paths = reports.compare(dirs, out)
   names = {os.path.basename(p) for p in paths}
   assert "comparison_ood.csv" in names and "comparison_id.csv" not in names
   assert "id accuracy" not in open(paths[0]).read()
@@ -451,7 +452,7 @@ def test_report_compares_a_sweep_over_d_with_one_of_its_cells(swept, tmp_path):
   rows = {r["variant"]: r for r in _csv(os.path.join(out, "comparison_ood.csv"))}
   res = _json(os.path.join(cell, "results.json"))
   for r in res["runs"]:
-    row = rows[tables.display_name(r["algorithm"])]
+    row = rows[display_name(r["algorithm"])]
     want = 100 * r["final"]["ood_acc"]
     assert float(row[f"sw d=1:{r['target']}_mean"]) == pytest.approx(want)
     assert float(row[f"{CELLS[0]}:{r['target']}_mean"]) == pytest.approx(want)
