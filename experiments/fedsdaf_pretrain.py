@@ -84,7 +84,7 @@ def main(argv=None):
   mean, std = assemble.normalization(cfg, dataset, fed)
   model = assemble.make_model(cfg, fed, mean, std)
   cfg.client.optimizer, cfg.client.lr = "adam", 1e-3
-  alg = algorithms.build("central", model, fed.num_clients, cfg, data=fed)
+  alg = assemble.algorithm("central", model, fed.num_clients, cfg, data=fed)
   run_cfg = dataclasses.replace(assemble.engine_config(cfg), rounds=args.epochs,
                                 epochs=1, batch_size=128, eval_every=1,
                                 cohort_size=0)

@@ -25,7 +25,7 @@ import pytest
 
 from conftest import every_algorithm_setup, model_for
 from fedjax_dg import algorithms, engine, models
-from fedjax_dg.run import config
+from fedjax_dg.run import assemble, config
 from fedjax_dg.algorithms.base import with_frozen
 
 N, M = 4, 3
@@ -93,7 +93,7 @@ def test_algorithm_contract(setup, name):
   assert set(section.pop("client").keys()) == set(algorithms.CLIENT_KEYS)
   assert section == algorithms.hyperparameters(spec.section)
 
-  alg = algorithms.build(name, model, N, cfg, data=fed)
+  alg = assemble.algorithm(name, model, N, cfg, data=fed)
   assert alg.name == name
   server, clients = jax.eval_shape(alg.init, jax.random.key(0))
   assert _typed(server), type(server)

@@ -460,18 +460,18 @@ def test_disk_full_is_found_however_it_is_wrapped():
 
 def test_a_run_failing_at_build_leaves_no_run_directory(tiny_config, tmp_path,
                                                         monkeypatch, capsys):
-  from fedjax_dg import algorithms, errors
-  from fedjax_dg.run import experiment
+  from fedjax_dg import errors
+  from fedjax_dg.run import assemble
   path, _ = tiny_config
   out = tmp_path / "runs"
-  real = algorithms.build
+  real = assemble.algorithm
 
   def build(name, model, num_clients, cfg, data=None):
     if data is not None:  # the run's build, after the run directory exists
       raise errors.ConfigError("fedavg: a setting only the data refute")
     return real(name, model, num_clients, cfg, data=data)
 
-  monkeypatch.setattr(experiment.algorithms, "build", build)
+  monkeypatch.setattr(assemble, "algorithm", build)
   assert cli.main(["run", "--config", path]
                   + _small(out, "--set", "data.targets=0")) == 2
   assert "a setting only the data refute" in capsys.readouterr().err
@@ -541,17 +541,17 @@ def test_fedsdafs_random_frozen_backbone_is_a_stand_in(fed3):
   import dataclasses
   import warnings
   from conftest import model_for
-  from fedjax_dg import algorithms
+  from fedjax_dg.run import assemble
   from fedjax_dg.run import config as config_lib
   from fedjax_dg.errors import StandInWarning
   model, cfg = model_for("fedsdaf", fed3), config_lib.base_config()
   with pytest.warns(StandInWarning, match="fedsdaf: no model.weights: the "
                     "frozen ViT backbone is randomly initialized"):
-    algorithms.build("fedsdaf", model, 3, cfg)
+    assemble.algorithm("fedsdaf", model, 3, cfg)
   with warnings.catch_warnings():
     warnings.simplefilter("error", StandInWarning)
-    algorithms.build("fedsdaf", dataclasses.replace(model, weights="w.npz"), 3,
-                     cfg)
+    assemble.algorithm("fedsdaf", dataclasses.replace(model, weights="w.npz"),
+                       3, cfg)
 
 
 def _results(algs, targets, value, missing=()):

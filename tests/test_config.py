@@ -69,7 +69,7 @@ def test_client_override_of_the_wrong_type_is_an_error():
   c = config.base_config()
   c.fedavg.client.lr = "fast"  # a None field takes any value...
   with pytest.raises(ValueError, match="client override lr='fast'"):
-    algorithms.client_optimizer(c, "fedavg")  # ...and is checked where read
+    assemble.client_optimizer(c, "fedavg")  # ...and is checked where read
 
 
 def test_defaults_have_one_source(monkeypatch):
@@ -164,21 +164,21 @@ def test_client_schedule_wraps_any_algorithms_optimizer_or_is_refused():
   from fedjax_dg import models
   from fedjax_dg.client.update import RunProgress
   c = config.base_config()
-  assert isinstance(algorithms.client_optimizer(c, "fedccrl"), RunProgress)
-  assert not isinstance(algorithms.client_optimizer(c, "fedavg"), RunProgress)
+  assert isinstance(assemble.client_optimizer(c, "fedccrl"), RunProgress)
+  assert not isinstance(assemble.client_optimizer(c, "fedavg"), RunProgress)
   c.fedccrl.client.schedule = "constant"
-  assert not isinstance(algorithms.client_optimizer(c, "fedccrl"), RunProgress)
+  assert not isinstance(assemble.client_optimizer(c, "fedccrl"), RunProgress)
   c.client.schedule = "cosine"
-  assert isinstance(algorithms.client_optimizer(c, "fedavg"), RunProgress)
+  assert isinstance(assemble.client_optimizer(c, "fedavg"), RunProgress)
   fed = synthetic_federation(num_clients=2, per_domain=8)
   model = models.get_model("mlp", input_shape=fed.image_shape,
                            num_classes=fed.num_classes, hidden=4)
-  assert algorithms.build("fedprox", model, 2, c).needs_rounds
+  assert assemble.algorithm("fedprox", model, 2, c).needs_rounds
   with pytest.raises(ValueError, match="fedsam: client.schedule='cosine'"):
-    algorithms.build("fedsam", model, 2, c)
+    assemble.algorithm("fedsam", model, 2, c)
   c.client.schedule = "linear"
   with pytest.raises(ValueError, match=r"schedule='linear'.*'constant', 'cosine'"):
-    algorithms.client_optimizer(c, "fedavg")
+    assemble.client_optimizer(c, "fedavg")
 
 
 @pytest.mark.parametrize("value", ["0", "-3", "None"])

@@ -296,7 +296,7 @@ EVERY_ALGORITHM_SHARDED = textwrap.dedent("""
     fed, cfg = every_algorithm_setup()
     for name in algorithms.available():
       model = model_for(name, fed, hidden=8)
-      alg = algorithms.build(name, model, 4, cfg, data=fed)
+      alg = assemble.algorithm(name, model, 4, cfg, data=fed)
       leaves = []
       for mapping in ("map", "shard"):
         res = engine.run(alg, fed, model, engine.EngineConfig(

@@ -19,7 +19,7 @@ import pytest
 
 from conftest import synthetic_federation
 from fedjax_dg import algorithms, engine, models
-from fedjax_dg.run import checks, config
+from fedjax_dg.run import assemble, checks, config
 from fedjax_dg.report.records import display_name
 from fedjax_dg.client.update import Batch
 
@@ -81,7 +81,7 @@ def test_the_server_weighs_clients_by_the_statistic_they_send(fedfit):
   c = config.base_config()
   c.fedfit.temperature = 0.5
   c.fedfit.probe = 16
-  alg = algorithms.build("fedfit", model, fed.num_clients, c)
+  alg = assemble.algorithm("fedfit", model, fed.num_clients, c)
   cfg = engine.EngineConfig(rounds=2, eval_every=2, epochs=1, batch_size=8,
                             client_mapping="map", progress=False,
                             eval_batch_size=16, seed=4)

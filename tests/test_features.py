@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fedjax_dg import algorithms, engine, models
-from fedjax_dg.run import directory
+from fedjax_dg.run import assemble, directory
 from fedjax_dg.report import plots
 from fedjax_dg.run.config import base_config
 from fedjax_dg.errors import ConfigError
@@ -28,7 +28,7 @@ def setup(fed3):
 
 def test_features_are_the_final_models_features_of_target_examples(setup):
   fed, model = setup
-  alg = algorithms.build("fedavg", model, fed.num_clients, base_config())
+  alg = assemble.algorithm("fedavg", model, fed.num_clients, base_config())
   res = engine.run(alg, fed, model, CFG)
   f, y = res.features["features"], res.features["labels"]
   assert f.shape == (13, 16) and y.shape == (13,)
@@ -45,7 +45,7 @@ def test_features_are_the_final_models_features_of_target_examples(setup):
 
 def test_personalized_algorithms_keep_no_features(setup):
   fed, model = setup
-  alg = algorithms.build("local_only", model, fed.num_clients, base_config())
+  alg = assemble.algorithm("local_only", model, fed.num_clients, base_config())
   assert engine.run(alg, fed, model, CFG).features is None
 
 

@@ -179,7 +179,7 @@ def test_random_embeddings_per_tensor_few_shot_end_to_end(few_shot_fed):
   _, fed = few_shot_fed
   n = fed.num_clients
   model = _mlp(fed)
-  alg = algorithms.build("hfedf", model, n, _cfg(
+  alg = assemble.algorithm("hfedf", model, n, _cfg(
       embeddings="random", gradalign_granularity="tensor"), data=fed)
   # Nothing of the embeddings reaches the clients beyond the generated params:
   # no per-client state, and a client receives (and trains from) a stack of
@@ -282,7 +282,7 @@ def test_autoencoder_embeddings_shape_determinism_and_domains(two_per_domain,
   assert len(same) == 3 and min(diff) > 1e-3
   assert np.mean(same) < 0.5 * np.mean(diff), (same, diff)
   with pytest.raises(ValueError, match="needs the run's FederatedData"):
-    algorithms.build("hfedf", _mlp(fed), 6, _cfg(embeddings="autoencoder"))
+    assemble.algorithm("hfedf", _mlp(fed), 6, _cfg(embeddings="autoencoder"))
 
 
 def test_autoencoder_embeddings_are_the_servers_fixed_table(two_per_domain,
@@ -309,10 +309,10 @@ def test_autoencoder_embeddings_are_the_servers_fixed_table(two_per_domain,
     return real(data, latent, key=key, **kw)
 
   monkeypatch.setattr(hfedf_lib, "autoencoder_embeddings", reuse)
-  alg = algorithms.build("hfedf", _mlp(fed), n,
-                         _cfg(embeddings="autoencoder", ema_warmup=0,
-                              autoencoder_epochs=AE_EPOCHS),
-                         data=fed)
+  alg = assemble.algorithm("hfedf", _mlp(fed), n,
+                           _cfg(embeddings="autoencoder", ema_warmup=0,
+                                autoencoder_epochs=AE_EPOCHS),
+                           data=fed)
   ids = jnp.arange(n)
 
   def step(server, r):
@@ -347,9 +347,9 @@ def test_autoencoder_embeddings_are_the_servers_fixed_table(two_per_domain,
 def test_autoencoder_embeddings_learn_above_chance(two_per_domain):
   fed = two_per_domain  # as the test above: the autoencoder program is reused
   model = _mlp(fed)
-  alg = algorithms.build("hfedf", model, fed.num_clients,
-                         _cfg(embeddings="autoencoder",
-                              autoencoder_epochs=AE_EPOCHS), data=fed)
+  alg = assemble.algorithm("hfedf", model, fed.num_clients,
+                           _cfg(embeddings="autoencoder",
+                                autoencoder_epochs=AE_EPOCHS), data=fed)
   res = engine.run(alg, fed, model, ENGINE)
   chance = 1.0 / fed.num_classes
   assert res.final["id_acc"] > chance + 0.25, res.final
@@ -372,7 +372,7 @@ def test_table3_ablations_are_algorithm_names(fed3):
   for name in hfedf_lib.VARIANTS:
     assert name in algorithms.available()
     assert algorithms.spec(name).section == "hfedf"
-    assert algorithms.build(name, _mlp(fed3), 3, cfg).name == name
+    assert assemble.algorithm(name, _mlp(fed3), 3, cfg).name == name
   assert {k: v[1] for k, v in hfedf_lib.VARIANTS.items()} == {
       "hfedf_no_gradalign": dict(gradalign=False),
       "hfedf_no_ema": dict(ema=False),
@@ -385,7 +385,7 @@ def test_table3_ablations_are_algorithm_names(fed3):
   ids = jnp.arange(3)
   for name, smooth in {"hfedf": True, "hfedf_no_gradalign": True,
                        "hfedf_no_ema": False, "hfedf_no_both": False}.items():
-    server = jax.eval_shape(algorithms.build(name, model, 3, cfg).init,
+    server = jax.eval_shape(assemble.algorithm(name, model, 3, cfg).init,
                             jax.random.key(0))[0]
     assert isinstance(server.ema, EmaState) == smooth, name
   aligns = {"hfedf": True, "hfedf_no_gradalign": False}
@@ -399,7 +399,7 @@ def test_table3_ablations_are_algorithm_names(fed3):
                           jnp.ones(3))
     return alg.server_update(server, result, jax.random.key(1))[1]
 
-  algs = {name: algorithms.build(name, model, 3, cfg) for name in aligns}
+  algs = {name: assemble.algorithm(name, model, 3, cfg) for name in aligns}
   weights = jax.jit(lambda key: {  # one program for both names
       name: metrics(alg, key)["gradalign_theta"]
       for name, alg in algs.items()})(jax.random.key(0))
@@ -440,7 +440,7 @@ def test_presets_set_table10_values(name):
   # The optimizer an algorithm gets reflects the preset: Adam with L2 weight
   # decay, so at w = 1 a zero gradient steps by -lr (the decay alone), and a
   # gradient of -wd cancels the decay (no step).
-  opt = algorithms.client_optimizer(cfg, "hfedf")
+  opt = assemble.client_optimizer(cfg, "hfedf")
   w = {"w": jnp.ones(3)}
   lr = cfg.hfedf.client.lr or cfg.client.lr  # the section overrides the run's
   wd = cfg.hfedf.client.weight_decay
@@ -475,7 +475,7 @@ def test_gradalign_over_reaches_the_server_step(few_shot_fed, over):
   _, fed = few_shot_fed
   n = fed.num_clients
   model = _mlp(fed)
-  alg = algorithms.build("hfedf", model, n, _cfg(gradalign_over=over))
+  alg = assemble.algorithm("hfedf", model, n, _cfg(gradalign_over=over))
   ids = jnp.arange(n)
 
   @jax.jit  # one program (op by op, each op compiled: 4x the time)

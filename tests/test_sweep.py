@@ -11,7 +11,7 @@ import statistics
 import pytest
 
 from fedjax_dg import cli
-from fedjax_dg.run import reports, sweep
+from fedjax_dg.run import assemble, reports, sweep
 from fedjax_dg.report import tables
 from fedjax_dg.report.records import aggregate, display_name, records_from_cell
 
@@ -46,7 +46,7 @@ def tiny(tmp_path_factory):
 
 
 def _no_run_figures(monkeypatch):
-  """Cells' run directories without report.write_all's matplotlib figures
+  """Cells' run directories without run_summary.write_all's matplotlib figures
   (~1-3 s each; no test here looks at them, test_cli.py does); the sweep's
   own report (plots.sweep_curves) is kept."""
   from fedjax_dg.report import plots
@@ -536,7 +536,7 @@ def _assert_paper_clients(cfg, names):
         cfg[section].client)) == dict(optimizer="adam", lr=1e-3,
                                       weight_decay=1e-4, momentum=0.0,
                                       schedule="cosine"), name
-    opt = algorithms.client_optimizer(cfg, name)
+    opt = assemble.client_optimizer(cfg, name)
     assert isinstance(opt, RunProgress), name
     params = {"w": jnp.asarray(w, jnp.float32)}
     update, _ = opt.update({"w": jnp.asarray(g, jnp.float32)},

@@ -9,6 +9,9 @@
     NEEDS_SERVER_DATA   optional (False): it trains on the server's split
     FEDERATED           optional (True): False for Central / Local-only (no
                         arrows against FedAvg in the tables)
+    MODELS              optional (any): the `model.name`s it runs on, e.g.
+                        FedSDAF's ("vit_b16", "vit_tiny"); a run on another
+                        model is refused before any data is read
     VARIANTS            optional: {name: (display name, hyperparameter
                         overrides)}, more algorithm names built by this module
     uses_data(hparams)  optional: whether `build` derives something from every
@@ -24,6 +27,10 @@ objective) and the run's context `num_clients`, `data` (the FederatedData),
 `seed` and `name`: the registry passes those it names. Its other keyword
 arguments, with their defaults, ARE the algorithm's config section
 (`config.base_config`): the defaults are written once, in the signature.
+
+`Spec` is the only reader of these exports. The registry takes resolved
+values (`build(name, model, hyperparameters=, client=, num_clients=, data=,
+seed=)`); `fedjax_dg.run.assemble` resolves them from a config.
 
 A new algorithm is one new module here; docs/extending.md walks through one.
 """
@@ -65,6 +72,11 @@ class Spec:
   def section(self) -> str:
     """Its config section (the module's name)."""
     return self.module.__name__.rsplit(".", 1)[1]
+
+  @property
+  def models(self) -> tuple[str, ...]:
+    """The `model.name`s it runs on (the module's `MODELS`); () = any."""
+    return tuple(getattr(self.module, "MODELS", ()))
 
   @property
   def needs_server_data(self) -> bool:
@@ -174,18 +186,12 @@ def client_settings(client: Mapping[str, Any],
   return out
 
 
-def client_optimizer(cfg, name: str):
-  """The clients' optimizer of algorithm `name`: `cfg.client` with the non-None
-  fields of `cfg.<section>.client`."""
-  section = spec(name).section
-  try:
-    c = client_settings(dict(cfg.client), dict(cfg[section].client))
-    return with_schedule(make_optimizer(c["optimizer"], c["lr"],
-                                        c["weight_decay"], c["momentum"]),
-                         c["schedule"])
-  except ConfigError as e:
-    raise ConfigError(f"{name}'s client optimizer (client.*, overridden by "
-                      f"{section}.client.*): {e}") from None
+def client_optimizer(client: Mapping[str, Any]):
+  """The clients' optimizer of resolved client settings (`CLIENT_KEYS`: the
+  run's with an algorithm's overrides, `client_settings`)."""
+  return with_schedule(make_optimizer(client["optimizer"], client["lr"],
+                                      client["weight_decay"],
+                                      client["momentum"]), client["schedule"])
 
 
 def describe() -> str:
@@ -213,18 +219,18 @@ def needs_server_data(name: str) -> bool:
   return spec(name).needs_server_data
 
 
-def uses_data(name: str, cfg) -> bool:
-  """Whether `build(name, ...)` derives something from the run's data (then an
-  Algorithm object cannot be shared between federations)."""
-  s = spec(name)
-  return s.uses_data(dict(cfg[s.section]))
+def uses_data(name: str, hyperparameters: Mapping[str, Any]) -> bool:
+  """Whether `build(name, ...)` with these hyperparameters (its section's)
+  derives something from the run's data (then an Algorithm object cannot be
+  shared between federations)."""
+  return spec(name).uses_data(hyperparameters)
 
 
-def reads_client_data(name: str, cfg) -> bool:
-  """Whether `build(name, ...)` reads every client's training examples (the
-  padded view), which a streamed federation never holds."""
-  s = spec(name)
-  return s.reads_client_data(dict(cfg[s.section]))
+def reads_client_data(name: str, hyperparameters: Mapping[str, Any]) -> bool:
+  """Whether `build(name, ...)` with these hyperparameters reads every
+  client's training examples (the padded view), which a streamed federation
+  never holds."""
+  return spec(name).reads_client_data(hyperparameters)
 
 
 def create(name: str, model, *, optimizer, hparams: Mapping[str, Any],
@@ -248,15 +254,17 @@ def create(name: str, model, *, optimizer, hparams: Mapping[str, Any],
   return build_fn(model, optimizer, **kwargs, **hp)
 
 
-def build(name: str, model, num_clients: int, cfg, data=None) -> Algorithm:
-  """Algorithm `name` from a run config: its section's hyperparameters, its
-  clients' optimizer, `cfg.seed`. `data` (the run's FederatedData) is for
-  algorithms that derive something from the clients' data before training."""
-  section = dict(cfg[spec(name).section])
-  section.pop("client", None)
-  optimizer = client_optimizer(cfg, name)
-  alg = create(name, model, optimizer=optimizer, hparams=section,
-               num_clients=num_clients, data=data, seed=cfg.seed)
+def build(name: str, model, *, hyperparameters: Mapping[str, Any],
+          client: Mapping[str, Any], num_clients: int, data=None,
+          seed: int = 0) -> Algorithm:
+  """Algorithm `name` from resolved values: its section's `hyperparameters`
+  (a variant's overrides on top), its clients' settings (`client_settings`)
+  and the run's context. `data` (the run's FederatedData) is for algorithms
+  that derive something from the clients' data before training.
+  `fedjax_dg.run.assemble.algorithm` resolves them from a config."""
+  optimizer = client_optimizer(client)
+  alg = create(name, model, optimizer=optimizer, hparams=hyperparameters,
+               num_clients=num_clients, data=data, seed=seed)
   if isinstance(optimizer, RunProgress) and not isinstance(alg.optimizer,
                                                            RunProgress):
     raise ConfigError(f"{name}: client.schedule='cosine' (or "

@@ -29,7 +29,7 @@ def pyplot():
 
 
 def show(*paths: str | None, width: float = 11.0) -> None:
-  """Draws saved PNG files in a notebook (the figures `report.write_all` or
+  """Draws saved PNG files in a notebook (the figures `run_summary.write_all` or
   `federation_view.plot` wrote), one figure each, `width` inches wide; None
   (a figure that had nothing to draw) is skipped."""
   plt = pyplot()

@@ -22,6 +22,58 @@ def engine_config(cfg: ConfigDict) -> engine.EngineConfig:
   return engine.EngineConfig(seed=cfg.seed, **train)
 
 
+def hyperparameters(cfg: ConfigDict, name: str) -> dict:
+  """Algorithm `name`'s hyperparameters: its config section without
+  `client` (a variant's overrides are the registry's)."""
+  section = dict(cfg[algorithms.spec(name).section])
+  section.pop("client", None)
+  return section
+
+
+def client_settings(cfg: ConfigDict, name: str) -> dict:
+  """Algorithm `name`'s clients' optimizer settings: `cfg.client` with the
+  non-None fields of `cfg.<section>.client`; an error names both sections
+  (the optimizer is made once here to check its names and values)."""
+  section = algorithms.spec(name).section
+  try:
+    client = algorithms.client_settings(dict(cfg.client),
+                                        dict(cfg[section].client))
+    algorithms.client_optimizer(client)
+  except ConfigError as e:
+    raise ConfigError(f"{name}'s client optimizer (client.*, overridden by "
+                      f"{section}.client.*): {e}") from None
+  return client
+
+
+def client_optimizer(cfg: ConfigDict, name: str):
+  """The clients' optimizer of algorithm `name` (`client_settings`)."""
+  return algorithms.client_optimizer(client_settings(cfg, name))
+
+
+def algorithm(name: str, model, num_clients: int, cfg: ConfigDict,
+              data=None) -> algorithms.Algorithm:
+  """Algorithm `name` of a run config: its section's hyperparameters, its
+  clients' optimizer, `cfg.seed` (`algorithms.build`). `data` (the run's
+  FederatedData) is for algorithms that derive something from the clients'
+  data before training."""
+  return algorithms.build(name, model,
+                          hyperparameters=hyperparameters(cfg, name),
+                          client=client_settings(cfg, name),
+                          num_clients=num_clients, data=data, seed=cfg.seed)
+
+
+def uses_data(name: str, cfg: ConfigDict) -> bool:
+  """Whether algorithm `name` of this config derives something from the
+  run's data (`algorithms.uses_data`)."""
+  return algorithms.uses_data(name, hyperparameters(cfg, name))
+
+
+def reads_client_data(name: str, cfg: ConfigDict) -> bool:
+  """Whether algorithm `name` of this config reads every client's examples
+  when built (`algorithms.reads_client_data`)."""
+  return algorithms.reads_client_data(name, hyperparameters(cfg, name))
+
+
 def resolve(cfg: ConfigDict) -> ConfigDict:
   """A copy of `cfg` with its presets expanded (`scenario`, HyperGenFL Table 1)."""
   cfg = cfg.copy_and_resolve_references()
@@ -42,14 +94,14 @@ def check_algorithms(cfg: ConfigDict) -> dict:
   n = cfg.data.num_clients or 4
   built = {}
   for name in cfg.algorithms:
-    algorithms.client_optimizer(cfg, name)
-    runs_on = getattr(algorithms.spec(name).module, "MODELS", ())
+    client_settings(cfg, name)
+    runs_on = algorithms.spec(name).models
     on_vit = "vit_tiny" in runs_on or cfg.model.name.startswith("vit_")
     try:
       with warnings.catch_warnings():  # said once, by the run's own build
         warnings.simplefilter("ignore", StandInWarning)
-        built[name] = algorithms.build(name, vit_probe if on_vit else probe,
-                                       n, cfg)
+        built[name] = algorithm(name, vit_probe if on_vit else probe, n,
+                                cfg)
     except NeedsDataError:
       built[name] = None
   return built
@@ -65,7 +117,7 @@ def check_streaming(cfg: ConfigDict, probes: dict | None = None) -> None:
   if cfg.train.placement == "device":
     why.append("train.placement='device' holds every client's examples on "
                "the device (use 'host' or 'auto')")
-  readers = [a for a in cfg.algorithms if algorithms.reads_client_data(a, cfg)]
+  readers = [a for a in cfg.algorithms if reads_client_data(a, cfg)]
   if readers:
     why.append(f"{', '.join(readers)} read(s) every client's examples when "
                "built (style pools, amplitude bank or autoencoder embeddings; "

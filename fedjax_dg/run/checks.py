@@ -46,7 +46,7 @@ def validate(cfg: ConfigDict) -> None:
   models.check_weights(cfg.model.name, cfg.model.weights)
   assemble.model_fields(cfg)
   for a in algs:
-    runs_on = getattr(algorithms.spec(a).module, "MODELS", None)
+    runs_on = algorithms.spec(a).models
     if runs_on and cfg.model.name not in runs_on:
       raise ConfigError(f"{a} runs on model.name one of {runs_on}, not "
                         f"{cfg.model.name!r} (--set model.name={runs_on[-1]})")

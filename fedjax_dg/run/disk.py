@@ -54,7 +54,7 @@ def checkpoint_sizes(cfg: ConfigDict, names=None) -> tuple[str, dict]:
   with_server = None
   sizes = {}
   for name in names or cfg.algorithms:
-    runs_on = getattr(algorithms.spec(name).module, "MODELS", None)
+    runs_on = algorithms.spec(name).models
     if runs_on and cfg.model.name not in runs_on:
       sizes[name] = f"runs on {' / '.join(runs_on)}"
       continue
@@ -65,7 +65,7 @@ def checkpoint_sizes(cfg: ConfigDict, names=None) -> tuple[str, dict]:
         other.data.server_fraction = SIZE_SERVER_FRACTION
         with_server = assemble.federate(other, dataset, target)
       data = with_server
-    alg = algorithms.build(name, model, data.num_clients, cfg, data=data)
+    alg = assemble.algorithm(name, model, data.num_clients, cfg, data=data)
     sizes[name] = engine.checkpoint_bytes(alg)
   shape = "x".join(str(v) for v in fed.image_shape)
   return (f"{cfg.name}: {cfg.model.name} {shape}, {fed.num_clients} clients, "

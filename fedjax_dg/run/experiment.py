@@ -191,11 +191,11 @@ def _run_each(cfg, dataset, targets, feds, ecfg, run_dir, results, done, log,
         echo(f"{name} / {target}: already finished, kept from results.json")
         continue
       key = (name, fed.num_clients, model,
-             id(fed) if algorithms.uses_data(name, cfg) else None)
+             id(fed) if assemble.uses_data(name, cfg) else None)
       if key not in built:
         built[key], said = stand_ins(
-            lambda: algorithms.build(name, model, fed.num_clients, cfg,
-                                     data=fed), name, echo)
+            lambda: assemble.algorithm(name, model, fed.num_clients, cfg,
+                                       data=fed), name, echo)
         results["warnings"] += [w for w in said if w not in results["warnings"]]
         # Finished runs keep their checkpoints (keep_checkpoints): every run
         # of this algorithm still to do adds its own.
