@@ -7,29 +7,10 @@ import sys
 
 import pytest
 
+from conftest import tiny_experiment
 from fedjax_dg import cli
 from fedjax_dg.run import config
 from fedjax_dg.report import metrics_log
-
-TINY = '''
-from fedjax_dg.run.config import base_config
-
-def get_config():
-  c = base_config()
-  c.name = "tiny"
-  c.output_dir = {out!r}
-  c.algorithms = ("hfedf", "fedavg")
-  c.data.max_per_domain = 40
-  c.data.image_size = 16
-  c.data.targets = "0,75"
-  c.model.name = "mlp"
-  c.train.rounds = 2
-  c.train.eval_every = 1
-  c.train.epochs = 1
-  c.train.batch_size = 16
-  c.train.progress = False
-  return c
-'''
 
 
 def no_plots(monkeypatch):
@@ -46,8 +27,7 @@ def no_plots(monkeypatch):
 def tiny_config(tmp_path_factory):
   d = tmp_path_factory.mktemp("cli")
   path = d / "tiny.py"
-  path.write_text(TINY.format(out=str(d / "runs")))
-  return str(path), str(d / "runs")
+  return tiny_experiment(path, d / "runs"), str(d / "runs")
 
 
 def test_run_writes_results_table_and_plots_and_never_overwrites(tiny_config, capsys,

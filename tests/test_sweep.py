@@ -10,30 +10,12 @@ import statistics
 
 import pytest
 
+from conftest import tiny_experiment
 from fedjax_dg import cli
 from fedjax_dg.run import assemble, reports, sweep
 from fedjax_dg.report import tables
 from fedjax_dg.report.records import aggregate, display_name, records_from_cell
 
-TINY = '''
-from fedjax_dg.run.config import base_config
-
-def get_config():
-  c = base_config()
-  c.name = "tiny"
-  c.output_dir = {out!r}
-  c.algorithms = ("fedavg", "local_only")
-  c.data.max_per_domain = 30
-  c.data.image_size = 16
-  c.data.targets = "0,75"
-  c.model.name = "mlp"
-  c.train.rounds = 2
-  c.train.eval_every = 1
-  c.train.epochs = 1
-  c.train.batch_size = 16
-  c.train.progress = False
-  return c
-'''
 CELLS = ["data.d=1__seed=0", "data.d=2__seed=0"]
 
 
@@ -41,7 +23,8 @@ CELLS = ["data.d=1__seed=0", "data.d=2__seed=0"]
 def tiny(tmp_path_factory):
   d = tmp_path_factory.mktemp("sweep")
   path = d / "tiny.py"
-  path.write_text(TINY.format(out=str(d / "runs")))
+  tiny_experiment(path, d / "runs", algorithms=("fedavg", "local_only"),
+                  max_per_domain=30)
   return str(path), str(d)
 
 
@@ -277,13 +260,13 @@ def test_per_domain_mean_and_sample_std_over_seeds():
 
 
 def test_table3_differences_to_full_hfedf():
-  table = tables.table3(_constructed())
+  table = tables.ablation_table(_constructed(), "hfedf")
   rows = _rows(table)
   assert list(rows) == ["hFedF", "hFedF w/o EMA"]
   assert rows["hFedF w/o EMA"]["d1_ood_vs_hfedf"] == pytest.approx(-2.0)
   assert rows["hFedF"]["d1_ood_vs_hfedf"] == ""
-  assert tables.table3([r for r in _constructed() if r["algorithm"] == "fedavg"]) \
-      is None
+  assert tables.ablation_table(
+      [r for r in _constructed() if r["algorithm"] == "fedavg"], "hfedf") is None
 
 
 def test_table3_of_a_grid_names_its_reference():
@@ -297,13 +280,14 @@ def test_table3_of_a_grid_names_its_reference():
         f"c{decay}", {"hfedf.ema_decay": decay, "seed": "0"},
         dict(seed=0, data=dict(d=1), hfedf=dict(ema_decay=float(decay))),
         dict(runs=runs))
-  table = tables.table3(recs)
+  table = tables.ablation_table(recs, "hfedf")
   rows = _rows(table)
   first, second = list(rows)
   assert "0.25" in first and "0.75" in second
   assert rows[second]["d1_ood_vs_hfedf"] == pytest.approx(5.0)
   assert f"`{first}`" in table.notes and "full hFedF" not in table.notes
-  assert "difference to full hFedF" in tables.table3(_constructed()).notes
+  assert "difference to full hFedF" in tables.ablation_table(
+      _constructed(), "hfedf").notes
 
 
 def test_records_best_over_rounds_and_ablation_names_from_grid():

@@ -14,6 +14,14 @@
                         model is refused before any data is read
     VARIANTS            optional: {name: (display name, hyperparameter
                         overrides)}, more algorithm names built by this module
+    ABLATIONS           optional ({}): {hyperparameter: label} of the switches
+                        whose False names an ablation: a run of the module's
+                        own name with `<key>=False` is displayed "<display
+                        name> w/o <label>" (several joined by " & ") and the
+                        report's ablation table compares it with the full
+                        algorithm (hFedF's Table 3)
+    ABLATION_TABLE      optional ("Ablations"): the paper's name of that table
+                        (its title, and lower case without spaces its file)
     uses_data(hparams)  optional: whether `build` derives something from every
                         client's data (then its Algorithm is built per
                         federation, and a streamed federation is refused)
@@ -58,6 +66,15 @@ CONTEXT = ("model", "optimizer", "loss", "num_clients", "data", "seed", "name")
 # `cfg.<section>.client`).
 CLIENT_KEYS = ("optimizer", "lr", "weight_decay", "momentum", "schedule")
 _NOT_ALGORITHMS = ("base",)
+# The report's row order (hFedF's tables, then HyperGenFL's): a display
+# preference only; a module's variants follow it, an algorithm not listed
+# follows the listed ones in first-seen order.
+TABLE_ORDER = ("central", "local_only", "fedavg", "fedprox", "pfedhn", "fedsr",
+               "fedgma", "moon", "fedsam", "fedlaw", "feddf", "fedbe",
+               "hypergenfl", "hfedf")
+# The baseline every federated algorithm is compared with in the report's
+# tables (the arrows).
+REFERENCE = "fedavg"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +102,31 @@ class Spec:
   @property
   def federated(self) -> bool:
     return bool(getattr(self.module, "FEDERATED", True))
+
+  @property
+  def variants(self) -> tuple[str, ...]:
+    """The algorithm names its module's `VARIANTS` add, in their order."""
+    return tuple(getattr(self.module, "VARIANTS", {}))
+
+  @property
+  def ablations(self) -> dict[str, str]:
+    """{hyperparameter: label} of the module's `ABLATIONS` ({}: none)."""
+    return dict(getattr(self.module, "ABLATIONS", {}))
+
+  @property
+  def ablation_table(self) -> str:
+    """The paper's name of its ablation table (`ABLATION_TABLE`)."""
+    return str(getattr(self.module, "ABLATION_TABLE", "Ablations"))
+
+  @property
+  def table_rank(self) -> tuple[int, int]:
+    """Its place among the report's rows: its section's in `TABLE_ORDER`,
+    then the module's own name before its variants. Every algorithm of an
+    unlisted section ranks the same (after the listed ones)."""
+    if self.section not in TABLE_ORDER:
+      return (len(TABLE_ORDER), 0)
+    own = 0 if self.name == self.section else 1 + self.variants.index(self.name)
+    return (TABLE_ORDER.index(self.section), own)
 
   def diagnose(self, round_metrics: Mapping[str, list]) -> list[str]:
     fn = getattr(self.module, "diagnose", None)
@@ -276,7 +318,7 @@ def build(name: str, model, *, hyperparameters: Mapping[str, Any],
 
 
 __all__ = ["Algorithm", "ClientContext", "ClientData", "ClientResult",
-           "ServerState", "Spec", "available", "build", "client_defaults", "describe",
+           "REFERENCE", "ServerState", "Spec", "TABLE_ORDER", "available", "build", "client_defaults", "describe",
            "client_optimizer", "client_settings", "create", "hyperparameters",
            "modules", "needs_server_data", "reads_client_data", "spec",
            "uses_data"]

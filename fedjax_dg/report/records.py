@@ -41,9 +41,6 @@ from fedjax_dg.data import sources
 from fedjax_dg.errors import ConfigError
 
 
-ABLATIONS = (("hfedf.gradalign", "GradAlign"), ("hfedf.ema", "EMA"))
-
-
 def eval_label(records: list[dict]) -> str:
   """Display name of the held-out evaluation of these records ("test" or
   "ood", `sources.eval_label`). Only headers and notes change; record fields
@@ -71,19 +68,60 @@ def federated(algorithm: str) -> bool:
   return spec.federated if spec else True
 
 
-def is_hfedf(algorithm: str) -> bool:
-  return section_of(algorithm) == "hfedf"
+def ablations(algorithm: str) -> dict[str, str]:
+  """{key: label} of the ablation switches a run of `algorithm` can turn off
+  in its section (`Spec.ablations`); only the module's own name has them (a
+  variant fixes them)."""
+  spec = _spec(algorithm)
+  return spec.ablations if spec and spec.name == spec.section else {}
+
+
+def ablation_sections(records: list[dict]) -> list[str]:
+  """The sections of the records' algorithms that declare ablations
+  (`Spec.ablations`), in first-seen order: one ablation table each."""
+  sections = first_seen(section_of(r["algorithm"]) for r in records)
+  return [s for s in sections if ablations(s)]
+
+
+def ablation_table_name(section: str) -> str:
+  """The paper's name of `section`'s ablation table (`Spec.ablation_table`)."""
+  return algorithms.spec(section).ablation_table
+
+
+def ablation_rank(algorithm: str, name: str) -> int:
+  """The place of display name `name` among its module's ablation rows: the
+  full algorithm, then its variants in `VARIANTS` order; the same for every
+  row of a module without ablations."""
+  spec = _spec(algorithm)
+  if spec is None or not algorithms.spec(spec.section).ablations:
+    return 0
+  names = [display_name(spec.section)] + [display_name(v)
+                                          for v in spec.variants]
+  return names.index(name) if name in names else len(names)
+
+
+def table_rank(algorithm: str) -> tuple[int, int]:
+  """The algorithm's place among the tables' rows (`Spec.table_rank`); a name
+  the registry no longer knows ranks with the unlisted ones."""
+  spec = _spec(algorithm)
+  return spec.table_rank if spec else (len(algorithms.TABLE_ORDER), 0)
+
+
+def is_reference(algorithm: str) -> bool:
+  """Whether `algorithm` is the tables' baseline (`algorithms.REFERENCE`)."""
+  return algorithm == algorithms.REFERENCE
 
 
 def display_name(algorithm: str, config: dict | None = None) -> str:
-  """Paper name; for hFedF, the ablation switches that are off in `config`."""
+  """The paper's name (`Spec.display_name`); with the run's `config`, the
+  ablation switches it turns off (`ablations`): "<name> w/o <label>"."""
   spec = _spec(algorithm)
   name = spec.display_name if spec else algorithm
-  if algorithm != "hfedf" or not config:
+  switches = ablations(algorithm)
+  if not switches or not config:
     return name
-  section = config.get("hfedf", {})
-  off = [label for key, label in ABLATIONS
-         if section.get(key.split(".", 1)[1]) is False]
+  section = config.get(spec.section, {})
+  off = [label for key, label in switches.items() if section.get(key) is False]
   return name + (" w/o " + " & ".join(off) if off else "")
 
 
@@ -93,7 +131,7 @@ def split_settings(algorithm: str, settings: dict) -> tuple[dict, dict]:
   its row); `general` the rest (data, train, client...: they group the rows that
   are compared, e.g. with FedAvg). A key under another algorithm's section
   (`hfedf.ema` for FedAvg) cannot change this algorithm's run and is dropped;
-  hFedF's ablation switches are part of its name instead.
+  its ablation switches (`ablations`) are part of its name instead.
   """
   own, general = {}, {}
   for key, value in settings.items():
@@ -103,7 +141,7 @@ def split_settings(algorithm: str, settings: dict) -> tuple[dict, dict]:
     if section in algorithms.modules():
       if section != section_of(algorithm):
         continue
-      if algorithm == "hfedf" and key in dict(ABLATIONS):
+      if key.split(".", 1)[1] in ablations(algorithm):
         continue
       own[key] = value
     else:

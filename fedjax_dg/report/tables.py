@@ -19,20 +19,11 @@ import csv
 import dataclasses
 import io
 
-from fedjax_dg.report.records import (aggregate, display_name, eval_label,
+from fedjax_dg.report.records import (ablation_rank, ablation_table_name,
+                                      aggregate, display_name, eval_label,
                                       federated, finished, first_seen,
-                                      is_hfedf, missing_count, sorted_ds)
-
-# The papers' row order (hFedF's tables, then HyperGenFL's): a display
-# preference only. Names and sections come from the algorithm registry; an
-# algorithm not listed here follows in first-seen order.
-ORDER = ("central", "local_only", "fedavg", "fedprox", "pfedhn", "fedsr",
-         "fedgma", "moon", "fedsam", "fedlaw", "feddf", "fedbe", "hypergenfl",
-         "hfedf", "hfedf_no_gradalign", "hfedf_no_ema", "hfedf_no_both")
-REFERENCE = "fedavg"
-# Paper order of Table 3's rows.
-ABLATION_ORDER = ("hFedF", "hFedF w/o GradAlign", "hFedF w/o EMA",
-                  "hFedF w/o GradAlign & EMA")
+                                      is_reference, missing_count, section_of,
+                                      sorted_ds, table_rank)
 
 METRICS = {"final": ("id_acc", "ood_acc"),
            "best": ("best_id_acc", "best_ood_acc")}
@@ -60,7 +51,8 @@ def _notes(notes: str, rows: list[list[str]]) -> str:
 
 def _variants(records: list[dict]) -> list[dict]:
   """Row descriptors in display order: grouped by `extra` (first seen), then the
-  papers' algorithm order, hFedF ablations in Table 3's order, then first seen."""
+  papers' algorithm order (`records.table_rank`), an algorithm's ablations in
+  its ablation table's order (`records.ablation_rank`), then first seen."""
   rows = {}
   for i, r in enumerate(records):
     rows.setdefault(r["variant"], dict(variant=r["variant"], algorithm=r["algorithm"],
@@ -69,20 +61,19 @@ def _variants(records: list[dict]) -> list[dict]:
   name = lambda v: v["variant"].split(" [")[0]
 
   def key(v):
-    alg_rank = ORDER.index(v["algorithm"]) if v["algorithm"] in ORDER else len(ORDER)
-    abl_rank = (ABLATION_ORDER.index(name(v)) if name(v) in ABLATION_ORDER
-                else len(ABLATION_ORDER))
-    return extras.index(v["extra"]), alg_rank, abl_rank, v["seen"]
+    return (extras.index(v["extra"]), table_rank(v["algorithm"]),
+            ablation_rank(v["algorithm"], name(v)), v["seen"])
 
   return sorted(rows.values(), key=key)
 
 
 def _reference(rows: list[dict], row: dict) -> str | None:
-  """The FedAvg variant compared with `row` (same extra settings)."""
-  if row["algorithm"] == REFERENCE or not federated(row["algorithm"]):
+  """The reference algorithm's variant (`records.is_reference`: FedAvg)
+  compared with `row` (same extra settings)."""
+  if is_reference(row["algorithm"]) or not federated(row["algorithm"]):
     return None
   for r in rows:
-    if r["algorithm"] == REFERENCE and r["extra"] == row["extra"]:
+    if is_reference(r["algorithm"]) and r["extra"] == row["extra"]:
       return r["variant"]
   return None
 
@@ -302,12 +293,16 @@ def per_domain(records: list[dict], d: int, which: str = "final") -> Table:
                rows, csv_header, csv_rows, _notes(notes, rows))
 
 
-def table3(records: list[dict], which: str = "final") -> Table | None:
-  """Table 3 shape: hFedF variants (ablations, hfedf_* algorithms) vs full hFedF
-  per d, μ_id / μ_ood with the difference to full hFedF in points. None when the
-  records hold fewer than two hFedF variants."""
+def ablation_table(records: list[dict], section: str,
+                   which: str = "final") -> Table | None:
+  """An ablation table's shape (hFedF's Table 3): the variants of algorithm
+  module `section` (its ablation switches off, `records.ablations`, and its
+  `VARIANTS`) vs the full algorithm per d, μ_id / μ_ood with the difference
+  to the full algorithm in points. None when the records hold fewer than two
+  of its variants."""
   id_key, ood_key = METRICS[which]
-  sub = [r for r in records if is_hfedf(r["algorithm"])]
+  full_name = display_name(section)
+  sub = [r for r in records if section_of(r["algorithm"]) == section]
   rows_meta = _variants(sub)
   if len({r["variant"] for r in rows_meta}) < 2:
     return None
@@ -315,17 +310,16 @@ def table3(records: list[dict], which: str = "final") -> Table | None:
   agg_id, agg_ood = aggregate(sub, id_key), aggregate(sub, ood_key)
 
   def ref_of(row):
-    """Plain hFedF of the same group, else its first full-hFedF row (the first
-    value of each hfedf.* grid key)."""
+    """The plain full algorithm of the same group, else its first full row
+    (the first value of each grid key of its section)."""
     full = [r["variant"] for r in rows_meta
-            if r["algorithm"] == "hfedf" and r["extra"] == row["extra"]
-            and r["variant"].split(" [")[0] == display_name("hfedf")]
-    return (display_name("hfedf") if display_name("hfedf") in full else
-            full[0] if full else None)
+            if r["algorithm"] == section and r["extra"] == row["extra"]
+            and r["variant"].split(" [")[0] == full_name]
+    return (full_name if full_name in full else full[0] if full else None)
 
   header = ["algorithm"] + [f"d={d} {m}" for d in ds for m in ("μ_id", "μ_ood")]
   csv_header = ["variant", "algorithm", "settings"] + [
-      f"d{d}_{m}{s}" for d in ds for m in ("id", "ood") for s in ("", "_vs_hfedf")]
+      f"d{d}_{m}{s}" for d in ds for m in ("id", "ood") for s in ("", f"_vs_{section}")]
   rows, csv_rows, refs = [], [], []
   for row in rows_meta:
     ref = ref_of(row)
@@ -345,12 +339,13 @@ def table3(records: list[dict], which: str = "final") -> Table | None:
         out += [_num(x), "" if delta is None else delta]
     rows.append(line)
     csv_rows.append(out)
-  # A grid over hfedf.* settings has no plain hFedF row: name what is compared.
-  to = ("full hFedF" if refs in ([], [display_name("hfedf")])
+  # A grid over the section's settings has no plain row: name what is compared.
+  to = (f"full {full_name}" if refs in ([], [full_name])
         else ", ".join(f"`{r}`" for r in refs) + " (the first value of the grid)")
   notes = (f"Accuracy (%), {which} evaluation, μ over target domains and seeds; in "
            f"brackets the difference to {to} in points.")
-  return Table(f"Table 3 shape: hFedF variants ({which})", header, rows,
+  return Table(f"{ablation_table_name(section)} shape: {full_name} variants "
+               f"({which})", header, rows,
                csv_header, csv_rows, _notes(notes, rows))
 
 

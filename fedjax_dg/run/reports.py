@@ -15,7 +15,8 @@ import os
 
 from fedjax_dg.errors import ConfigError, DataError
 from fedjax_dg.report import plots, tables
-from fedjax_dg.report.records import finished, missing_run, records_from_cell
+from fedjax_dg.report.records import (ablation_sections, ablation_table_name,
+                                      finished, missing_run, records_from_cell)
 from fedjax_dg.run import config as config_lib
 from fedjax_dg.run import directory
 from fedjax_dg.run.directory import MANIFEST, read_manifest
@@ -145,9 +146,11 @@ def report_tables(records: list[dict], ds=None) -> list[tuple[str, tables.Table]
   scenarios = tables.scenario_table(records)
   if scenarios is not None:
     out.insert(0, ("scenarios", scenarios))
-  t3 = tables.table3(records)
-  if t3 is not None:
-    out.append(("table3", t3))
+  for section in ablation_sections(records):  # hFedF's Table 3
+    table = tables.ablation_table(records, section)
+    if table is not None:
+      stem = ablation_table_name(section).lower().replace(" ", "")
+      out.append((stem, table))
   out += [(f"per_domain_d{d}", tables.per_domain(records, d)) for d in ds]
   out.append(("summary", tables.summary(records)))
   return out
