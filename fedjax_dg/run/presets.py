@@ -261,7 +261,7 @@ def apply_scenario(cfg: ConfigDict, scenario: str, *, dataset: str | None = None
                    strict: bool = False) -> list[str]:
   """Sets HyperGenFL scenario `scenario` (Table 1) on `cfg` in place: its shared
   settings, and `cfg.scenario`, which fixes clients / cohort / beta when the run
-  starts (`resolve_scenario`; `experiment.resolve` shows the expanded config).
+  starts (`resolve_scenario`; `assemble.resolve` shows the expanded config).
 
   With `dataset` ("fashion_mnist", "cifar10", "cifar100", "tiny_imagenet") also
   the paper's backbone, input size, local epochs and evaluation split for it;
