@@ -49,15 +49,16 @@ def worker(variant: str, m: int, model_name: str, reps: int) -> dict:
 
   from fedjax_dg import algorithms, models, tree
   from fedjax_dg.algorithms.base import ClientResult
-  from fedjax_dg.config import base_config
+  from fedjax_dg.run.config import base_config
+  from fedjax_dg.run import assemble
 
   model = models.get_model(model_name, input_shape=(32, 32, 3), num_classes=10)
   cfg = base_config()
   n = max(100, m)
   if variant == "hypergenfl_tensor":
     cfg.hypergenfl.granularity = "tensor"
-  alg = algorithms.build("fedavg" if variant == "fedavg" else "hypergenfl",
-                         model, n, cfg)
+  alg = assemble.algorithm("fedavg" if variant == "fedavg" else "hypergenfl",
+                           model, n, cfg)
   server, _ = jax.jit(alg.init)(jax.random.key(0))
   ids = jax.random.choice(jax.random.key(1), n, (m,), replace=False)
   start = jax.jit(alg.client_start)(server, None, ids)

@@ -49,7 +49,7 @@ from _worker import round_robin
 def federation(scenario: str, images: int, seed: int):
   """Label-skewed Fashion-MNIST-like data: random 32x32x3 images whose labels
   follow the real class counts (the partition is what matters here)."""
-  from fedjax_dg import presets
+  from fedjax_dg.run import presets
   from fedjax_dg.data import federated, partition
   s = presets.SCENARIOS[scenario]
   ds = random_dataset(images, (32, 32, 3), seed)

@@ -44,14 +44,15 @@ def worker(variant: str, c: int, reps: int) -> dict:
 
   from fedjax_dg import algorithms, models, tree
   from fedjax_dg.algorithms.base import ClientResult
-  from fedjax_dg.config import base_config
+  from fedjax_dg.run.config import base_config
+  from fedjax_dg.run import assemble
 
   model = models.get_model("inception_cnn", input_shape=(32, 32, 3), num_classes=7)
   cfg = base_config()
   if variant == "engine_vjp":  # the generic per-client VJP norms
     from fedjax_dg.server import hypernetwork as server_hypernetwork
     server_hypernetwork.client_grad_sq_norms = lambda module: None
-  alg = algorithms.build("hfedf", model, c, cfg)
+  alg = assemble.algorithm("hfedf", model, c, cfg)
   server, _ = jax.jit(alg.init)(jax.random.key(0))
   ids = jnp.arange(c)
   start = jax.jit(alg.client_start)(server, None, ids)

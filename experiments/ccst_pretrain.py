@@ -308,7 +308,7 @@ def figure(net: dict, depth: int, path: str, seed: int = 0) -> str:
   overall style (CCST's "overall": pooled over 1,000 of its images)."""
   from fedjax_dg.algorithms import ccst
   from fedjax_dg.data import sources
-  from fedjax_dg.plots import _plt
+  from fedjax_dg.report.plots import _plt
   ds = sources.load("styled_fashion_mnist", max_per_domain=1000)
   names = ds.domain_names
   rng = np.random.default_rng(seed)

@@ -11,4 +11,4 @@ Same algorithms, partition and hyperparameters otherwise.
 """
 
 # The config lives in the package (other configs build on it).
-from fedjax_dg.configs.demo import get_config  # noqa: F401
+from fedjax_dg.run.configs.demo import get_config  # noqa: F401

@@ -9,10 +9,10 @@ The paper's figure gives no exact client counts in its text; k = 1, 2, 4, 6, 8
         --set model.skip_head=True
     fedjax-dg report runs/sweep-fedccrl_fig4-<time>
 
-Protocol and costs: fedjax_dg/configs/fedccrl_protocol.py.
+Protocol and costs: fedjax_dg/run/configs/fedccrl_protocol.py.
 """
 
-from fedjax_dg.configs.fedccrl_protocol import get_config as _protocol
+from fedjax_dg.run.configs.fedccrl_protocol import get_config as _protocol
 
 SWEEP = dict(grid={"data.k_per_domain": (1, 2, 4, 6, 8)}, seeds=(0, 1, 2))
 

@@ -11,10 +11,10 @@ to lambda1 (with lambda2 = 1) and lambda2 (with lambda1 = 0.1), 6 clients.
 
 (each with --set model.weights=... --set model.skip_head=True). The paper's
 figure gives no exact grid values in its text: these are our choice.
-Protocol and costs: fedjax_dg/configs/fedccrl_protocol.py.
+Protocol and costs: fedjax_dg/run/configs/fedccrl_protocol.py.
 """
 
-from fedjax_dg.configs.fedccrl_protocol import get_config as _protocol
+from fedjax_dg.run.configs.fedccrl_protocol import get_config as _protocol
 
 SWEEP = dict(grid={"fedccrl.r": (0.01, 0.05, 0.1, 0.2, 0.5)}, seeds=(0, 1, 2))
 

@@ -6,11 +6,11 @@ per source domain), PACS and OfficeHome, 3 seeds (the paper's three runs).
         --set model.skip_head=True
     fedjax-dg report runs/sweep-fedccrl_table1-<time>
 
-The protocol and its costs: fedjax_dg/configs/fedccrl_protocol.py. The report's
+The protocol and its costs: fedjax_dg/run/configs/fedccrl_protocol.py. The report's
 per-domain table has Table 1's shape (columns = held-out domains, Avg.).
 """
 
-from fedjax_dg.configs.fedccrl_protocol import get_config as _protocol
+from fedjax_dg.run.configs.fedccrl_protocol import get_config as _protocol
 
 SWEEP = dict(grid={"data.name": ("pacs", "office_home")}, seeds=(0, 1, 2))
 

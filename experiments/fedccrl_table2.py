@@ -11,10 +11,10 @@ original) are extra.
     fedjax-dg report runs/sweep-fedccrl_table2-<time>
 
 Other datasets: --set data.name=office_home. Protocol and costs:
-fedjax_dg/configs/fedccrl_protocol.py.
+fedjax_dg/run/configs/fedccrl_protocol.py.
 """
 
-from fedjax_dg.configs.fedccrl_protocol import get_config as _protocol
+from fedjax_dg.run.configs.fedccrl_protocol import get_config as _protocol
 
 SWEEP = dict(grid={"fedccrl.ccdt": (True, False), "fedccrl.difp": (True, False),
                    "fedccrl.lambda1": (0.0, 0.1),

@@ -24,7 +24,7 @@ initialization (weak features for every method alike).
         --set data.targets=tint,inverse,sketch,texture
 """
 
-from fedjax_dg.config import base_config
+from fedjax_dg.run.config import base_config
 
 
 def get_config():

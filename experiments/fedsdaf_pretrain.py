@@ -58,7 +58,8 @@ def main(argv=None):
   p.add_argument("--seed", type=int, default=0)
   args = p.parse_args(argv)
 
-  from fedjax_dg import algorithms, engine, experiment
+  from fedjax_dg import algorithms, engine
+  from fedjax_dg.run import assemble
   from fedjax_dg.data import federated, partition
   from fedjax_dg.errors import ConfigError
   from fedjax_dg.models import vit_weights
@@ -66,7 +67,7 @@ def main(argv=None):
   cfg.data.name = args.dataset
   cfg.data.max_per_domain = 0
   cfg.seed = args.seed
-  dataset = experiment.load_dataset(cfg)
+  dataset = assemble.load_dataset(cfg)
   if args.domain not in dataset.domain_names:
     raise ConfigError(f"--domain {args.domain!r}: allowed "
                       f"{dataset.domain_names}")
@@ -80,11 +81,11 @@ def main(argv=None):
                                                      seed=args.seed),
                         target_domain=None, seed=args.seed)
   # The statistics of the whole dataset, as the offline runs normalize.
-  mean, std = experiment.normalization(cfg, dataset, fed)
-  model = experiment.make_model(cfg, fed, mean, std)
+  mean, std = assemble.normalization(cfg, dataset, fed)
+  model = assemble.make_model(cfg, fed, mean, std)
   cfg.client.optimizer, cfg.client.lr = "adam", 1e-3
-  alg = algorithms.build("central", model, fed.num_clients, cfg, data=fed)
-  run_cfg = dataclasses.replace(experiment.engine_config(cfg), rounds=args.epochs,
+  alg = assemble.algorithm("central", model, fed.num_clients, cfg, data=fed)
+  run_cfg = dataclasses.replace(assemble.engine_config(cfg), rounds=args.epochs,
                                 epochs=1, batch_size=128, eval_every=1,
                                 cohort_size=0)
   res = engine.run(alg, fed, model, run_cfg)

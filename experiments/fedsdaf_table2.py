@@ -9,10 +9,10 @@ The CNN rows of the table (FedSR, FedADG, CCST, ELCFS, GA) are FedCCRL's
 baselines on ResNet-50: experiments/fedccrl_table1.py with `--set
 model.name=resnet50`. VLCS's batch is 64 in the paper (`--set
 train.batch_size=64 --grid data.name=vlcs`). Protocol and costs:
-fedjax_dg/configs/fedsdaf_protocol.py.
+fedjax_dg/run/configs/fedsdaf_protocol.py.
 """
 
-from fedjax_dg.configs.fedsdaf_protocol import get_config as _protocol
+from fedjax_dg.run.configs.fedsdaf_protocol import get_config as _protocol
 
 SWEEP = dict(grid={"data.name": ("pacs", "vlcs", "office_home")},
              seeds=(0, 1, 2))

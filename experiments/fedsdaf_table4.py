@@ -11,10 +11,10 @@ on the frozen ViT, row 6); `fedavg_adapter` is the paper's FedAvg (Adapter).
         --set model.weights=/path/to/vit_b_16-c867db91.pth
     fedjax-dg report runs/sweep-fedsdaf_table4-<time>
 
-Protocol and costs: fedjax_dg/configs/fedsdaf_protocol.py.
+Protocol and costs: fedjax_dg/run/configs/fedsdaf_protocol.py.
 """
 
-from fedjax_dg.configs.fedsdaf_protocol import get_config as _protocol
+from fedjax_dg.run.configs.fedsdaf_protocol import get_config as _protocol
 
 SWEEP = dict(grid={"data.name": ("pacs", "office_home", "vlcs")},
              seeds=(0, 1, 2))

@@ -22,7 +22,7 @@ practical); on one GPU ~2.5 h (an estimate, not measured). At the demo's scale
         --set train.eval_every=2 --set train.ood_eval_max=0
 """
 
-from fedjax_dg.configs.paper_protocol import PHOTO, get_config as _paper
+from fedjax_dg.run.configs.paper_protocol import PHOTO, get_config as _paper
 
 # Real data: --set data.name=pacs --set data.manual_dir=/path/to/PACS --set data.targets=photo
 SWEEP = dict(grid={"hfedf.ema_decay": (0.25, 0.5, 0.75, 0.85, 0.95)},

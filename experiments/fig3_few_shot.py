@@ -21,7 +21,7 @@ At the demo's scale (paper_protocol.BUDGET) ~4 h on this CPU:
         --set train.eval_every=2 --set train.ood_eval_max=0
 """
 
-from fedjax_dg.configs.paper_protocol import get_config as _paper
+from fedjax_dg.run.configs.paper_protocol import get_config as _paper
 
 # Real data: --set data.name=pacs --set data.manual_dir=/path/to/PACS
 SWEEP = dict(grid={"data.few_shot_k": (0, 1, 5, 10)}, seeds=(0, 1, 2))

@@ -22,7 +22,7 @@ data and so the steps per round do not grow with N; evaluation does); on one GPU
         --set train.eval_every=2 --set train.ood_eval_max=0
 """
 
-from fedjax_dg.configs.paper_protocol import PHOTO, get_config as _paper
+from fedjax_dg.run.configs.paper_protocol import PHOTO, get_config as _paper
 
 # Real data: --set data.name=pacs --set data.manual_dir=/path/to/PACS --set data.targets=photo
 SWEEP = dict(grid={"data.num_clients": (5, 10, 20, 40), "data.d": (1, 3)},

@@ -24,7 +24,7 @@ on this CPU:
         --set train.eval_every=2 --set train.ood_eval_max=0
 """
 
-from fedjax_dg.configs.paper_protocol import PHOTO, TABLE2_ALGORITHMS, get_config as _paper
+from fedjax_dg.run.configs.paper_protocol import PHOTO, TABLE2_ALGORITHMS, get_config as _paper
 
 # Real data: --set data.name=pacs --set data.manual_dir=/path/to/PACS --set data.targets=photo
 SWEEP = dict(grid={"train.epochs": (1, 2, 5)}, seeds=(0, 1, 2))

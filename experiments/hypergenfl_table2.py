@@ -36,7 +36,7 @@ per seed on one H100 and needs about a day per seed on this 2-core CPU
 the paper does, and reports no id accuracy.)
 """
 
-from fedjax_dg import config, presets
+from fedjax_dg.run import config, presets
 
 ALGORITHMS = ("fedavg", "fedprox", "moon", "fedsam", "fedlaw", "feddf", "fedbe",
               "hypergenfl")

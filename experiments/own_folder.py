@@ -26,7 +26,7 @@ on CPU; a GPU or a smaller budget, named on the command line, e.g. a first try:
 shows each client's examples per domain without training.
 """
 
-from fedjax_dg.config import base_config
+from fedjax_dg.run.config import base_config
 
 
 def get_config():

@@ -4,7 +4,7 @@ sweeps (experiments/table*.py, experiments/fig*.py; docs/protocol.md).
 experiments/rfmnist_hfedf.py (leave-one-domain-out over the six Rotated
 Fashion-MNIST domains, N = 5 clients = source domains, the Table 9 Inception CNN
 on 32x32 inputs, 200 rounds x 2 local epochs, batch 64, 10 % id-validation per
-client) with Table 10's PACS column for every algorithm (fedjax_dg.presets;
+client) with Table 10's PACS column for every algorithm (fedjax_dg.run.presets;
 Rotated Fashion-MNIST has no column of its own, PACS is the papers' main
 benchmark).
 
@@ -25,4 +25,4 @@ held-out domain):
 """
 
 # The config lives in the package (other configs build on it).
-from fedjax_dg.configs.paper_protocol import get_config, BUDGET, PHOTO, TABLE2_ALGORITHMS  # noqa: F401
+from fedjax_dg.run.configs.paper_protocol import get_config, BUDGET, PHOTO, TABLE2_ALGORITHMS  # noqa: F401

@@ -16,4 +16,4 @@ target domain and algorithm (estimate, not measured). Reduce with
 """
 
 # The config lives in the package (other configs build on it).
-from fedjax_dg.configs.rfmnist_hfedf import get_config  # noqa: F401
+from fedjax_dg.run.configs.rfmnist_hfedf import get_config  # noqa: F401

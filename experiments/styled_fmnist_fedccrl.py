@@ -25,8 +25,8 @@ accuracy ~73 % instead of ~81 %); raise it with `--set train.rounds=...
 data.max_per_domain=0` (all 14,000 per domain).
 """
 
-from fedjax_dg.config import base_config
-from fedjax_dg.configs.fedccrl_protocol import styled_fmnist
+from fedjax_dg.run.config import base_config
+from fedjax_dg.run.configs.fedccrl_protocol import styled_fmnist
 
 
 def get_config():

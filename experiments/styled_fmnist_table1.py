@@ -45,9 +45,9 @@ here to 1,000, the paper's 10 x 3 schedule kept. Shorter: one seed first
 
 import os
 
-from fedjax_dg.configs.fedccrl_protocol import TABLE1_ALGORITHMS
-from fedjax_dg.configs.fedccrl_protocol import get_config as _protocol
-from fedjax_dg.configs.fedccrl_protocol import styled_fmnist
+from fedjax_dg.run.configs.fedccrl_protocol import TABLE1_ALGORITHMS
+from fedjax_dg.run.configs.fedccrl_protocol import get_config as _protocol
+from fedjax_dg.run.configs.fedccrl_protocol import styled_fmnist
 
 # The committed AdaIN stand-in (experiments/ccst_pretrain.py), found from
 # this file's place so the sweep runs from any working directory.

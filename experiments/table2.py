@@ -18,7 +18,7 @@ At the demo's scale (paper_protocol.BUDGET) ~7 h on this CPU:
         --set train.eval_every=2 --set train.ood_eval_max=0
 """
 
-from fedjax_dg.configs.paper_protocol import TABLE2_ALGORITHMS, get_config as _paper
+from fedjax_dg.run.configs.paper_protocol import TABLE2_ALGORITHMS, get_config as _paper
 
 # Real data (Table 10's PACS column is already set; other datasets: their column,
 # docs/protocol.md): --set data.name=pacs --set data.manual_dir=/path/to/PACS

@@ -22,7 +22,7 @@ At the demo's scale (paper_protocol.BUDGET) ~4 h on this CPU:
         --set train.eval_every=2 --set train.ood_eval_max=0
 """
 
-from fedjax_dg.configs.paper_protocol import get_config as _paper
+from fedjax_dg.run.configs.paper_protocol import get_config as _paper
 
 # Real data: the paper's Table 3 is on Office-Home (Table 10: EMA decay 0.75):
 #   --set data.name=office_home --set data.manual_dir=/path/to/OfficeHome

@@ -19,7 +19,7 @@ At the demo's scale (paper_protocol.BUDGET) ~2.5 h on this CPU:
         --set train.eval_every=2 --set train.ood_eval_max=0
 """
 
-from fedjax_dg.configs.paper_protocol import TABLE2_ALGORITHMS, get_config as _paper
+from fedjax_dg.run.configs.paper_protocol import TABLE2_ALGORITHMS, get_config as _paper
 
 # Real data: Table 4 is Office-Home, Table 5 VLCS (each with its Table 10 column,
 # listed in docs/protocol.md), e.g. --set data.name=vlcs --set data.manual_dir=/path/to/VLCS

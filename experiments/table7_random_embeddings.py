@@ -20,7 +20,7 @@ At the demo's scale (paper_protocol.BUDGET) ~2 h on this CPU:
         --set train.eval_every=2 --set train.ood_eval_max=0
 """
 
-from fedjax_dg.configs.paper_protocol import get_config as _paper
+from fedjax_dg.run.configs.paper_protocol import get_config as _paper
 
 # Real data: --set data.name=pacs --set data.manual_dir=/path/to/PACS
 SWEEP = dict(grid={"hfedf.embeddings": ("learned", "random"), "data.d": (1, 2, 3)},

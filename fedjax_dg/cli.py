@@ -11,9 +11,9 @@ import textwrap
 from fedjax_dg import distributed
 from fedjax_dg.errors import ConfigError
 
-# The demo's configs live in the package (`fedjax_dg.configs`), not in a path.
-DEMO = "fedjax_dg.configs.demo"
-FULL = "fedjax_dg.configs.rfmnist_hfedf"
+# The demo's configs live in the package (`fedjax_dg.run.configs`), not in a path.
+DEMO = "fedjax_dg.run.configs.demo"
+FULL = "fedjax_dg.run.configs.rfmnist_hfedf"
 
 
 def setup_jax(processes=None) -> str:
@@ -39,7 +39,7 @@ def _config(config_path: str | None, overrides: list[str],
   """An experiment file's (`config_path`) or a packaged config's (`module`)
   config with the `--set` overrides."""
   import importlib
-  from fedjax_dg import config as config_lib
+  from fedjax_dg.run import config as config_lib
   cfg = (importlib.import_module(module).get_config() if module
          else config_lib.load(config_path))
   cfg = config_lib.apply_overrides(cfg, overrides)
@@ -50,17 +50,17 @@ def _resume_config(run_dir: str, overrides: list[str],
                    module: str | None = None):
   """The config `run_dir` was run with (its config.json) with the `--set`
   overrides: what `--resume DIR` runs without --config. A --set that changes
-  a stored value is refused later (`experiment.check_resume`); with
+  a stored value is refused later (`directory.check_resume`); with
   `module` (demo), a run of another config is refused here."""
   import importlib
   import json
-  from fedjax_dg import config as config_lib
-  from fedjax_dg import sweep
+  from fedjax_dg.run import config as config_lib
+  from fedjax_dg.run import directory, sweep
   path = os.path.join(run_dir, "config.json")
   if not os.path.isdir(run_dir):
     raise ConfigError(f"--resume {run_dir}: no such run directory")
   if not os.path.isfile(path):
-    if os.path.isfile(os.path.join(run_dir, sweep.MANIFEST)):
+    if os.path.isfile(os.path.join(run_dir, directory.MANIFEST)):
       raise ConfigError(f"--resume {run_dir}: a sweep directory; continue it "
                         f"with: fedjax-dg sweep --resume {run_dir}")
     raise ConfigError(f"--resume {run_dir}: holds no config.json, so it is not "
@@ -80,7 +80,8 @@ def _run(config_path: str | None, overrides: list[str], resume: str | None,
          module: str | None = None, processes=None) -> int:
   """Runs an experiment file (`config_path`) or a packaged config (`module`);
   `resume` without `config_path`: the run directory's own config."""
-  from fedjax_dg import experiment, report
+  from fedjax_dg.run import experiment
+  from fedjax_dg.report import run_summary
   if resume is None and config_path is None and module is None:
     raise ConfigError("run needs --config experiments/<file>.py (or --resume "
                       "DIR to continue a run directory)")
@@ -93,15 +94,15 @@ def _run(config_path: str | None, overrides: list[str], resume: str | None,
   if not distributed.is_main():  # process 0 reports and writes
     return 0
   print()
-  print(report.terminal_summary(results))
-  if report.warnings_text(results):
-    print(report.warnings_text(results), file=sys.stderr)
-  paths = report.write_all(results, results["run_dir"])
+  print(run_summary.terminal_summary(results))
+  if run_summary.warnings_text(results):
+    print(run_summary.warnings_text(results), file=sys.stderr)
+  paths = run_summary.write_all(results, results["run_dir"])
   names = ["results.json"] + [os.path.relpath(p, results["run_dir"])
                               for p in paths]
   print(f"\nrun directory: {results['run_dir']}")
   print(textwrap.fill(f"wrote there: {', '.join(names)} (table.md: the full "
-                      "table, best over rounds too)", report.WIDTH,
+                      "table, best over rounds too)", run_summary.WIDTH,
                       subsequent_indent="  ", break_on_hyphens=False))
   return 0
 
@@ -212,12 +213,13 @@ def main(argv: list[str] | None = None) -> int:
       from fedjax_dg import doctor
       return doctor.main()
     if args.command == "algorithms":
-      from fedjax_dg import algorithms, experiment
+      from fedjax_dg import algorithms
+      from fedjax_dg.run import disk
       if not args.config:
         print(algorithms.describe())
         return 0
       cfgs = [_config(path, args.set) for path in args.config]
-      print(experiment.checkpoint_table(
+      print(disk.checkpoint_table(
           cfgs, algorithms.available() if args.all else None))
       return 0
     if args.command == "demo":
@@ -225,9 +227,9 @@ def main(argv: list[str] | None = None) -> int:
                   module=FULL if args.full else DEMO,
                   processes=distributed.from_args(args))
     if args.command in ("sweep", "report"):
-      from fedjax_dg import sweep
+      from fedjax_dg.run import reports, sweep
       if args.command == "report":
-        return sweep.main_report(args)
+        return reports.main_report(args)
       setup_jax(distributed.from_args(args))
       return sweep.main_sweep(args)
     return _run(args.config, args.set, args.resume,

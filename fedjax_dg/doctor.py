@@ -52,7 +52,7 @@ def device_summary(devices) -> str:
 
 
 def device_checks() -> list[Check]:
-  try:
+  try:  # imported here: a broken jax install is what this check reports
     import jax
     from fedjax_dg import engine
     engine.use_cpu_devices()  # the CPU devices a run gets: one per core
@@ -71,6 +71,8 @@ def data_checks(data_dir: str | None = None,
                 raw_dir: str | None = None) -> list[Check]:
   """The data directory in effect, the offline benchmark and its raw files
   (`raw_dir`: default `$FEDJAX_DG_FASHION_MNIST_DIR` or the Debian package's)."""
+  # Imported here, as jax in `device_checks`: the doctor runs (and says what
+  # is missing) where the data modules' dependencies do not import.
   from fedjax_dg.data import sources
   from fedjax_dg.data.builders import rotated_fashion_mnist as rfm
   origin = "given" if data_dir else sources.data_dir_origin()

@@ -11,6 +11,9 @@ from __future__ import annotations
 import numpy as np
 
 from fedjax_dg.errors import ConfigError
+from fedjax_dg.report.plots import pyplot
+from fedjax_dg.run import assemble, checks
+from fedjax_dg.run import config as config_lib
 
 BY = ("domains", "classes")
 KINDS = ("bar", "heatmap")
@@ -64,7 +67,6 @@ def plot(panels: list[tuple[str, list[str], np.ndarray]], by: str, path: str,
   segment per domain / class) or a heatmap; written to `path`."""
   if kind not in KINDS:
     raise ConfigError(f"--plot-kind {kind!r}: allowed {KINDS}")
-  from fedjax_dg.plots import pyplot
   plt = pyplot()
   clients = max(len(t) for _, _, t in panels)
   every = list(dict.fromkeys(n for _, names, _ in panels for n in names))
@@ -104,18 +106,17 @@ def plot(panels: list[tuple[str, list[str], np.ndarray]], by: str, path: str,
 
 def main(args) -> int:
   """`fedjax-dg partition --config CFG [--set k=v] [--by] [--plot OUT.png]`."""
-  from fedjax_dg import config as config_lib, experiment
   if args.plot and not args.plot.lower().endswith(".png"):
     raise ConfigError(f"--plot {args.plot!r}: give a .png path")
   if args.plot_kind not in KINDS:
     raise ConfigError(f"--plot-kind {args.plot_kind!r}: allowed {KINDS}")
   cfg = config_lib.apply_overrides(config_lib.load(args.config), args.set)
-  cfg = experiment.resolve(cfg)
-  experiment.validate(cfg)
-  dataset = experiment.load_dataset(cfg)
+  cfg = assemble.resolve(cfg)
+  checks.validate(cfg)
+  dataset = assemble.load_dataset(cfg)
   panels = []
-  for target in experiment.target_domains(cfg, dataset.domain_names):
-    fed = experiment.federate(cfg, dataset, target)
+  for target in assemble.target_domains(cfg, dataset.domain_names):
+    fed = assemble.federate(cfg, dataset, target)
     names, table = counts(fed, dataset, args.by)
     title = f"target {target}" if target is not None else "no target"
     print(f"{title}: {fed.summary()}")

@@ -97,7 +97,7 @@ def every_algorithm_setup(num_clients=4):
   in seconds: 5 domains of 24 images, a server split (FedDF, FedBE, FedLAW),
   2 server steps, 1 autoencoder epoch (hFedF), CCST's encoder up to relu1_1
   (8x8 images). -> (fed, cfg)."""
-  from fedjax_dg import config
+  from fedjax_dg.run import config
   fed = federated.build(synthetic_domains(num_domains=5, per_domain=24),
                         partition.PartitionSpec(num_partitions=num_clients,
                                                 seed=0),
@@ -124,6 +124,27 @@ def model_for(name, fed, vit=None, **mlp_fields):
   if getattr(algorithms.spec(name).module, "MODELS", None):
     return models.get_model("vit_tiny", **kw, **(vit or TINY_VIT))
   return models.get_model("mlp", **kw, **mlp_fields)
+
+
+def tiny_experiment(path, out, algorithms=("hfedf", "fedavg"), targets="0,75",
+                    max_per_domain=40) -> str:
+  """Writes an experiment file to `path` (Rotated Fashion-MNIST at 16x16,
+  `max_per_domain` images per domain, an MLP, 2 rounds of 1 epoch, an
+  evaluation each round, no progress bar) whose runs go to `out`; returns
+  the path. The CLI, sweep and metrics-log tests run it."""
+  lines = ["from fedjax_dg.run.config import base_config", "",
+           "def get_config():", "  c = base_config()", '  c.name = "tiny"',
+           f"  c.output_dir = {str(out)!r}",
+           f"  c.algorithms = {tuple(algorithms)!r}",
+           f"  c.data.max_per_domain = {max_per_domain}",
+           "  c.data.image_size = 16", f"  c.data.targets = {targets!r}",
+           '  c.model.name = "mlp"', "  c.train.rounds = 2",
+           "  c.train.eval_every = 1", "  c.train.epochs = 1",
+           "  c.train.batch_size = 16", "  c.train.progress = False",
+           "  return c", ""]
+  with open(path, "w") as f:
+    f.write("\n".join(lines))
+  return str(path)
 
 
 @pytest.fixture(scope="session")

@@ -53,7 +53,7 @@ def federation():
 
 
 def config():
-  from fedjax_dg.config import base_config
+  from fedjax_dg.run.config import base_config
   c = base_config()
   # 6 rounds of ~6 local steps need larger steps than the papers'.
   c.client.lr = 1e-2
@@ -167,13 +167,14 @@ def run(name: str, fed, cfg, variant: dict | None = None):
   """(Algorithm, engine.RunResult) of one pinned run."""
   from conftest import model_for  # pylint: disable=g-import-not-at-top
   from fedjax_dg import algorithms, engine
+  from fedjax_dg.run import assemble
   if variant:
     cfg = cfg.copy_and_resolve_references()
     for key, value in variant.items():
       section, field = key.split(".")
       cfg[section][field] = value
   model = model_for(name, fed, vit=VIT)
-  alg = algorithms.build(name, model, fed.num_clients, cfg, data=fed)
+  alg = assemble.algorithm(name, model, fed.num_clients, cfg, data=fed)
   return alg, engine.run(alg, fed, model, engine_config())
 
 

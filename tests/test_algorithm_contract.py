@@ -24,7 +24,8 @@ import numpy as np
 import pytest
 
 from conftest import every_algorithm_setup, model_for
-from fedjax_dg import algorithms, config, engine, models
+from fedjax_dg import algorithms, engine, models
+from fedjax_dg.run import assemble, config
 from fedjax_dg.algorithms.base import with_frozen
 from fedjax_dg.engine.round import make_round
 
@@ -93,7 +94,7 @@ def test_algorithm_contract(setup, name):
   assert set(section.pop("client").keys()) == set(algorithms.CLIENT_KEYS)
   assert section == algorithms.hyperparameters(spec.section)
 
-  alg = algorithms.build(name, model, N, cfg, data=fed)
+  alg = assemble.algorithm(name, model, N, cfg, data=fed)
   assert alg.name == name
   server, clients = jax.eval_shape(alg.init, jax.random.key(0))
   assert _typed(server), type(server)

@@ -14,11 +14,12 @@ from fedjax_dg.algorithms.base import ClientResult, ServerState
 from fedjax_dg.algorithms.fedsr import Reference
 from fedjax_dg.client import objectives
 from fedjax_dg.client.update import Batch, ClientContext, local_update
-from fedjax_dg.config import base_config
+from fedjax_dg.run.config import base_config
 from fedjax_dg.engine.round import make_round
 from fedjax_dg.models.fedsr import ProbabilisticModel
 from fedjax_dg.server.gma import (GmaState, agreement_mask,
                                   gradient_masked_averaging)
+from fedjax_dg.run import assemble
 
 
 def mlp(fed, **kw):
@@ -154,7 +155,7 @@ def test_fedsr_and_fedadg_take_a_vit_through_its_head(fed3):
 def test_fedsr_reference_parameters_stay_local(fed3):
   model = mlp(fed3)
   cfg = base_config()
-  alg = algorithms.build("fedsr", model, fed3.num_clients, cfg)
+  alg = assemble.algorithm("fedsr", model, fed3.num_clients, cfg)
   round_fn = make_round(alg, engine.EngineConfig(
       rounds=1, epochs=1, batch_size=16, client_mapping="map"), 3)
 
@@ -221,7 +222,7 @@ def test_fedgma_server_adds_the_masked_step(fed3):
   deltas, weights = _gma_example()
   cfg = base_config()
   cfg.fedgma.threshold, cfg.fedgma.step_size = 0.5, 0.5
-  alg = algorithms.build("fedgma", mlp(fed3), fed3.num_clients, cfg)
+  alg = assemble.algorithm("fedgma", mlp(fed3), fed3.num_clients, cfg)
   old = {"w": np.full((4,), 10.0, np.float32), "b": np.float32(3.0)}
   start = tree.broadcast(old, 4)
   result = ClientResult(ids=jnp.arange(4), round=0, start=start,
@@ -244,7 +245,7 @@ def test_fedgma_server_adds_the_masked_step(fed3):
 def test_pfedhn_server_step_moves_generated_models_toward_trained(fed3):
   cfg = base_config()
   cfg.pfedhn.server_lr = 0.1
-  alg = algorithms.build("pfedhn", mlp(fed3), fed3.num_clients, cfg)
+  alg = assemble.algorithm("pfedhn", mlp(fed3), fed3.num_clients, cfg)
   assert alg.personalized and alg.local_steps == 0  # the engine's epochs
   ids = jnp.array([0, 2])
 
@@ -280,7 +281,7 @@ def test_pfedhn_reference_code_settings(fed3):
           cfg.pfedhn.server_clip_norm) == ("sgd", 1e-2, 0.9, 1e-3, 50.0)
   cfg.pfedhn.local_steps = 50
   cfg.pfedhn.client_clip_norm = 50.0
-  alg = algorithms.build("pfedhn", mlp(fed3), fed3.num_clients, cfg)
+  alg = assemble.algorithm("pfedhn", mlp(fed3), fed3.num_clients, cfg)
   assert alg.local_steps == 50
 
 
@@ -294,8 +295,8 @@ def test_fedprox_with_huge_mu_stays_near_the_start(fed3):
   cfg.client.optimizer, cfg.client.lr, cfg.client.weight_decay = "sgd", 1e-2, 0.0
   cfg.fedprox.client.lr, cfg.fedprox.client.weight_decay = 1e-2, 0.0
   cfg.fedprox.mu = 100.0  # lr * mu = 1: every step is pulled back to the start
-  prox = algorithms.build("fedprox", model, 3, cfg)
-  avg = algorithms.build("fedavg", model, 3, cfg)
+  prox = assemble.algorithm("fedprox", model, 3, cfg)
+  avg = assemble.algorithm("fedavg", model, 3, cfg)
   start = model.init(jax.random.key(0))
   data = (fed3.train.x[0], fed3.train.y[0], fed3.train.n[0], jax.random.key(1))
 

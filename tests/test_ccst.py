@@ -13,12 +13,13 @@ import pytest
 from safetensors.numpy import save_file
 
 from conftest import synthetic_federation, with_sizes
-from fedjax_dg import algorithms, engine, experiment, models, tree
+from fedjax_dg import algorithms, engine, models, tree
+from fedjax_dg.run import assemble
 from fedjax_dg.algorithms import ccst
 from fedjax_dg.algorithms.base import ClientResult
 from fedjax_dg.client.style_pool import StylePool
 from fedjax_dg.client.update import Batch, ClientContext, ClientData
-from fedjax_dg.config import base_config
+from fedjax_dg.run.config import base_config
 from fedjax_dg.errors import ConfigError, DataError, NeedsDataError
 from fedjax_dg.models import adain
 
@@ -271,7 +272,7 @@ def _build(fed, model, lr=None, **hp):
   cfg.ccst.client.lr = lr
   for k, v in hp.items():
     cfg.ccst[k] = v
-  return algorithms.build("ccst", model, fed.num_clients, cfg, data=fed)
+  return assemble.algorithm("ccst", model, fed.num_clients, cfg, data=fed)
 
 
 @pytest.fixture(scope="module")
@@ -531,14 +532,14 @@ def test_bad_settings_and_missing_data_are_errors(fed, model, tmp_path):
            decoder=str(tmp_path / "d.pth"))
   cfg = base_config()
   with pytest.raises(NeedsDataError, match="first style bank"):
-    algorithms.build("ccst", model, 3, cfg)
+    assemble.algorithm("ccst", model, 3, cfg)
   # A run's settings are checked on a 4x4 stand-in model before any data is
   # read: depth 4 must pass there (the image size is the data's to check).
   cfg.algorithms = ["ccst"]
-  experiment.check_algorithms(cfg)
+  assemble.check_algorithms(cfg)
   cfg.ccst.k = 0
   with pytest.raises(ConfigError, match="ccst.k=0"):
-    experiment.check_algorithms(cfg)
+    assemble.check_algorithms(cfg)
   assert ccst.uses_data({})
 
 
@@ -548,7 +549,7 @@ def test_two_clients_are_enough_and_one_is_refused(fed, model):
   assert _build(two, model, k=2).name == "ccst"  # 2 clients holding data
   with pytest.raises(ConfigError, match=r"^ccst needs >= 2 clients \(a client "
                      r"transfers its images to the others' styles\)$"):
-    algorithms.build("ccst", model, 1, base_config(), data=fed)
+    assemble.algorithm("ccst", model, 1, base_config(), data=fed)
 
 
 # --------------------------------------------------------------------------

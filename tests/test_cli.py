@@ -7,36 +7,19 @@ import sys
 
 import pytest
 
-from fedjax_dg import cli, config, metrics_log
-
-TINY = '''
-from fedjax_dg.config import base_config
-
-def get_config():
-  c = base_config()
-  c.name = "tiny"
-  c.output_dir = {out!r}
-  c.algorithms = ("hfedf", "fedavg")
-  c.data.max_per_domain = 40
-  c.data.image_size = 16
-  c.data.targets = "0,75"
-  c.model.name = "mlp"
-  c.train.rounds = 2
-  c.train.eval_every = 1
-  c.train.epochs = 1
-  c.train.batch_size = 16
-  c.train.progress = False
-  return c
-'''
+from conftest import tiny_experiment
+from fedjax_dg import cli
+from fedjax_dg.run import config
+from fedjax_dg.report import metrics_log
 
 
 def no_plots(monkeypatch):
-  """report.write_all without its figures (matplotlib: ~1-3 s per run
+  """run_summary.write_all without its figures (matplotlib: ~1-3 s per run
   directory): for runs whose figures no test looks at. Figures are checked
   after the first run of test_run_writes_results_table_and_plots_and_never_
   overwrites; written after a resume in test_resume_runs_the_stored_config_
   and_refuses_another."""
-  from fedjax_dg import plots
+  from fedjax_dg.report import plots
   monkeypatch.setattr(plots, "ALL", {})
 
 
@@ -44,8 +27,7 @@ def no_plots(monkeypatch):
 def tiny_config(tmp_path_factory):
   d = tmp_path_factory.mktemp("cli")
   path = d / "tiny.py"
-  path.write_text(TINY.format(out=str(d / "runs")))
-  return str(path), str(d / "runs")
+  return tiny_experiment(path, d / "runs"), str(d / "runs")
 
 
 def test_run_writes_results_table_and_plots_and_never_overwrites(tiny_config, capsys,
@@ -210,7 +192,7 @@ def test_algorithms_lists_every_algorithm_with_its_settings(capsys):
 def test_a_bug_is_not_dressed_as_a_config_error(tiny_config, monkeypatch):
   """Only ConfigError (a setting to fix) becomes a one-line message; any other
   exception keeps its traceback."""
-  from fedjax_dg import experiment
+  from fedjax_dg.run import experiment
   path, _ = tiny_config
 
   def broken(*args, **kwargs):
@@ -225,7 +207,7 @@ def test_ctrl_c_says_how_to_continue(tiny_config, monkeypatch, capsys):
   """Ctrl-C prints the run directory and the command that continues it
   (`--resume DIR` alone: the directory stores its config, shell-quoted)."""
   import shlex
-  from fedjax_dg import experiment, sweep
+  from fedjax_dg.run import assemble, directory, experiment, sweep
   path, out = tiny_config
   real_run, real_run_all = experiment.run, experiment._run_all
 
@@ -265,7 +247,7 @@ def test_ctrl_c_says_how_to_continue(tiny_config, monkeypatch, capsys):
 
   def resume(cfg, run_dir=None, resume=False, **kwargs):
     stored = json.load(open(os.path.join(run_dir, "config.json")))
-    now = json.loads(experiment.resolve(cfg).to_json())
+    now = json.loads(assemble.resolve(cfg).to_json())
     resumed.append((run_dir, resume, config.drift(stored, now)))
     raise KeyboardInterrupt
 
@@ -281,7 +263,7 @@ def test_ctrl_c_says_how_to_continue(tiny_config, monkeypatch, capsys):
   err = capsys.readouterr().err
   assert err.strip().splitlines()[-1].strip() == shlex.join(
       ["fedjax-dg", "sweep", "--resume", sweep_dir])
-  assert os.path.exists(os.path.join(sweep_dir, sweep.MANIFEST))
+  assert os.path.exists(os.path.join(sweep_dir, directory.MANIFEST))
 
 
 # ------------------------------------------- issue 23: runs that end badly
@@ -459,17 +441,18 @@ def test_disk_full_is_found_however_it_is_wrapped():
 
 def test_a_run_failing_at_build_leaves_no_run_directory(tiny_config, tmp_path,
                                                         monkeypatch, capsys):
-  from fedjax_dg import algorithms, errors, experiment
+  from fedjax_dg import errors
+  from fedjax_dg.run import assemble
   path, _ = tiny_config
   out = tmp_path / "runs"
-  real = algorithms.build
+  real = assemble.algorithm
 
   def build(name, model, num_clients, cfg, data=None):
     if data is not None:  # the run's build, after the run directory exists
       raise errors.ConfigError("fedavg: a setting only the data refute")
     return real(name, model, num_clients, cfg, data=data)
 
-  monkeypatch.setattr(experiment.algorithms, "build", build)
+  monkeypatch.setattr(assemble, "algorithm", build)
   assert cli.main(["run", "--config", path]
                   + _small(out, "--set", "data.targets=0")) == 2
   assert "a setting only the data refute" in capsys.readouterr().err
@@ -478,7 +461,7 @@ def test_a_run_failing_at_build_leaves_no_run_directory(tiny_config, tmp_path,
 
 def test_an_unwritable_output_dir_is_a_config_error_naming_it(
     tiny_config, tmp_path, monkeypatch, capsys):
-  from fedjax_dg import experiment
+  from fedjax_dg.run import directory, experiment
   path, _ = tiny_config
   afile = tmp_path / "afile"
   afile.write_text("")
@@ -505,7 +488,7 @@ def test_an_unwritable_output_dir_is_a_config_error_naming_it(
   monkeypatch.setattr(os, "makedirs", refuse)
   with pytest.raises(experiment.ConfigError, match=r"^--out='/x': cannot "
                      "create the run directory '/x/compare-"):
-    experiment.make_run_dir("/x", "compare", field="--out")
+    directory.make_run_dir("/x", "compare", field="--out")
 
 
 def test_stand_ins_are_recorded_in_results_and_table(tiny_config, tmp_path,
@@ -539,16 +522,17 @@ def test_fedsdafs_random_frozen_backbone_is_a_stand_in(fed3):
   import dataclasses
   import warnings
   from conftest import model_for
-  from fedjax_dg import algorithms, config as config_lib
+  from fedjax_dg.run import assemble
+  from fedjax_dg.run import config as config_lib
   from fedjax_dg.errors import StandInWarning
   model, cfg = model_for("fedsdaf", fed3), config_lib.base_config()
   with pytest.warns(StandInWarning, match="fedsdaf: no model.weights: the "
                     "frozen ViT backbone is randomly initialized"):
-    algorithms.build("fedsdaf", model, 3, cfg)
+    assemble.algorithm("fedsdaf", model, 3, cfg)
   with warnings.catch_warnings():
     warnings.simplefilter("error", StandInWarning)
-    algorithms.build("fedsdaf", dataclasses.replace(model, weights="w.npz"), 3,
-                     cfg)
+    assemble.algorithm("fedsdaf", dataclasses.replace(model, weights="w.npz"),
+                       3, cfg)
 
 
 def _results(algs, targets, value, missing=()):
@@ -578,8 +562,8 @@ def _acc(a, t, m):
 def test_the_printed_summary_fits_100_columns_and_says_the_means(algs,
                                                                  targets):
   import numpy as np
-  from fedjax_dg import report
-  text = report.terminal_summary(_results(algs, targets, _acc))
+  from fedjax_dg.report import run_summary
+  text = run_summary.terminal_summary(_results(algs, targets, _acc))
   lines = text.splitlines()
   assert max(len(line) for line in lines) <= 100, text
   for a in algs:   # μ ± std over targets, computed here with numpy
@@ -603,18 +587,18 @@ def test_the_printed_summary_fits_100_columns_and_says_the_means(algs,
 
 
 def test_a_partial_run_is_marked_in_the_summary_and_table_md(tmp_path):
-  from fedjax_dg import report
+  from fedjax_dg.report import run_summary
   targets = ("0", "15", "30", "45", "60", "75")
   res = _results(("hfedf", "fedavg"), targets, _acc,
                  missing={("fedavg", t) for t in ("45", "60", "75")})
-  text = report.terminal_summary(res)
+  text = run_summary.terminal_summary(res)
   fedavg = next(l for l in text.splitlines() if l.strip().startswith("fedavg"))
   mean = 100 * sum(_acc("fedavg", t, "ood") for t in targets[:3]) / 3
   assert f"ood μ {mean:.1f}" in fedavg and fedavg.count("†") == 2
   hfedf = next(l for l in text.splitlines() if l.strip().startswith("hfedf"))
   assert "†" not in hfedf
   assert "PARTIAL: 3 of 12 runs missing (fedavg: targets 45, 60, 75)" in text
-  report.write_all(res, str(tmp_path))
+  run_summary.write_all(res, str(tmp_path))
   table = open(tmp_path / "table.md").read()
   row = next(l for l in table.splitlines() if l.startswith("| fedavg |"))
   assert row.count("†") == 4   # id μ, best id μ, ood μ, best ood μ

@@ -282,7 +282,7 @@ def test_plots_keep_a_notebooks_backend_and_show_saved_figures(tmp_path,
   """Inside a Jupyter kernel (ipykernel loaded) writing a figure must not
   switch the inline backend to Agg; elsewhere it does."""
   import sys
-  from fedjax_dg import plots
+  from fedjax_dg.report import plots
   plt = plots.pyplot()
   before = matplotlib.get_backend()
   monkeypatch.setitem(sys.modules, "ipykernel", object())

@@ -6,12 +6,14 @@ import textwrap
 
 import pytest
 
-from fedjax_dg import algorithms, config, engine, experiment, tables
+from fedjax_dg import algorithms, engine
+from fedjax_dg.run import assemble, checks, config, experiment
+from fedjax_dg.report.records import split_settings
 
 
 def _experiment(tmp_path, body: str) -> str:
   path = tmp_path / "exp.py"
-  path.write_text("from fedjax_dg.config import base_config\n\n"
+  path.write_text("from fedjax_dg.run.config import base_config\n\n"
                   "def get_config():\n  c = base_config()\n"
                   + textwrap.indent(textwrap.dedent(body), "  ") + "  return c\n")
   return str(path)
@@ -67,7 +69,7 @@ def test_client_override_of_the_wrong_type_is_an_error():
   c = config.base_config()
   c.fedavg.client.lr = "fast"  # a None field takes any value...
   with pytest.raises(ValueError, match="client override lr='fast'"):
-    algorithms.client_optimizer(c, "fedavg")  # ...and is checked where read
+    assemble.client_optimizer(c, "fedavg")  # ...and is checked where read
 
 
 def test_defaults_have_one_source(monkeypatch):
@@ -87,7 +89,7 @@ def test_defaults_have_one_source(monkeypatch):
   monkeypatch.setattr(build, "__kwdefaults__", dict(build.__kwdefaults__, mu=0.5))
   assert config.base_config().fedprox.mu == 0.5
   # ... and the engine's dataclass.
-  assert experiment.engine_config(config.base_config()) == engine.EngineConfig(
+  assert assemble.engine_config(config.base_config()) == engine.EngineConfig(
       seed=0, **{k: v for k, v in c.train.items() if k != "keep_checkpoints"})
 
 
@@ -102,13 +104,13 @@ def test_every_section_is_known_to_the_tables():
   """A grid key of any registered algorithm's section never splits FedAvg's
   rows (the registry, not a hand-kept list, says what a section is)."""
   for section in algorithms.modules():
-    own, general = tables.split_settings("fedavg", {f"{section}.x": "1"})
+    own, general = split_settings("fedavg", {f"{section}.x": "1"})
     assert general == {}, section
     assert (own == {"fedavg.x": "1"}) == (section == "fedavg")
 
 
 SCENARIO_FILE = """
-from fedjax_dg.config import base_config
+from fedjax_dg.run.config import base_config
 
 def get_config():
   c = base_config()
@@ -124,14 +126,14 @@ def test_a_value_the_scenario_would_replace_is_refused_on_every_path(tmp_path):
   silently replaced (`config.explicit`)."""
   import copy
   import pickle
-  from fedjax_dg import presets
+  from fedjax_dg.run import presets
   from fedjax_dg.errors import ConfigError
   needle = r"sets data\.alpha=0\.1, but data\.alpha=0\.5 was given too"
   path = tmp_path / "extreme.py"
   path.write_text(SCENARIO_FILE)
   from_file = config.load(str(path))
   with pytest.raises(ConfigError, match=needle):
-    experiment.validate(from_file)
+    checks.validate(from_file)
   cfg = config.base_config()  # the Python API
   cfg.scenario = "extreme"
   cfg.data.alpha = 0.5
@@ -146,10 +148,10 @@ def test_a_value_the_scenario_would_replace_is_refused_on_every_path(tmp_path):
   cfg = config.base_config()
   cfg.scenario = "extreme"
   cfg.train.cohort_size = 20
-  resolved = experiment.resolve(cfg)
+  resolved = assemble.resolve(cfg)
   assert (resolved.data.num_clients, resolved.train.cohort_size,
           resolved.data.alpha) == (100, 20, 0.1)
-  assert experiment.resolve(resolved).data.alpha == 0.1  # idempotent
+  assert assemble.resolve(resolved).data.alpha == 0.1  # idempotent
   assert config.explicit(config.base_config().data) == frozenset()
 
 
@@ -162,21 +164,21 @@ def test_client_schedule_wraps_any_algorithms_optimizer_or_is_refused():
   from fedjax_dg import models
   from fedjax_dg.client.update import RunProgress
   c = config.base_config()
-  assert isinstance(algorithms.client_optimizer(c, "fedccrl"), RunProgress)
-  assert not isinstance(algorithms.client_optimizer(c, "fedavg"), RunProgress)
+  assert isinstance(assemble.client_optimizer(c, "fedccrl"), RunProgress)
+  assert not isinstance(assemble.client_optimizer(c, "fedavg"), RunProgress)
   c.fedccrl.client.schedule = "constant"
-  assert not isinstance(algorithms.client_optimizer(c, "fedccrl"), RunProgress)
+  assert not isinstance(assemble.client_optimizer(c, "fedccrl"), RunProgress)
   c.client.schedule = "cosine"
-  assert isinstance(algorithms.client_optimizer(c, "fedavg"), RunProgress)
+  assert isinstance(assemble.client_optimizer(c, "fedavg"), RunProgress)
   fed = synthetic_federation(num_clients=2, per_domain=8)
   model = models.get_model("mlp", input_shape=fed.image_shape,
                            num_classes=fed.num_classes, hidden=4)
-  assert algorithms.build("fedprox", model, 2, c).needs_rounds
+  assert assemble.algorithm("fedprox", model, 2, c).needs_rounds
   with pytest.raises(ValueError, match="fedsam: client.schedule='cosine'"):
-    algorithms.build("fedsam", model, 2, c)
+    assemble.algorithm("fedsam", model, 2, c)
   c.client.schedule = "linear"
   with pytest.raises(ValueError, match=r"schedule='linear'.*'constant', 'cosine'"):
-    algorithms.client_optimizer(c, "fedavg")
+    assemble.client_optimizer(c, "fedavg")
 
 
 @pytest.mark.parametrize("value", ["0", "-3", "None"])
@@ -187,7 +189,7 @@ def test_image_size_must_be_a_positive_side(value):
       f"data.image_size={value}", "algorithms=fedavg", "model.name=mlp"])
   with pytest.raises(config.ConfigError, match=rf"data.image_size={value}: "
                      "must be a positive side in pixels.*e.g. 28"):
-    experiment.validate(cfg)
+    checks.validate(cfg)
   if value != "None":  # no path skips it (None: the Python API's native size)
     with pytest.raises(ValueError, match="image_size"):
-      experiment.load_dataset(cfg)
+      assemble.load_dataset(cfg)

@@ -614,7 +614,7 @@ def test_a_folder_of_your_own_becomes_a_named_dataset(tmp_path, n_domains,
 def test_a_folder_dataset_with_a_constant_channel_trains_end_to_end(tmp_path):
   """Blue is 77 in every image of the dataset: its std is 0, guarded
   (`channel_stats`: std 1, so it normalizes to 0, not 0 / 0 = NaN)."""
-  from fedjax_dg import config, experiment
+  from fedjax_dg.run import assemble, config, experiment
   root = _write_own_folder(str(tmp_path / "mine"),
                            ["a", "b", "c"], ["x", "y"], gray=False)
   data_dir = str(tmp_path / "data")
@@ -623,7 +623,7 @@ def test_a_folder_dataset_with_a_constant_channel_trains_end_to_end(tmp_path):
   ds = sources.load("abc", data_dir=data_dir, image_size=8)
   assert np.all(ds.images[..., 2] == 77) and ds.images[..., 0].std() > 0
   cfg = config.base_config()
-  mean, std = experiment.normalization(cfg, ds, None)  # data.normalization
+  mean, std = assemble.normalization(cfg, ds, None)  # data.normalization
   assert std[2] == 1.0 and abs(mean[2] - 77 / 255) < 1e-9 and std[0] < 1.0
   cfg = config.apply_overrides(config.base_config(), [
       "data.name=abc", f"data.data_dir={data_dir}", "data.image_size=8",
@@ -777,7 +777,7 @@ def test_a_run_is_told_where_a_folder_dataset_was_prepared(tmp_path,
   """Prepared before the checkout's .data/ existed, a folder dataset lands in
   ~/.cache/...; once .data/ exists, the lookup names the directory it looked
   in, the one that holds the dataset and both ways out."""
-  from fedjax_dg import config, experiment
+  from fedjax_dg.run import checks, config
   monkeypatch.setenv("HOME", str(tmp_path / "home"))
   monkeypatch.delenv("FEDJAX_DG_DATA_DIR", raising=False)
   checkout = tmp_path / "checkout" / ".data"
@@ -798,7 +798,7 @@ def test_a_run_is_told_where_a_folder_dataset_was_prepared(tmp_path,
   cfg = config.apply_overrides(config.base_config(), [
       "data.name=mine", "algorithms=fedavg", "model.name=mlp"])
   with pytest.raises(ConfigError, match="unknown dataset data.name='mine'") as e:
-    experiment.validate(cfg)
+    checks.validate(cfg)
   for text in want:
     assert text in str(e.value), text
   # The advice works: that data directory has it.
@@ -880,14 +880,14 @@ def test_the_own_folder_config_uses_every_image_and_says_what_to_set(
   without data.name stops and says to set it; with it, every image of the
   folder is in the federation (clients' training and validation + target),
   gray kept gray."""
-  from fedjax_dg import config, experiment
+  from fedjax_dg.run import assemble, checks, config
   path = os.path.join(os.path.dirname(os.path.dirname(__file__)),
                       "experiments", "own_folder.py")
   cfg = config.load(path)
   assert cfg.data.max_per_domain == 0 and cfg.data.name == ""
   assert cfg.model.name == "inception_cnn" and cfg.data.image_size == 32
   with pytest.raises(ConfigError, match="data.name is not set.*prepare folder"):
-    experiment.validate(cfg)
+    checks.validate(cfg)
   root = str(tmp_path / "gray")
   _write_gray_folder(root)
   data_dir = str(tmp_path / "data")
@@ -897,11 +897,11 @@ def test_the_own_folder_config_uses_every_image_and_says_what_to_set(
                                      f"data.data_dir={data_dir}",
                                      "data.image_size=8", "data.targets=b",
                                      "data.val_fraction=0.2"])
-  experiment.validate(cfg)
-  ds = experiment.load_dataset(cfg)
+  checks.validate(cfg)
+  ds = assemble.load_dataset(cfg)
   files = sum(len(names) for _, _, names in os.walk(root))
   assert ds.images.shape == (files, 8, 8, 1)
-  fed = experiment.federate(cfg, ds, "b")
+  fed = assemble.federate(cfg, ds, "b")
   assert (int(np.sum(fed.packed_train.n)) + int(np.sum(fed.packed_val.n))
           + len(fed.target_y)) == files
 

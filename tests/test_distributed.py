@@ -15,9 +15,9 @@ import time
 import numpy as np
 import pytest
 
+from conftest import tiny_experiment
 from fedjax_dg import cli, distributed
 from fedjax_dg.errors import ConfigError
-from test_cli import TINY
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
@@ -315,7 +315,7 @@ def test_cli_run_in_two_processes_writes_one_run_directory(tmp_path):
   for processes in (1, 2):
     out = tmp_path / f"runs{processes}"
     config = tmp_path / f"tiny{processes}.py"
-    config.write_text(TINY.format(out=str(out)))
+    tiny_experiment(config, out)
     logs = _cli(str(config), processes)
     (run_dir,) = os.listdir(out)
     assert "ood" in logs[0] and all("ood" not in log for log in logs[1:])

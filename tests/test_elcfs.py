@@ -15,8 +15,9 @@ from fedjax_dg.algorithms import elcfs
 from fedjax_dg.algorithms.base import ClientResult
 from fedjax_dg.client import frequency, objectives
 from fedjax_dg.client.update import Batch, ClientContext, ClientData
-from fedjax_dg.config import base_config
+from fedjax_dg.run.config import base_config
 from fedjax_dg.errors import ConfigError, NeedsDataError
+from fedjax_dg.run import assemble
 
 RNG = np.random.default_rng(0)
 
@@ -337,7 +338,7 @@ def _build(fed, model, **hp):
   cfg = base_config()
   for k, v in hp.items():
     cfg.elcfs[k] = v
-  return algorithms.build("elcfs", model, fed.num_clients, cfg, data=fed)
+  return assemble.algorithm("elcfs", model, fed.num_clients, cfg, data=fed)
 
 
 def test_local_loss_is_the_episodic_loss_of_the_batch_and_its_transform(setup):
@@ -453,6 +454,6 @@ def test_bad_settings_and_missing_data_are_errors(setup):
       _build(fed, model, **hp)
   _build(fed, model, ratio=0.5)  # [0, 0.5]: the upper end is allowed
   with pytest.raises(NeedsDataError, match="amplitude bank"):
-    algorithms.build("elcfs", model, 3, base_config())
+    assemble.algorithm("elcfs", model, 3, base_config())
   with pytest.raises(ConfigError, match="2 clients"):
     elcfs.build(model, optax.sgd(0.1), num_clients=1, data=fed)

@@ -15,7 +15,8 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from conftest import synthetic_domains
-from fedjax_dg import engine, models, plots, report
+from fedjax_dg import engine, models
+from fedjax_dg.report import plots, run_summary
 from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.algorithms import local_only
 from fedjax_dg.client import objectives
@@ -156,7 +157,7 @@ def test_no_id_validation_split_means_no_id_accuracy_not_zero(tmp_path):
   results = dict(targets=["dom0"], algorithms=["fedavg"],
                  runs=[dict(algorithm="fedavg", target="dom0", final=res.final,
                             history=res.history)])
-  header, rows = report.table_rows(results)
+  header, rows = run_summary.table_rows(results)
   cells = dict(zip(header, rows[0]))
   assert cells["id dom0"] == cells["best id μ"] == "-"
   assert cells["ood dom0"] == f"{100 * res.final['ood_acc']:.1f}"
@@ -298,7 +299,7 @@ EVERY_ALGORITHM_SHARDED = textwrap.dedent("""
     fed, cfg = every_algorithm_setup()
     for name in algorithms.available():
       model = model_for(name, fed, hidden=8)
-      alg = algorithms.build(name, model, 4, cfg, data=fed)
+      alg = assemble.algorithm(name, model, 4, cfg, data=fed)
       leaves = []
       for mapping in ("map", "shard"):
         res = engine.run(alg, fed, model, engine.EngineConfig(

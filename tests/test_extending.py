@@ -18,7 +18,9 @@ import numpy as np
 import pytest
 
 from conftest import synthetic_federation
-from fedjax_dg import algorithms, config, engine, experiment, models, tables
+from fedjax_dg import algorithms, engine, models
+from fedjax_dg.run import assemble, checks, config
+from fedjax_dg.report.records import display_name
 from fedjax_dg.client.update import Batch
 from fedjax_dg.engine.round import AUX_STREAM
 
@@ -50,10 +52,10 @@ def test_one_new_file_is_a_registered_configured_algorithm(fedfit):
   c = config.base_config()
   assert (c.fedfit.jitter, c.fedfit.temperature, c.fedfit.probe) == (0.1, 1.0, 32)
   assert set(c.fedfit.client) == set(algorithms.CLIENT_KEYS)
-  assert tables.display_name("fedfit") == "FedFit"
+  assert display_name("fedfit") == "FedFit"
   c.algorithms = ("fedfit", "fedavg")
   c.model.name = "mlp"
-  experiment.validate(c)
+  checks.validate(c)
   with pytest.raises(config.ConfigError, match="did you mean 'fedfit.temperature'"):
     config.apply_overrides(c, ["fedfit.temprature=0.5"])
   # A bad value is the user's to fix: a ConfigError, as every module raises.
@@ -83,7 +85,7 @@ def test_the_server_weighs_clients_by_the_statistic_they_send(fedfit):
   c = config.base_config()
   c.fedfit.temperature = 0.5
   c.fedfit.probe = 16
-  alg = algorithms.build("fedfit", model, fed.num_clients, c)
+  alg = assemble.algorithm("fedfit", model, fed.num_clients, c)
   cfg = engine.EngineConfig(rounds=2, eval_every=2, epochs=1, batch_size=8,
                             client_mapping="map", progress=False,
                             eval_batch_size=16, seed=4)

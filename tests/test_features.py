@@ -8,8 +8,10 @@ import jax
 import numpy as np
 import pytest
 
-from fedjax_dg import algorithms, engine, experiment, models, plots
-from fedjax_dg.config import base_config
+from fedjax_dg import algorithms, engine, models
+from fedjax_dg.run import assemble, directory
+from fedjax_dg.report import plots
+from fedjax_dg.run.config import base_config
 from fedjax_dg.errors import ConfigError
 
 CFG = engine.EngineConfig(rounds=1, eval_every=1, epochs=1, batch_size=16,
@@ -26,7 +28,7 @@ def setup(fed3):
 
 def test_features_are_the_final_models_features_of_target_examples(setup):
   fed, model = setup
-  alg = algorithms.build("fedavg", model, fed.num_clients, base_config())
+  alg = assemble.algorithm("fedavg", model, fed.num_clients, base_config())
   res = engine.run(alg, fed, model, CFG)
   f, y = res.features["features"], res.features["labels"]
   assert f.shape == (13, 16) and y.shape == (13,)
@@ -43,7 +45,7 @@ def test_features_are_the_final_models_features_of_target_examples(setup):
 
 def test_personalized_algorithms_keep_no_features(setup):
   fed, model = setup
-  alg = algorithms.build("local_only", model, fed.num_clients, base_config())
+  alg = assemble.algorithm("local_only", model, fed.num_clients, base_config())
   assert engine.run(alg, fed, model, CFG).features is None
 
 
@@ -58,7 +60,7 @@ def test_tsne_plot_draws_one_panel_per_algorithm_with_features(tmp_path):
                  algorithms=["fedavg", "fedccrl", "fedprox"], runs=[])
   assert plots.tsne(results, str(tmp_path / "tsne.png")) is None
   for name in ("fedavg", "fedccrl"):
-    experiment.save_features(str(tmp_path), name, "t0", dict(
+    directory.save_features(str(tmp_path), name, "t0", dict(
         features=rng.normal(size=(40, 5)).astype(np.float32),
         labels=rng.integers(0, 3, 40)))
   out = plots.tsne(results, str(tmp_path / "tsne.png"))

@@ -18,10 +18,11 @@ from fedjax_dg.algorithms.base import ClientResult
 from fedjax_dg.client import objectives
 from fedjax_dg.client.update import (Batch, ClientContext, RunProgress,
                                      local_update)
-from fedjax_dg.config import base_config
+from fedjax_dg.run.config import base_config
 from fedjax_dg.engine.round import make_round
 from fedjax_dg.errors import ConfigError
 from fedjax_dg.models.fedadg import FedADGNets
+from fedjax_dg.run import assemble
 
 SIZES = dict(gen_hidden=12, rp_size=10, disc_hidden=9)
 
@@ -343,7 +344,7 @@ def test_fedadg_learns(setup):  # end to end by default
   cfg.fedadg.client.lr = 1e-2
   for key, value in SIZES.items():
     cfg.fedadg[key] = value
-  alg = algorithms.build("fedadg", model, fed.num_clients, cfg, data=fed)
+  alg = assemble.algorithm("fedadg", model, fed.num_clients, cfg, data=fed)
   res = engine.run(alg, fed, model, engine.EngineConfig(
       rounds=3, eval_every=3, epochs=1, batch_size=16, progress=False))
   assert res.final["id_acc"] > 1.0 / fed.num_classes + 0.3, res.final

@@ -20,8 +20,9 @@ from fedjax_dg.algorithms.base import ClientResult
 from fedjax_dg.client import augment, objectives, style_pool
 from fedjax_dg.client.update import (Batch, ClientContext, ClientData,
                                      local_update)
-from fedjax_dg.config import base_config
+from fedjax_dg.run.config import base_config
 from fedjax_dg.errors import ConfigError, NeedsDataError
+from fedjax_dg.run import assemble
 
 RNG = np.random.default_rng(0)
 
@@ -270,7 +271,7 @@ def _build(fed, model, **hp):
   cfg = base_config()
   for k, v in hp.items():
     cfg.fedccrl[k] = v
-  return algorithms.build("fedccrl", model, fed.num_clients, cfg, data=fed)
+  return assemble.algorithm("fedccrl", model, fed.num_clients, cfg, data=fed)
 
 
 def test_without_augmentation_and_alignment_the_loss_is_cross_entropy(setup):
@@ -587,6 +588,6 @@ def test_bad_settings_and_missing_data_are_errors(setup):
     with pytest.raises(ConfigError, match=needle):
       _build(fed, model, **hp)
   with pytest.raises(NeedsDataError, match="first style pool"):
-    algorithms.build("fedccrl", model, 3, base_config())
+    assemble.algorithm("fedccrl", model, 3, base_config())
   assert fedccrl.uses_data({"ccdt": True}) and not fedccrl.uses_data(
       {"ccdt": False})

@@ -14,9 +14,10 @@ from fedjax_dg import algorithms, engine, models, tree
 from fedjax_dg.algorithms import feddg_ga
 from fedjax_dg.algorithms.base import ClientResult
 from fedjax_dg.client.update import ClientContext, ClientData
-from fedjax_dg.config import base_config
+from fedjax_dg.run.config import base_config
 from fedjax_dg.errors import ConfigError
 from fedjax_dg.server import ga
+from fedjax_dg.run import assemble
 
 
 # ----------------------------------------------------------------- references
@@ -271,7 +272,7 @@ def test_feddg_ga_learns_and_differs_from_fedavg_only_through_its_weights(
   cfg.client.lr = 1e-2
   run_cfg = engine.EngineConfig(rounds=4, eval_every=4, epochs=1, batch_size=16,
                                 client_mapping="map", progress=False)
-  build = lambda name: algorithms.build(name, model, fed.num_clients, cfg)
+  build = lambda name: assemble.algorithm(name, model, fed.num_clients, cfg)
   got = engine.run(build("feddg_ga"), fed, model, run_cfg)
   np.testing.assert_allclose(np.asarray(got.round_metrics["ga_step"]),
                              0.2 * (1 - np.arange(4) / 4), rtol=1e-6)

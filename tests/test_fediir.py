@@ -13,8 +13,9 @@ from fedjax_dg import algorithms, engine, models
 from fedjax_dg.algorithms import fediir
 from fedjax_dg.algorithms.base import ClientResult
 from fedjax_dg.client.update import Batch, ClientContext, ClientData
-from fedjax_dg.config import base_config
+from fedjax_dg.run.config import base_config
 from fedjax_dg.errors import ConfigError
+from fedjax_dg.run import assemble
 
 
 @pytest.fixture(scope="module")
@@ -151,11 +152,11 @@ def test_fediir_runs_and_penalty_zero_is_fedavg(setup):
   run_cfg = engine.EngineConfig(rounds=2, eval_every=2, epochs=1, batch_size=16,
                                 progress=False)
   cfg.fediir.penalty = 0.0
-  zero_alg = algorithms.build("fediir", model, fed.num_clients, cfg)
+  zero_alg = assemble.algorithm("fediir", model, fed.num_clients, cfg)
   zero = engine.run(zero_alg, fed, model, run_cfg)
   sgd = dict(optimizer="sgd", lr=1e-3, momentum=0.9, weight_decay=0.0)
   cfg.fedavg.client.update(sgd)
-  avg = engine.run(algorithms.build("fedavg", model, fed.num_clients, cfg),
+  avg = engine.run(assemble.algorithm("fedavg", model, fed.num_clients, cfg),
                    fed, model, run_cfg)
   for a, b in zip(jax.tree.leaves(zero.server.params),
                   jax.tree.leaves(avg.server.params)):
@@ -165,7 +166,7 @@ def test_fediir_runs_and_penalty_zero_is_fedavg(setup):
   # of compiling: what a penalty does to the gradient is
   # test_local_loss_and_its_second_order_gradient's).
   cfg.fediir.penalty = 1.0
-  pen_alg = algorithms.build("fediir", model, fed.num_clients, cfg)
+  pen_alg = assemble.algorithm("fediir", model, fed.num_clients, cfg)
   params = zero.server.params
   ctx = ClientContext(id=0, round=0, start=params,
                       shared=jax.tree.map(jnp.zeros_like, params["fc2"]))

@@ -14,11 +14,12 @@ import optax
 import pytest
 
 from conftest import TINY_VIT, synthetic_federation, with_sizes
-from fedjax_dg import algorithms, engine, experiment, models, tree
+from fedjax_dg import algorithms, engine, models, tree
+from fedjax_dg.run import checks
 from fedjax_dg.algorithms import fedsdaf
 from fedjax_dg.algorithms.base import ClientResult, with_frozen
 from fedjax_dg.client.update import Batch, ClientContext, local_update
-from fedjax_dg.config import base_config
+from fedjax_dg.run.config import base_config
 from fedjax_dg.engine.round import make_round
 from fedjax_dg.errors import ConfigError
 from fedjax_dg.models import vit_adapters
@@ -466,13 +467,13 @@ def test_non_vit_models_are_refused_before_any_data(fed):
   cfg = base_config()
   cfg.algorithms = ("fedavg", "fedsdaf")
   with pytest.raises(ConfigError, match="fedsdaf runs on model.name"):
-    experiment.validate(cfg)
+    checks.validate(cfg)
   cfg.model.name = "vit_tiny"
   cfg.model.vit.patch = 4
-  experiment.validate(cfg)
+  checks.validate(cfg)
   cfg.model.name = "small_cnn"
   with pytest.raises(ConfigError, match="model.vit.patch is set"):
-    experiment.validate(cfg)
+    checks.validate(cfg)
 
 
 @pytest.mark.slow

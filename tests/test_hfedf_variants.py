@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 from conftest import synthetic_domains
-from fedjax_dg import (algorithms, engine, experiment, models, presets, server,
-                       tree)
+from fedjax_dg import algorithms, engine, models, server, tree
+from fedjax_dg.run import assemble, checks, presets
 from fedjax_dg.algorithms import hfedf as hfedf_lib
 from fedjax_dg.algorithms.base import ClientResult
-from fedjax_dg.config import base_config
+from fedjax_dg.run.config import base_config
 from fedjax_dg.data import federated, partition
 from fedjax_dg.models import autoencoder as ae
 from fedjax_dg.server import EmaState
@@ -153,12 +153,12 @@ def _server_key(seed, r):
 
 @pytest.fixture(scope="module")
 def few_shot_fed():
-  """Fig. 3 / Fig. 4 settings through experiment.federate: N = 6 > 3 source
+  """Fig. 3 / Fig. 4 settings through assemble.federate: N = 6 > 3 source
   domains with d = 2 each, k = 3 target images per client."""
   ds = synthetic_domains(num_domains=4, per_domain=80, classes=4, noise=140)
   cfg = base_config()
   cfg.data.num_clients, cfg.data.d, cfg.data.few_shot_k = 6, 2, 3
-  return ds, experiment.federate(cfg, ds, "dom0")
+  return ds, assemble.federate(cfg, ds, "dom0")
 
 
 def test_few_shot_and_more_clients_than_domains_in_the_federation(few_shot_fed):
@@ -180,7 +180,7 @@ def test_random_embeddings_per_tensor_few_shot_end_to_end(few_shot_fed):
   _, fed = few_shot_fed
   n = fed.num_clients
   model = _mlp(fed)
-  alg = algorithms.build("hfedf", model, n, _cfg(
+  alg = assemble.algorithm("hfedf", model, n, _cfg(
       embeddings="random", gradalign_granularity="tensor"), data=fed)
   # Nothing of the embeddings reaches the clients beyond the generated params:
   # no per-client state, and a client receives (and trains from) a stack of
@@ -283,7 +283,7 @@ def test_autoencoder_embeddings_shape_determinism_and_domains(two_per_domain,
   assert len(same) == 3 and min(diff) > 1e-3
   assert np.mean(same) < 0.5 * np.mean(diff), (same, diff)
   with pytest.raises(ValueError, match="needs the run's FederatedData"):
-    algorithms.build("hfedf", _mlp(fed), 6, _cfg(embeddings="autoencoder"))
+    assemble.algorithm("hfedf", _mlp(fed), 6, _cfg(embeddings="autoencoder"))
 
 
 def test_autoencoder_embeddings_are_the_servers_fixed_table(two_per_domain,
@@ -310,10 +310,10 @@ def test_autoencoder_embeddings_are_the_servers_fixed_table(two_per_domain,
     return real(data, latent, key=key, **kw)
 
   monkeypatch.setattr(hfedf_lib, "autoencoder_embeddings", reuse)
-  alg = algorithms.build("hfedf", _mlp(fed), n,
-                         _cfg(embeddings="autoencoder", ema_warmup=0,
-                              autoencoder_epochs=AE_EPOCHS),
-                         data=fed)
+  alg = assemble.algorithm("hfedf", _mlp(fed), n,
+                           _cfg(embeddings="autoencoder", ema_warmup=0,
+                                autoencoder_epochs=AE_EPOCHS),
+                           data=fed)
   ids = jnp.arange(n)
 
   def step(server, r):
@@ -348,9 +348,9 @@ def test_autoencoder_embeddings_are_the_servers_fixed_table(two_per_domain,
 def test_autoencoder_embeddings_learn_above_chance(two_per_domain):
   fed = two_per_domain  # as the test above: the autoencoder program is reused
   model = _mlp(fed)
-  alg = algorithms.build("hfedf", model, fed.num_clients,
-                         _cfg(embeddings="autoencoder",
-                              autoencoder_epochs=AE_EPOCHS), data=fed)
+  alg = assemble.algorithm("hfedf", model, fed.num_clients,
+                           _cfg(embeddings="autoencoder",
+                                autoencoder_epochs=AE_EPOCHS), data=fed)
   res = engine.run(alg, fed, model, ENGINE)
   chance = 1.0 / fed.num_classes
   assert res.final["id_acc"] > chance + 0.25, res.final
@@ -369,11 +369,11 @@ def test_table3_ablations_are_algorithm_names(fed3):
   cfg = base_config()
   cfg.algorithms = tuple(hfedf_lib.VARIANTS)
   cfg.model.name = "mlp"
-  experiment.validate(cfg)  # a sweep over algorithms accepts them
+  checks.validate(cfg)  # a sweep over algorithms accepts them
   for name in hfedf_lib.VARIANTS:
     assert name in algorithms.available()
     assert algorithms.spec(name).section == "hfedf"
-    assert algorithms.build(name, _mlp(fed3), 3, cfg).name == name
+    assert assemble.algorithm(name, _mlp(fed3), 3, cfg).name == name
   assert {k: v[1] for k, v in hfedf_lib.VARIANTS.items()} == {
       "hfedf_no_gradalign": dict(gradalign=False),
       "hfedf_no_ema": dict(ema=False),
@@ -386,7 +386,7 @@ def test_table3_ablations_are_algorithm_names(fed3):
   ids = jnp.arange(3)
   for name, smooth in {"hfedf": True, "hfedf_no_gradalign": True,
                        "hfedf_no_ema": False, "hfedf_no_both": False}.items():
-    server = jax.eval_shape(algorithms.build(name, model, 3, cfg).init,
+    server = jax.eval_shape(assemble.algorithm(name, model, 3, cfg).init,
                             jax.random.key(0))[0]
     assert isinstance(server.ema, EmaState) == smooth, name
   aligns = {"hfedf": True, "hfedf_no_gradalign": False}
@@ -400,7 +400,7 @@ def test_table3_ablations_are_algorithm_names(fed3):
                           jnp.ones(3))
     return alg.server_update(server, result, jax.random.key(1))[1]
 
-  algs = {name: algorithms.build(name, model, 3, cfg) for name in aligns}
+  algs = {name: assemble.algorithm(name, model, 3, cfg) for name in aligns}
   weights = jax.jit(lambda key: {  # one program for both names
       name: metrics(alg, key)["gradalign_theta"]
       for name, alg in algs.items()})(jax.random.key(0))
@@ -441,7 +441,7 @@ def test_presets_set_table10_values(name):
   # The optimizer an algorithm gets reflects the preset: Adam with L2 weight
   # decay, so at w = 1 a zero gradient steps by -lr (the decay alone), and a
   # gradient of -wd cancels the decay (no step).
-  opt = algorithms.client_optimizer(cfg, "hfedf")
+  opt = assemble.client_optimizer(cfg, "hfedf")
   w = {"w": jnp.ones(3)}
   lr = cfg.hfedf.client.lr or cfg.client.lr  # the section overrides the run's
   wd = cfg.hfedf.client.weight_decay
@@ -476,7 +476,7 @@ def test_gradalign_over_reaches_the_server_step(few_shot_fed, over):
   _, fed = few_shot_fed
   n = fed.num_clients
   model = _mlp(fed)
-  alg = algorithms.build("hfedf", model, n, _cfg(gradalign_over=over))
+  alg = assemble.algorithm("hfedf", model, n, _cfg(gradalign_over=over))
   ids = jnp.arange(n)
 
   @jax.jit  # one program (op by op, each op compiled: 4x the time)

@@ -15,12 +15,13 @@ from conftest import synthetic_domains
 from fedjax_dg import algorithms, engine, models, tree
 from fedjax_dg.algorithms.base import ClientResult
 from fedjax_dg.algorithms import hypergenfl
-from fedjax_dg.config import base_config
+from fedjax_dg.run.config import base_config
 from fedjax_dg.data import federated, partition
 from fedjax_dg.engine.round import make_round
 from fedjax_dg.models.hypergenfl import AttentionScores, init_attention_scores
 from fedjax_dg.server import hypergenfl as hg
 from fedjax_dg.server.hypernetwork import HyperParams
+from fedjax_dg.run import assemble
 
 
 @functools.lru_cache(maxsize=None)
@@ -396,7 +397,7 @@ def test_engine_rounds_with_a_cohort_touch_only_its_rows():
   model = tiny_model(hidden=8, classes=3, shape=fed.image_shape)
   cfg = base_config()
   cfg.hypergenfl.embed_dim = 8
-  alg = algorithms.build("hypergenfl", model, 6, cfg)
+  alg = assemble.algorithm("hypergenfl", model, 6, cfg)
   round_fn = jax.jit(make_round(alg, engine.EngineConfig(
       rounds=1, epochs=1, batch_size=8, cohort_size=3, client_mapping="map"), 6))
   train = jax.tree.map(jnp.asarray, fed.train)
@@ -429,11 +430,11 @@ def test_config_defaults_and_switches():
       jax.random.key(0))
   cfg.hypergenfl.embeddings = "onehot"
   cfg.hypergenfl.num_heads = 1
-  alg = algorithms.build("hypergenfl", model, 5, cfg)
+  alg = assemble.algorithm("hypergenfl", model, 5, cfg)
   np.testing.assert_array_equal(table(alg), np.eye(5))
   cfg.hypergenfl.embeddings = "random"
   cfg.hypergenfl.num_heads = 4
-  alg = algorithms.build("hypergenfl", model, 5, cfg)
+  alg = assemble.algorithm("hypergenfl", model, 5, cfg)
   embeddings = table(alg)
   assert embeddings.shape == (5, 128)
   assert float(np.std(embeddings)) > 0.5
@@ -442,7 +443,7 @@ def test_config_defaults_and_switches():
     c = base_config()
     c.hypergenfl[key] = bad
     with pytest.raises(ValueError, match=key):
-      algorithms.build("hypergenfl", model, 5, c)
+      assemble.algorithm("hypergenfl", model, 5, c)
 
 
 # Slow: learning above chance with a cohort is tests/test_pinned.py::
@@ -464,7 +465,7 @@ def test_learns_above_chance_on_label_skewed_clients_with_partial_participation(
                            num_classes=fed.num_classes, mean=fed.mean, std=fed.std)
   cfg = base_config()
   cfg.hypergenfl.embed_dim = 16
-  alg = algorithms.build("hypergenfl", model, fed.num_clients, cfg)
+  alg = assemble.algorithm("hypergenfl", model, fed.num_clients, cfg)
   res = engine.run(alg, fed, model, engine.EngineConfig(
       rounds=8, eval_every=4, epochs=1, batch_size=16, cohort_size=4,
       progress=False, eval_batch_size=32))
@@ -554,13 +555,13 @@ def test_a_run_whose_hypernetwork_dies_is_warned_about(fed3):
   hypernetwork's gradients are ~1e-9 here and Adam rescales them to ~lr: on
   two devices it dies one round earlier), so the round is read from the
   run's own `hg_dead`."""
-  from fedjax_dg import report
+  from fedjax_dg.report import run_summary
   model = models.get_model("mlp", input_shape=fed3.image_shape,
                            num_classes=fed3.num_classes, mean=fed3.mean,
                            std=fed3.std, hidden=6)
   cfg = base_config()
   cfg.hypergenfl.server_lr = 1.0
-  alg = algorithms.build("hypergenfl", model, fed3.num_clients, cfg)
+  alg = assemble.algorithm("hypergenfl", model, fed3.num_clients, cfg)
   res = engine.run(alg, fed3, model, engine.EngineConfig(
       rounds=4, eval_every=4, epochs=1, batch_size=16, progress=False))
   dead = np.asarray(res.round_metrics["hg_dead"]) == 1.0
@@ -572,7 +573,7 @@ def test_a_run_whose_hypernetwork_dies_is_warned_about(fed3):
                       f"({4 - since} of 4 rounds)")
   results = dict(runs=[dict(target="0", warnings=[w]),
                        dict(target="1", warnings=[])])
-  assert report.warnings_text(results) == f"WARNING (0): {w}"
+  assert run_summary.warnings_text(results) == f"WARNING (0): {w}"
   # The run's reported metrics and extras: the server's embedding table and
   # its [N, L] weights table (every client in every cohort here).
   w_min = np.asarray(res.round_metrics["hg_weight_min"])

@@ -8,7 +8,9 @@ import struct
 
 import pytest
 
-from fedjax_dg import cli, engine, metrics_log
+from conftest import tiny_experiment
+from fedjax_dg import cli, engine
+from fedjax_dg.report import metrics_log
 
 
 def reject(token):
@@ -76,31 +78,10 @@ def test_resumed_chunks_replace_their_lines_and_sync_matches_history(tmp_path):
   assert [v for _, v in steps] == pytest.approx([1.0, 0.25, 0.5, 0.2, 1 / 3])
 
 
-TINY = '''
-from fedjax_dg.config import base_config
-
-def get_config():
-  c = base_config()
-  c.name = "tiny"
-  c.output_dir = {out!r}
-  c.algorithms = ("fedavg",)
-  c.data.max_per_domain = 40
-  c.data.image_size = 16
-  c.data.targets = "0"
-  c.model.name = "mlp"
-  c.train.rounds = 2
-  c.train.eval_every = 1
-  c.train.epochs = 1
-  c.train.batch_size = 16
-  c.train.progress = False
-  return c
-'''
-
-
 def test_a_crashed_run_keeps_its_first_chunk_and_resume_completes_it(
     tmp_path, monkeypatch):
   path = tmp_path / "tiny.py"
-  path.write_text(TINY.format(out=str(tmp_path / "runs")))
+  tiny_experiment(path, tmp_path / "runs", algorithms=("fedavg",), targets="0")
   real_run = engine.run
   calls = []
 

@@ -441,7 +441,7 @@ def test_seeded_weights_give_torchvisions_logits():
 
 
 def test_config_keys_reach_get_model(tmp_path):
-  from fedjax_dg import config, experiment
+  from fedjax_dg.run import assemble, checks, config
   path = tmp_path / "mnv3.safetensors"
   path.write_bytes(b"")
   cfg = config.apply_overrides(config.base_config(), [
@@ -451,9 +451,9 @@ def test_config_keys_reach_get_model(tmp_path):
   with pytest.raises(ConfigError, match="model.skip_head"):
     config.apply_overrides(config.base_config(), ["model.skiphead=True"])
   fed = type("Fed", (), {"num_classes": 7, "image_shape": (32, 32, 3)})
-  model = experiment.make_model(cfg, fed, (0.5,) * 3, (0.5,) * 3)
+  model = assemble.make_model(cfg, fed, (0.5,) * 3, (0.5,) * 3)
   assert (model.weights, model.skip_head, model.module.norm) == (
       str(path), True, "affine")
   cfg.model.weights = str(tmp_path / "missing.pth")
   with pytest.raises(DataError, match="missing.pth.*no such file"):
-    experiment.validate(cfg)
+    checks.validate(cfg)

@@ -13,11 +13,12 @@ from fedjax_dg.algorithms.moon import (Negative, model_contrastive_loss,
                                        objective)
 from fedjax_dg.client.sam import ascent, sam
 from fedjax_dg.client.update import Batch, ClientContext, local_update
-from fedjax_dg.config import base_config
+from fedjax_dg.run.config import base_config
 from fedjax_dg.data import federated, partition
 from fedjax_dg.engine.round import make_round
 from fedjax_dg.models.moon import ContrastiveModel
 from fedjax_dg.optim import make_optimizer
+from fedjax_dg.run import assemble
 
 
 def mlp(fed, **kw):
@@ -54,7 +55,7 @@ def sgd_config(lr=5e-2, momentum=0.9, weight_decay=1e-3):
 def fedavg_rounds(fed3):
   """FedAvg's 2 rounds with `sgd_config()`: what MOON (mu = 0, round 1) and
   FedSAM (rho = 0) must reproduce."""
-  return run_rounds(algorithms.build("fedavg", mlp(fed3), 3, sgd_config()),
+  return run_rounds(assemble.algorithm("fedavg", mlp(fed3), 3, sgd_config()),
                     fed3, 2)
 
 
@@ -159,7 +160,7 @@ def test_moon_trains_its_local_pass_and_reads_the_frozen_ones_in_eval_mode(
 
 def test_moon_classifies_with_the_plain_client_model(fed3):
   model = mlp(fed3)
-  alg = algorithms.build("moon", model, fed3.num_clients, base_config())
+  alg = assemble.algorithm("moon", model, fed3.num_clients, base_config())
   server, prev = jax.jit(alg.init)(jax.random.key(0))
   assert set(server.params) == {"model", "proj"}
   assert server.params["proj"]["l2"]["kernel"].shape == (32, 256)
@@ -249,7 +250,7 @@ def test_moon_is_fedavg_with_mu_0_and_in_its_first_round(fed3, fedavg_rounds):
   carry = None
   for mu in (0.0, 5.0):
     cfg.moon.mu = mu
-    alg = algorithms.build("moon", model, 3, cfg)
+    alg = assemble.algorithm("moon", model, 3, cfg)
     if carry is None:
       carry = jax.jit(alg.init)(jax.random.key(0))   # mu: not read by init
     got = [alg.eval_params(s, None)
@@ -357,7 +358,7 @@ def test_fedsam_with_rho_0_is_fedavg(fed3, fedavg_rounds):
   model = mlp(fed3)
   cfg = sgd_config()
   cfg.fedsam.rho = 0.0
-  fsam = algorithms.build("fedsam", model, 3, cfg)
+  fsam = assemble.algorithm("fedsam", model, 3, cfg)
   assert fsam.name == "fedsam" and not fsam.personalized
   a, _, ma = fedavg_rounds[-1]
   carry = jax.jit(fsam.init)(jax.random.key(0))   # rho: not read by init
@@ -366,7 +367,7 @@ def test_fedsam_with_rho_0_is_fedavg(fed3, fedavg_rounds):
   np.testing.assert_allclose(ms["loss"], ma["loss"], rtol=1e-6)
   # With rho > 0 the trajectory differs.
   cfg.fedsam.rho = 0.05
-  s, _, _ = run_rounds(algorithms.build("fedsam", model, 3, cfg), fed3, 2,
+  s, _, _ = run_rounds(assemble.algorithm("fedsam", model, 3, cfg), fed3, 2,
                        carry=carry)[-1]
   assert _distance(s.params, a.params) > 1e-4
 
@@ -425,7 +426,7 @@ def test_learns_on_label_skewed_clients(label_skewed, name):
   cfg = sgd_config(lr=5e-2, momentum=0.9, weight_decay=1e-4)
   cfg.moon.proj_dim = 16
   model = mlp(fed)
-  alg = algorithms.build(name, model, fed.num_clients, cfg)
+  alg = assemble.algorithm(name, model, fed.num_clients, cfg)
   res = engine.run(alg, fed, model, engine.EngineConfig(
       rounds=6, eval_every=3, epochs=1, batch_size=16, cohort_size=3,
       client_mapping="map", progress=False, eval_batch_size=32))

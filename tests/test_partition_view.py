@@ -6,13 +6,14 @@ import re
 import numpy as np
 import pytest
 
-from fedjax_dg import cli, config as config_lib, experiment, federation_view
+from fedjax_dg import cli, federation_view
+from fedjax_dg.run import assemble, config as config_lib
 from fedjax_dg.errors import ConfigError
 
 from conftest import synthetic_domains, synthetic_federation
 
 CONFIG = '''
-from fedjax_dg.config import base_config
+from fedjax_dg.run.config import base_config
 
 def get_config():
   c = base_config()
@@ -44,10 +45,10 @@ def parse(printed):
 
 
 def federations(path, sets):
-  cfg = experiment.resolve(config_lib.apply_overrides(config_lib.load(path),
+  cfg = assemble.resolve(config_lib.apply_overrides(config_lib.load(path),
                                                       sets))
-  ds = experiment.load_dataset(cfg)
-  return ds, {t: experiment.federate(cfg, ds, t) for t in ("0", "75")}
+  ds = assemble.load_dataset(cfg)
+  return ds, {t: assemble.federate(cfg, ds, t) for t in ("0", "75")}
 
 
 @pytest.fixture(scope="module")

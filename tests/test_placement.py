@@ -24,6 +24,7 @@ from fedjax_dg.engine.placement import (AUTO_DEVICE_SHARE,
                                         device_placement_bytes,
                                         resolve_placement)
 from fedjax_dg.optim import make_optimizer
+from fedjax_dg.run import assemble
 
 N = 6
 # A cohort of 2 of 6 over chunks of 2 rounds: a chunk's table holds at most 4
@@ -208,7 +209,7 @@ def test_every_algorithm_same_numbers_on_every_placement_and_mapping(every,
   "HyperGenFL"; measured 3e-3)."""
   fed, cfg = every
   model = model_for(name, fed, hidden=8)
-  alg = algorithms.build(name, model, 4, cfg, data=fed)
+  alg = assemble.algorithm(name, model, 4, cfg, data=fed)
   base = dataclasses.replace(CFG, rounds=2, eval_every=1, cohort_size=3)
   state = lambda c: [np.asarray(a) for a in jax.tree.leaves(
       (lambda r: (r.server, r.clients))(engine.run(alg, fed, model, c)))]

@@ -5,7 +5,9 @@ import os
 
 import pytest
 
-from fedjax_dg import config, presets, report, tables
+from fedjax_dg.run import config, presets
+from fedjax_dg.report import run_summary, tables
+from fedjax_dg.report.records import eval_label, records_from_cell
 
 
 def _results(targets=("test",), algorithms=("fedavg", "hypergenfl")):
@@ -26,7 +28,7 @@ def _results(targets=("test",), algorithms=("fedavg", "hypergenfl")):
 
 
 def test_report_shows_best_and_final_side_by_side():
-  header, rows = report.table_rows(_results())
+  header, rows = run_summary.table_rows(_results())
   assert header == ["algorithm", "id test", "id μ", "best id test", "best id μ",
                     "test test", "test μ", "best test test", "best test μ"]
   cols = dict(zip(header, zip(*rows)))
@@ -34,23 +36,23 @@ def test_report_shows_best_and_final_side_by_side():
   assert cols["test test"] == ("50.0", "60.0")
   assert cols["best test test"] == ("55.0", "60.0")
   assert cols["best id μ"] == ("72.0", "72.0")
-  assert report.best_over_rounds(_results()["runs"][0], "ood_acc") == (0.55, 2)
-  lines = report.best_rounds(_results())
+  assert run_summary.best_over_rounds(_results()["runs"][0], "ood_acc") == (0.55, 2)
+  lines = run_summary.best_rounds(_results())
   assert lines[0] == "fedavg / test: best test 55.0 at round 2 of 3 (final 50.0)"
 
 
 def test_report_names_ood_for_domain_targets_and_writes_table(tmp_path):
   res = _results(targets=("photo", "sketch"))
-  header, rows = report.table_rows(res)
+  header, rows = run_summary.table_rows(res)
   assert "ood μ" in header and "best ood μ" in header and "test μ" not in header
   cols = dict(zip(header, zip(*rows)))
   assert cols["best ood μ"][0] == "55.5 ± 0.5"  # mean (std) of 55.0 and 56.0
-  assert report.eval_label(["test"]) == "test"
-  assert report.eval_label(["val"]) == "test"  # Tiny-ImageNet's labeled split
-  assert report.eval_label(["test", "photo"]) == "ood"
-  assert report.eval_label([]) == "ood"
+  assert run_summary.eval_label(["test"]) == "test"
+  assert run_summary.eval_label(["val"]) == "test"  # Tiny-ImageNet's labeled split
+  assert run_summary.eval_label(["test", "photo"]) == "ood"
+  assert run_summary.eval_label([]) == "ood"
   res = _results()
-  paths = report.write_all(res, str(tmp_path))
+  paths = run_summary.write_all(res, str(tmp_path))
   text = open(os.path.join(tmp_path, "table.md")).read()
   assert "best test μ" in text and "held-out official test split" in text
   assert "best test 55.0 at round 2" in text
@@ -60,11 +62,11 @@ def test_report_names_ood_for_domain_targets_and_writes_table(tmp_path):
 def test_tables_best_and_final_with_test_naming():
   res = _results(targets=("test",))
   cfg = {"seed": 0, "data": {"d": 1}}
-  records = tables.records_from_cell("c0", {}, cfg, res)
+  records = records_from_cell("c0", {}, cfg, res)
   fedavg = [r for r in records if r["algorithm"] == "fedavg"][0]
   assert fedavg["ood_acc"] == 0.50 and fedavg["best_ood_acc"] == 0.55
   assert fedavg["best_ood_round"] == 2
-  assert tables.eval_label(records) == "test"
+  assert eval_label(records) == "test"
   final, best = tables.table2(records, "final"), tables.table2(records, "best")
   assert final.header == ["algorithm", "d=1 μ_id", "d=1 μ_test"]
   assert final.rows[0][2].startswith("50.0") and best.rows[0][2].startswith("55.0")
@@ -76,20 +78,20 @@ def test_tables_best_and_final_with_test_naming():
   assert (row["μ_test"], row["best μ_test"]) == ("50.0", "55.0")
   per = tables.per_domain(records, 1, "best")
   assert per.header[-2:] == ["test test", "test μ"]
-  dg = tables.records_from_cell("c0", {}, cfg, _results(targets=("photo",)))
-  assert tables.eval_label(dg) == "ood"
+  dg = records_from_cell("c0", {}, cfg, _results(targets=("photo",)))
+  assert eval_label(dg) == "ood"
 
 
 @pytest.mark.parametrize("name,clients,active,beta", [
     ("standard", 10, 5, 0.5), ("advanced", 100, 20, 0.25),
     ("extreme", 100, 20, 0.1)])
 def test_scenarios_follow_table1(name, clients, active, beta):
-  from fedjax_dg import experiment  # pylint: disable=g-import-not-at-top
+  from fedjax_dg.run import assemble  # pylint: disable=g-import-not-at-top
   cfg = config.base_config()
   applied = presets.apply_scenario(cfg, name)
   assert cfg.data.partition == "dirichlet" and cfg.data.targets == "test"
   assert cfg.scenario == name and f"scenario={name!r}" in applied
-  cfg = experiment.resolve(cfg)
+  cfg = assemble.resolve(cfg)
   assert (cfg.data.num_clients, cfg.train.cohort_size, cfg.data.alpha) == (
       clients, active, beta)
   assert (cfg.train.rounds, cfg.train.batch_size, cfg.train.epochs) == (100, 32, 10)
@@ -107,7 +109,8 @@ def test_scenarios_follow_table1(name, clients, active, beta):
     ("tiny_imagenet", "resnet50", 64, 1, "val")])
 def test_scenario_with_dataset_sets_backbone_and_epochs(dataset, model, size,
                                                         epochs, target):
-  from fedjax_dg import experiment, models  # pylint: disable=g-import-not-at-top
+  from fedjax_dg import models  # pylint: disable=g-import-not-at-top
+  from fedjax_dg.run import checks
   from fedjax_dg.data import sources  # pylint: disable=g-import-not-at-top
   cfg = config.base_config()
   presets.apply_scenario(cfg, "extreme", dataset=dataset)
@@ -116,7 +119,7 @@ def test_scenario_with_dataset_sets_backbone_and_epochs(dataset, model, size,
   assert cfg.train.epochs == epochs and cfg.data.targets == target
   assert target == sources.eval_split(dataset)
   assert model in models.available()
-  experiment.validate(cfg)
+  checks.validate(cfg)
 
 
 def test_scenario_errors_and_optional_sections():
@@ -139,44 +142,44 @@ def test_scenario_errors_and_optional_sections():
 
 def test_targets_all_on_split_datasets_is_the_evaluation_split_only():
   """data.targets='all' never holds out 'train' (clients would train on test)."""
-  from fedjax_dg import experiment
-  from fedjax_dg.config import base_config
+  from fedjax_dg.run import assemble
+  from fedjax_dg.run.config import base_config
   c = base_config()
   c.data.name = "fashion_mnist"
-  assert experiment.target_domains(c, ("train", "test")) == ["test"]
+  assert assemble.target_domains(c, ("train", "test")) == ["test"]
   c.data.name = "tiny_imagenet"
-  assert experiment.target_domains(c, ("train", "val")) == ["val"]
+  assert assemble.target_domains(c, ("train", "val")) == ["val"]
   c.data.name = "rotated_fashion_mnist"
-  assert experiment.target_domains(c, ("0", "15")) == ["0", "15"]
+  assert assemble.target_domains(c, ("0", "15")) == ["0", "15"]
 
 
 def test_scenario_field_sets_table1_values_and_rejects_conflicts():
-  from fedjax_dg import experiment  # pylint: disable=g-import-not-at-top
+  from fedjax_dg.run import assemble, checks  # pylint: disable=g-import-not-at-top
   cfg = config.apply_overrides(config.base_config(), ["scenario=extreme"])
-  resolved = experiment.resolve(cfg)
+  resolved = assemble.resolve(cfg)
   assert (resolved.data.num_clients, resolved.train.cohort_size,
           resolved.data.alpha) == (100, 20, 0.1)
   assert cfg.data.num_clients == 0           # resolve works on a copy
-  again = experiment.resolve(resolved)       # idempotent
+  again = assemble.resolve(resolved)       # idempotent
   assert again.data.alpha == 0.1
   # The scenario's own value given twice is fine; another value is an error.
   ok = config.apply_overrides(config.base_config(),
                               ["scenario=advanced", "data.num_clients=100"])
-  assert experiment.resolve(ok).data.alpha == 0.25
+  assert assemble.resolve(ok).data.alpha == 0.25
   bad = config.apply_overrides(config.base_config(),
                                ["scenario=extreme", "data.alpha=0.3"])
   with pytest.raises(ValueError, match=r"data\.alpha=0\.1.*data\.alpha=0\.3"):
-    experiment.resolve(bad)
+    assemble.resolve(bad)
   # An explicit value equal to the base default is not silently replaced.
   given = ["scenario=extreme", "data.alpha=0.5"]
   with pytest.raises(ValueError, match=r"sets data\.alpha=0\.1.*data\.alpha=0\.5"):
-    experiment.resolve(config.apply_overrides(config.base_config(), given))
+    assemble.resolve(config.apply_overrides(config.base_config(), given))
   same = ["data.alpha=0.1", "train.cohort_size=20", "scenario=extreme"]
-  experiment.resolve(config.apply_overrides(config.base_config(), same))
+  assemble.resolve(config.apply_overrides(config.base_config(), same))
   with pytest.raises(ValueError, match="scenario='hard'.*standard"):
-    experiment.validate(config.apply_overrides(config.base_config(),
+    checks.validate(config.apply_overrides(config.base_config(),
                                                ["scenario=hard"]))
-  assert experiment.resolve(config.base_config()).data.num_clients == 0
+  assert assemble.resolve(config.base_config()).data.num_clients == 0
 
 
 def _scenario_records():
@@ -190,7 +193,7 @@ def _scenario_records():
           h["ood_acc"] += shift + 0.02 * seed
         run["final"]["ood_acc"] = run["history"][-1]["ood_acc"]
       cfg = {"seed": seed, "data": {"d": 1}, "scenario": scenario}
-      records += tables.records_from_cell(
+      records += records_from_cell(
           f"scenario={scenario}__seed={seed}",
           {"scenario": scenario, "seed": str(seed)}, cfg, res)
   return records
@@ -214,5 +217,5 @@ def test_scenario_table_rows_are_methods_columns_are_scenarios():
   # The d-shaped tables keep one row per scenario (never averaged over them).
   t2 = tables.table2(records)
   assert len(t2.rows) == 4
-  assert tables.scenario_table(tables.records_from_cell(
+  assert tables.scenario_table(records_from_cell(
       "c0", {}, {"seed": 0, "data": {"d": 1}}, _results())) is None

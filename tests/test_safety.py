@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from conftest import synthetic_domains
-from fedjax_dg import config, engine, experiment, models
+from fedjax_dg import engine, models
+from fedjax_dg.run import assemble, checks, config, directory, disk, experiment
 from fedjax_dg.algorithms.base import ServerState
 from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.client import objectives
@@ -94,7 +95,7 @@ def test_a_constant_channel_normalizes_to_zero_not_nan():
 def test_results_json_is_strict(tmp_path):
   results = dict(runs=[dict(final=dict(ece=float("nan"), acc=0.5,
                                        hist=[1.0, float("inf")]))])
-  experiment._write(str(tmp_path), results)
+  directory.write_results(str(tmp_path), results)
   text = (tmp_path / "results.json").read_text()
 
   def refuse(token):
@@ -106,7 +107,7 @@ def test_results_json_is_strict(tmp_path):
 
 def _validated(*overrides):
   cfg = config.apply_overrides(config.base_config(), list(overrides))
-  experiment.validate(cfg)  # no data is read
+  checks.validate(cfg)  # no data is read
 
 
 @pytest.mark.parametrize("overrides,needle", [
@@ -173,7 +174,7 @@ def test_an_unwritable_output_dir_is_named(monkeypatch):
 
   monkeypatch.setattr(experiment.os, "makedirs", refuse)
   with pytest.raises(ConfigError, match="set output_dir to a writable folder"):
-    experiment.make_run_dir("/read-only/runs", "x")
+    directory.make_run_dir("/read-only/runs", "x")
 
 
 def test_checkpoint_size_is_the_carry_and_a_full_disk_is_refused(fedavg_mlp,
@@ -186,24 +187,24 @@ def test_checkpoint_size_is_the_carry_and_a_full_disk_is_refused(fedavg_mlp,
   assert size == 4 * tree.num_params(
       model.init(__import__("jax").random.key(0)))
   lines = []
-  experiment.check_disk("fedavg", alg, "/", lines.append)
+  disk.check_disk("fedavg", alg, "/", lines.append)
   assert "MiB" in lines[0] and "free" in lines[0] and "at most 2 at a time" in lines[0]
   # 3 kept + 1 being written; finished runs keeping theirs add 3 each.
-  experiment.check_disk("fedavg", alg, "/", lines.append, keep=3)
+  disk.check_disk("fedavg", alg, "/", lines.append, keep=3)
   assert f"at most 4 at a time: {4 * size / 2**20:.1f} MiB" in lines[1]
-  experiment.check_disk("fedavg", alg, "/", lines.append, keep=3, runs=2)
+  disk.check_disk("fedavg", alg, "/", lines.append, keep=3, runs=2)
   assert "at most 7 at a time" in lines[2]
   usage = collections.namedtuple("usage", "total used free")
   monkeypatch.setattr(experiment.shutil, "disk_usage",
                       lambda path: usage(1, 1, 1000))
   with pytest.raises(ConfigError, match="checkpoints need .* MiB .* but only 0 MiB"):
-    experiment.check_disk("fedavg", alg, "/", lines.append)
+    disk.check_disk("fedavg", alg, "/", lines.append)
   # The need grows with `keep`: free space for 2 checkpoints is not enough for 3.
   monkeypatch.setattr(experiment.shutil, "disk_usage",
                       lambda path: usage(1, 1, 2 * size + 2**26 + 1))
-  experiment.check_disk("fedavg", alg, "/", lines.append, keep=1)
+  disk.check_disk("fedavg", alg, "/", lines.append, keep=1)
   with pytest.raises(ConfigError, match="checkpoints_to_keep"):
-    experiment.check_disk("fedavg", alg, "/", lines.append, keep=2)
+    disk.check_disk("fedavg", alg, "/", lines.append, keep=2)
 
 
 def test_checkpoints_to_keep_is_what_stays_and_the_peak_is_one_more(
@@ -249,13 +250,13 @@ def test_imagenet_normalization_gives_torchvision_constants_for_rgb_only():
       partition.PartitionSpec(num_partitions=2, seed=0), target_domain=0)
   cfg = config.base_config()
   cfg.data.normalization = "imagenet"
-  mean, std = experiment.normalization(cfg, ds, rgb)
+  mean, std = assemble.normalization(cfg, ds, rgb)
   np.testing.assert_allclose(mean, (0.485, 0.456, 0.406))
   np.testing.assert_allclose(std, (0.229, 0.224, 0.225))
   with pytest.raises(ConfigError, match="needs RGB images.*1 channel"):
-    experiment.normalization(cfg, ds, grey)
+    assemble.normalization(cfg, ds, grey)
   cfg.data.normalization = "dataset"  # the dataset's own statistics differ
-  assert experiment.normalization(cfg, ds, grey)[0] != mean[:1]
+  assert assemble.normalization(cfg, ds, grey)[0] != mean[:1]
 
 
 def _documented_sizes() -> list[tuple[list[str], dict[str, list[str]]]]:
@@ -281,11 +282,11 @@ def _documented_sizes() -> list[tuple[list[str], dict[str, list[str]]]]:
 def _check_documented(path: str, names) -> None:
   import os
   cfg = config.load(os.path.join(os.path.dirname(__file__), "..", path))
-  head, sizes = experiment.checkpoint_sizes(cfg, names)
+  head, sizes = disk.checkpoint_sizes(cfg, names)
   (heads, rows), = [t for t in _documented_sizes() if head in t[0]]
   col = heads.index(head)
   for name in names:
-    assert rows[name][col] == experiment.mib(sizes[name]), (path, name)
+    assert rows[name][col] == disk.mib(sizes[name]), (path, name)
   assert set(rows) >= set(names)
 
 

@@ -11,13 +11,14 @@ import pytest
 
 from conftest import synthetic_domains
 from test_data_federated import make_dataset
-from fedjax_dg import algorithms, engine, experiment, models, optim, tree
+from fedjax_dg import algorithms, engine, models, optim, tree
+from fedjax_dg.run import assemble, checks
 from fedjax_dg.algorithms.base import ClientResult
 from fedjax_dg.algorithms import fedbe as fedbe_lib
 from fedjax_dg.algorithms import feddf as feddf_lib
 from fedjax_dg.algorithms import fedlaw as fedlaw_lib
 from fedjax_dg.algorithms.feddf import avg_logits_teacher
-from fedjax_dg.config import base_config
+from fedjax_dg.run.config import base_config
 from fedjax_dg.data import federated
 from fedjax_dg.data.partition import PartitionSpec
 from fedjax_dg.errors import ConfigError
@@ -100,24 +101,24 @@ def test_server_fraction_errors_name_the_setting():
   for name in SERVER_DATA:
     cfg.algorithms = ("fedavg", name)
     with pytest.raises(ValueError, match=r"data.server_fraction.*> 0"):
-      experiment.validate(cfg)
+      checks.validate(cfg)
     cfg.data.server_fraction = 0.02
-    experiment.validate(cfg)  # fine now
+    checks.validate(cfg)  # fine now
     cfg.data.server_fraction = 0.0
   cfg.data.server_fraction = -0.1
   cfg.algorithms = ("fedavg",)
   with pytest.raises(ValueError, match="data.server_fraction"):
-    experiment.validate(cfg)
+    checks.validate(cfg)
 
 
 def test_build_without_server_data_is_a_clear_error(fed3):
   model = _mlp(fed3)
   for name in SERVER_DATA:
     assert algorithms.needs_server_data(name)
-    assert algorithms.uses_data(name, base_config())
+    assert assemble.uses_data(name, base_config())
     for data in (None, fed3):
       with pytest.raises(ValueError, match="data.server_fraction > 0"):
-        algorithms.build(name, model, fed3.num_clients, base_config(), data=data)
+        assemble.algorithm(name, model, fed3.num_clients, base_config(), data=data)
   assert not algorithms.needs_server_data("fedavg")
 
 
@@ -215,7 +216,7 @@ def test_fedbe_server_epochs_are_passes_over_the_server_split(sfed,
 
   monkeypatch.setattr(fedbe_lib, "bayesian_ensemble_distillation", spy)
   cfg = _cfg(fedbe=dict(steps=0, epochs=2, batch_size=16, num_samples=1))
-  algorithms.build("fedbe", _mlp(sfed), 3, cfg, data=sfed)
+  assemble.algorithm("fedbe", _mlp(sfed), 3, cfg, data=sfed)
   assert sfed.server_size % 16  # a partial last batch counts
   assert seen["steps"] == 2 * -(-sfed.server_size // 16)
 
@@ -292,7 +293,7 @@ def _full_kl(model, params, stacked, x):
 def test_feddf_distillation_reduces_kl_to_the_ensemble(sfed):
   model = _mlp(sfed)
   cfg = _cfg(feddf=dict(steps=40, batch_size=16))
-  alg = algorithms.build("feddf", model, 3, cfg, data=sfed)
+  alg = assemble.algorithm("feddf", model, 3, cfg, data=sfed)
   stacked = _clients(model)
   result = _result(stacked, [10, 20, 30])
   server, _ = alg.init(jax.random.key(9))
@@ -400,7 +401,7 @@ def test_fedbe_server_update_distills_into_the_mean(sfed):
   model = _mlp(sfed)
   cfg = _cfg(fedbe=dict(steps=30, batch_size=16, num_samples=3, lr=0.5,
                         swa_start=0.5, swa_freq=5))
-  alg = algorithms.build("fedbe", model, 3, cfg, data=sfed)
+  alg = assemble.algorithm("fedbe", model, 3, cfg, data=sfed)
   stacked = _clients(model, seed=4)
   result = _result(stacked, [10, 20, 30])
   server, _ = alg.init(jax.random.key(9))
@@ -419,7 +420,7 @@ def test_fedbe_as_built_averages_the_swa_iterates_from_its_start(sfed):
   model = _mlp(sfed)
   cfg = _cfg(fedbe=dict(steps=10, batch_size=16, num_samples=2, lr=0.5,
                         swa_start=0.5, swa_freq=3))
-  alg = algorithms.build("fedbe", model, 3, cfg, data=sfed)
+  alg = assemble.algorithm("fedbe", model, 3, cfg, data=sfed)
   stacked = _clients(model, seed=4)
   result = _result(stacked, [10, 20, 30])
   server, _ = alg.init(jax.random.key(9))
@@ -586,7 +587,7 @@ def test_fedlaw_gradient_matches_a_written_out_per_client_computation(sfed):
 def test_fedlaw_server_update_lowers_the_proxy_loss(sfed):
   model = _mlp(sfed)
   cfg = _cfg(fedlaw=dict(steps=40, batch_size=16, lr=0.05))
-  alg = algorithms.build("fedlaw", model, 3, cfg, data=sfed)
+  alg = assemble.algorithm("fedlaw", model, 3, cfg, data=sfed)
   stacked = _clients(model, seed=6)
   result = _result(stacked, [10, 20, 30])
   server, _ = alg.init(jax.random.key(9))
@@ -634,7 +635,7 @@ def test_learns_above_chance_on_label_skew(skewed, name):
   cfg = _cfg(feddf=dict(steps=10, batch_size=16),
              fedbe=dict(steps=10, batch_size=16, num_samples=3, swa_freq=2),
              fedlaw=dict(steps=10, batch_size=16))
-  alg = algorithms.build(name, model, fed.num_clients, cfg, data=fed)
+  alg = assemble.algorithm(name, model, fed.num_clients, cfg, data=fed)
   res = engine.run(alg, fed, model, engine.EngineConfig(
       rounds=4, eval_every=4, epochs=1, batch_size=8, progress=False,
       eval_batch_size=16))

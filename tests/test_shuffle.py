@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_dg import config, engine, experiment
+from fedjax_dg import engine
+from fedjax_dg.run import assemble, config, directory
 from fedjax_dg.client.update import (FEISTEL_ROUNDS, feistel_permutation,
                                      local_training)
 from fedjax_dg.errors import ConfigError
@@ -123,9 +124,9 @@ def test_the_setting_is_in_the_config_and_a_resume_with_another_is_refused(
   assert base.train.shuffle == "sort"
   feistel = config.apply_overrides(config.base_config(),
                                    ["train.shuffle=feistel"])
-  assert experiment.engine_config(feistel).shuffle == "feistel"
+  assert assemble.engine_config(feistel).shuffle == "feistel"
   (tmp_path / "config.json").write_text(base.to_json())
-  experiment.check_resume(base, str(tmp_path), {})
+  directory.check_resume(base, str(tmp_path), {})
   with pytest.raises(ConfigError, match="train.shuffle: 'sort' -> 'feistel'"):
-    experiment.check_resume(feistel, str(tmp_path), {})
+    directory.check_resume(feistel, str(tmp_path), {})
   assert json.loads(feistel.to_json())["train"]["shuffle"] == "feistel"

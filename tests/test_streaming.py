@@ -14,7 +14,8 @@ import numpy as np
 from PIL import Image
 import pytest
 
-from fedjax_dg import config, engine, experiment, models
+from fedjax_dg import engine, models
+from fedjax_dg.run import checks, config, experiment
 from fedjax_dg.algorithms import central
 from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.client import objectives
@@ -395,10 +396,10 @@ def test_settings_that_cannot_stream_are_refused_before_any_data(
   cfg = config.apply_overrides(config.base_config(), [
       "data.name=pacs", "data.streaming=on"] + overrides)
   with pytest.raises(ConfigError) as e:
-    experiment.validate(cfg)
+    checks.validate(cfg)
   msg = str(e.value)
   assert "data.streaming='on'" in msg and named in msg, msg
   assert "data.streaming='off'" in msg
   ok = config.apply_overrides(config.base_config(), [
       "data.name=pacs", "data.streaming=on", "algorithms=fedavg,hfedf"])
-  experiment.validate(ok)  # hfedf's learned embeddings read no data
+  checks.validate(ok)  # hfedf's learned embeddings read no data

@@ -10,7 +10,7 @@ import pytest
 from scipy import ndimage
 
 from fedjax_dg import cli
-from fedjax_dg import plots
+from fedjax_dg.report import plots
 from fedjax_dg.data import sources
 from fedjax_dg.data.builders import rotated_fashion_mnist as rfm
 from fedjax_dg.data.builders import styled_fashion_mnist as sfm

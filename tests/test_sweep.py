@@ -10,27 +10,12 @@ import statistics
 
 import pytest
 
-from fedjax_dg import cli, sweep, tables
+from conftest import tiny_experiment
+from fedjax_dg import cli
+from fedjax_dg.run import assemble, reports, sweep
+from fedjax_dg.report import tables
+from fedjax_dg.report.records import aggregate, display_name, records_from_cell
 
-TINY = '''
-from fedjax_dg.config import base_config
-
-def get_config():
-  c = base_config()
-  c.name = "tiny"
-  c.output_dir = {out!r}
-  c.algorithms = ("fedavg", "local_only")
-  c.data.max_per_domain = 30
-  c.data.image_size = 16
-  c.data.targets = "0,75"
-  c.model.name = "mlp"
-  c.train.rounds = 2
-  c.train.eval_every = 1
-  c.train.epochs = 1
-  c.train.batch_size = 16
-  c.train.progress = False
-  return c
-'''
 CELLS = ["data.d=1__seed=0", "data.d=2__seed=0"]
 
 
@@ -38,15 +23,16 @@ CELLS = ["data.d=1__seed=0", "data.d=2__seed=0"]
 def tiny(tmp_path_factory):
   d = tmp_path_factory.mktemp("sweep")
   path = d / "tiny.py"
-  path.write_text(TINY.format(out=str(d / "runs")))
+  tiny_experiment(path, d / "runs", algorithms=("fedavg", "local_only"),
+                  max_per_domain=30)
   return str(path), str(d)
 
 
 def _no_run_figures(monkeypatch):
-  """Cells' run directories without report.write_all's matplotlib figures
+  """Cells' run directories without run_summary.write_all's matplotlib figures
   (~1-3 s each; no test here looks at them, test_cli.py does); the sweep's
   own report (plots.sweep_curves) is kept."""
-  from fedjax_dg import plots
+  from fedjax_dg.report import plots
   monkeypatch.setattr(plots, "ALL", {})
 
 
@@ -224,7 +210,7 @@ def _constructed():
           runs.append(dict(algorithm=alg, target=t, seconds=1.0, history=history,
                            final=dict(round=3, id_acc=fid, ood_acc=food)))
       config = dict(seed=seed, data=dict(d=d), hfedf=dict(gradalign=True, ema=True))
-      recs += tables.records_from_cell(
+      recs += records_from_cell(
           f"data.d={d}__seed={seed}", {"data.d": str(d), "seed": str(seed)}, config,
           dict(runs=runs, algorithms=[], targets=["A", "B"]))
   return recs
@@ -274,13 +260,13 @@ def test_per_domain_mean_and_sample_std_over_seeds():
 
 
 def test_table3_differences_to_full_hfedf():
-  table = tables.table3(_constructed())
+  table = tables.ablation_table(_constructed(), "hfedf")
   rows = _rows(table)
   assert list(rows) == ["hFedF", "hFedF w/o EMA"]
   assert rows["hFedF w/o EMA"]["d1_ood_vs_hfedf"] == pytest.approx(-2.0)
   assert rows["hFedF"]["d1_ood_vs_hfedf"] == ""
-  assert tables.table3([r for r in _constructed() if r["algorithm"] == "fedavg"]) \
-      is None
+  assert tables.ablation_table(
+      [r for r in _constructed() if r["algorithm"] == "fedavg"], "hfedf") is None
 
 
 def test_table3_of_a_grid_names_its_reference():
@@ -290,17 +276,18 @@ def test_table3_of_a_grid_names_its_reference():
   for decay, acc in (("0.25", 0.6), ("0.75", 0.65)):
     runs = [dict(algorithm="hfedf", target="A", history=[],
                  final=dict(round=1, id_acc=acc, ood_acc=acc))]
-    recs += tables.records_from_cell(
+    recs += records_from_cell(
         f"c{decay}", {"hfedf.ema_decay": decay, "seed": "0"},
         dict(seed=0, data=dict(d=1), hfedf=dict(ema_decay=float(decay))),
         dict(runs=runs))
-  table = tables.table3(recs)
+  table = tables.ablation_table(recs, "hfedf")
   rows = _rows(table)
   first, second = list(rows)
   assert "0.25" in first and "0.75" in second
   assert rows[second]["d1_ood_vs_hfedf"] == pytest.approx(5.0)
   assert f"`{first}`" in table.notes and "full hFedF" not in table.notes
-  assert "difference to full hFedF" in tables.table3(_constructed()).notes
+  assert "difference to full hFedF" in tables.ablation_table(
+      _constructed(), "hfedf").notes
 
 
 def test_records_best_over_rounds_and_ablation_names_from_grid():
@@ -315,13 +302,13 @@ def test_records_best_over_rounds_and_ablation_names_from_grid():
     runs = [dict(algorithm=a, target="A", history=[],
                  final=dict(round=1, id_acc=v, ood_acc=v))
             for a, v in (("fedavg", 0.5), ("hfedf", 0.6 if ema else 0.7))]
-    recs += tables.records_from_cell(
+    recs += records_from_cell(
         f"c{ema}", {"hfedf.ema": str(ema), "seed": "0"},
         dict(seed=0, data=dict(d=1), hfedf=dict(ema=ema)),
         dict(runs=runs))
   assert [r["variant"] for r in recs] == ["FedAvg", "hFedF", "FedAvg",
                                           "hFedF w/o EMA"]
-  agg = tables.aggregate(recs, "id_acc")
+  agg = aggregate(recs, "id_acc")
   assert agg[("FedAvg", 1)].per_target["A"].seeds == 1
   assert agg[("FedAvg", 1)].runs == 2
 
@@ -409,8 +396,8 @@ def test_report_refuses_to_compare_other_data_or_targets(tmp_path, capsys, other
 def test_report_labels_directories_by_name_or_path_and_refuses_repeats(tmp_path,
                                                                        capsys):
   x, y = str(tmp_path / "x" / "run"), str(tmp_path / "y" / "run")
-  assert sweep.column_labels([x, str(tmp_path / "z")]) == ["run", "z"]
-  assert sweep.column_labels([x, y]) == ["x/run", "y/run"]
+  assert reports.column_labels([x, str(tmp_path / "z")]) == ["run", "z"]
+  assert reports.column_labels([x, y]) == ["x/run", "y/run"]
   _write_cell(x, 0)
   assert cli.main(["report", x, x]) == 2
   assert "given twice" in capsys.readouterr().err
@@ -434,7 +421,7 @@ def test_report_of_runs_without_an_id_split_has_no_id_table(tmp_path):
     with open(os.path.join(d, "results.json"), "w") as f:
       json.dump(res, f)
   out = str(tmp_path / "cmp")
-  paths = sweep.compare(dirs, out)
+  paths = reports.compare(dirs, out)
   names = {os.path.basename(p) for p in paths}
   assert "comparison_ood.csv" in names and "comparison_id.csv" not in names
   assert "id accuracy" not in open(paths[0]).read()
@@ -449,7 +436,7 @@ def test_report_compares_a_sweep_over_d_with_one_of_its_cells(swept, tmp_path):
   rows = {r["variant"]: r for r in _csv(os.path.join(out, "comparison_ood.csv"))}
   res = _json(os.path.join(cell, "results.json"))
   for r in res["runs"]:
-    row = rows[tables.display_name(r["algorithm"])]
+    row = rows[display_name(r["algorithm"])]
     want = 100 * r["final"]["ood_acc"]
     assert float(row[f"sw d=1:{r['target']}_mean"]) == pytest.approx(want)
     assert float(row[f"{CELLS[0]}:{r['target']}_mean"]) == pytest.approx(want)
@@ -533,7 +520,7 @@ def _assert_paper_clients(cfg, names):
         cfg[section].client)) == dict(optimizer="adam", lr=1e-3,
                                       weight_decay=1e-4, momentum=0.0,
                                       schedule="cosine"), name
-    opt = algorithms.client_optimizer(cfg, name)
+    opt = assemble.client_optimizer(cfg, name)
     assert isinstance(opt, RunProgress), name
     params = {"w": jnp.asarray(w, jnp.float32)}
     update, _ = opt.update({"w": jnp.asarray(g, jnp.float32)},

@@ -153,7 +153,7 @@ def test_head_and_features_compose():
 def _named_keys_exist(message):
   """Every config key (`section.key[.sub]`) a message names is a real one."""
   import re
-  from fedjax_dg import config
+  from fedjax_dg.run import config
   keys = re.findall(r"\b((?:data|model|train|client|fedsdaf)(?:\.[a-z_]+)+)",
                     message)
   assert keys, message

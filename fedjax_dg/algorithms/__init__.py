@@ -9,8 +9,19 @@
     NEEDS_SERVER_DATA   optional (False): it trains on the server's split
     FEDERATED           optional (True): False for Central / Local-only (no
                         arrows against FedAvg in the tables)
+    MODELS              optional (any): the `model.name`s it runs on, e.g.
+                        FedSDAF's ("vit_b16", "vit_tiny"); a run on another
+                        model is refused before any data is read
     VARIANTS            optional: {name: (display name, hyperparameter
                         overrides)}, more algorithm names built by this module
+    ABLATIONS           optional ({}): {hyperparameter: label} of the switches
+                        whose False names an ablation: a run of the module's
+                        own name with `<key>=False` is displayed "<display
+                        name> w/o <label>" (several joined by " & ") and the
+                        report's ablation table compares it with the full
+                        algorithm (hFedF's Table 3)
+    ABLATION_TABLE      optional ("Ablations"): the paper's name of that table
+                        (its title, and lower case without spaces its file)
     uses_data(hparams)  optional: whether `build` derives something from every
                         client's data (then its Algorithm is built per
                         federation, and a streamed federation is refused)
@@ -24,6 +35,10 @@ objective) and the run's context `num_clients`, `data` (the FederatedData),
 `seed` and `name`: the registry passes those it names. Its other keyword
 arguments, with their defaults, ARE the algorithm's config section
 (`config.base_config`): the defaults are written once, in the signature.
+
+`Spec` is the only reader of these exports. The registry takes resolved
+values (`build(name, model, hyperparameters=, client=, num_clients=, data=,
+seed=)`); `fedjax_dg.run.assemble` resolves them from a config.
 
 A new algorithm is one new module here; docs/extending.md walks through one.
 """
@@ -51,6 +66,15 @@ CONTEXT = ("model", "optimizer", "loss", "num_clients", "data", "seed", "name")
 # `cfg.<section>.client`).
 CLIENT_KEYS = ("optimizer", "lr", "weight_decay", "momentum", "schedule")
 _NOT_ALGORITHMS = ("base",)
+# The report's row order (hFedF's tables, then HyperGenFL's): a display
+# preference only; a module's variants follow it, an algorithm not listed
+# follows the listed ones in first-seen order.
+TABLE_ORDER = ("central", "local_only", "fedavg", "fedprox", "pfedhn", "fedsr",
+               "fedgma", "moon", "fedsam", "fedlaw", "feddf", "fedbe",
+               "hypergenfl", "hfedf")
+# The baseline every federated algorithm is compared with in the report's
+# tables (the arrows).
+REFERENCE = "fedavg"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,12 +91,42 @@ class Spec:
     return self.module.__name__.rsplit(".", 1)[1]
 
   @property
+  def models(self) -> tuple[str, ...]:
+    """The `model.name`s it runs on (the module's `MODELS`); () = any."""
+    return tuple(getattr(self.module, "MODELS", ()))
+
+  @property
   def needs_server_data(self) -> bool:
     return bool(getattr(self.module, "NEEDS_SERVER_DATA", False))
 
   @property
   def federated(self) -> bool:
     return bool(getattr(self.module, "FEDERATED", True))
+
+  @property
+  def variants(self) -> tuple[str, ...]:
+    """The algorithm names its module's `VARIANTS` add, in their order."""
+    return tuple(getattr(self.module, "VARIANTS", {}))
+
+  @property
+  def ablations(self) -> dict[str, str]:
+    """{hyperparameter: label} of the module's `ABLATIONS` ({}: none)."""
+    return dict(getattr(self.module, "ABLATIONS", {}))
+
+  @property
+  def ablation_table(self) -> str:
+    """The paper's name of its ablation table (`ABLATION_TABLE`)."""
+    return str(getattr(self.module, "ABLATION_TABLE", "Ablations"))
+
+  @property
+  def table_rank(self) -> tuple[int, int]:
+    """Its place among the report's rows: its section's in `TABLE_ORDER`,
+    then the module's own name before its variants. Every algorithm of an
+    unlisted section ranks the same (after the listed ones)."""
+    if self.section not in TABLE_ORDER:
+      return (len(TABLE_ORDER), 0)
+    own = 0 if self.name == self.section else 1 + self.variants.index(self.name)
+    return (TABLE_ORDER.index(self.section), own)
 
   def diagnose(self, round_metrics: Mapping[str, list]) -> list[str]:
     fn = getattr(self.module, "diagnose", None)
@@ -174,18 +228,12 @@ def client_settings(client: Mapping[str, Any],
   return out
 
 
-def client_optimizer(cfg, name: str):
-  """The clients' optimizer of algorithm `name`: `cfg.client` with the non-None
-  fields of `cfg.<section>.client`."""
-  section = spec(name).section
-  try:
-    c = client_settings(dict(cfg.client), dict(cfg[section].client))
-    return with_schedule(make_optimizer(c["optimizer"], c["lr"],
-                                        c["weight_decay"], c["momentum"]),
-                         c["schedule"])
-  except ConfigError as e:
-    raise ConfigError(f"{name}'s client optimizer (client.*, overridden by "
-                      f"{section}.client.*): {e}") from None
+def client_optimizer(client: Mapping[str, Any]):
+  """The clients' optimizer of resolved client settings (`CLIENT_KEYS`: the
+  run's with an algorithm's overrides, `client_settings`)."""
+  return with_schedule(make_optimizer(client["optimizer"], client["lr"],
+                                      client["weight_decay"],
+                                      client["momentum"]), client["schedule"])
 
 
 def describe() -> str:
@@ -213,18 +261,18 @@ def needs_server_data(name: str) -> bool:
   return spec(name).needs_server_data
 
 
-def uses_data(name: str, cfg) -> bool:
-  """Whether `build(name, ...)` derives something from the run's data (then an
-  Algorithm object cannot be shared between federations)."""
-  s = spec(name)
-  return s.uses_data(dict(cfg[s.section]))
+def uses_data(name: str, hyperparameters: Mapping[str, Any]) -> bool:
+  """Whether `build(name, ...)` with these hyperparameters (its section's)
+  derives something from the run's data (then an Algorithm object cannot be
+  shared between federations)."""
+  return spec(name).uses_data(hyperparameters)
 
 
-def reads_client_data(name: str, cfg) -> bool:
-  """Whether `build(name, ...)` reads every client's training examples (the
-  padded view), which a streamed federation never holds."""
-  s = spec(name)
-  return s.reads_client_data(dict(cfg[s.section]))
+def reads_client_data(name: str, hyperparameters: Mapping[str, Any]) -> bool:
+  """Whether `build(name, ...)` with these hyperparameters reads every
+  client's training examples (the padded view), which a streamed federation
+  never holds."""
+  return spec(name).reads_client_data(hyperparameters)
 
 
 def create(name: str, model, *, optimizer, hparams: Mapping[str, Any],
@@ -248,15 +296,17 @@ def create(name: str, model, *, optimizer, hparams: Mapping[str, Any],
   return build_fn(model, optimizer, **kwargs, **hp)
 
 
-def build(name: str, model, num_clients: int, cfg, data=None) -> Algorithm:
-  """Algorithm `name` from a run config: its section's hyperparameters, its
-  clients' optimizer, `cfg.seed`. `data` (the run's FederatedData) is for
-  algorithms that derive something from the clients' data before training."""
-  section = dict(cfg[spec(name).section])
-  section.pop("client", None)
-  optimizer = client_optimizer(cfg, name)
-  alg = create(name, model, optimizer=optimizer, hparams=section,
-               num_clients=num_clients, data=data, seed=cfg.seed)
+def build(name: str, model, *, hyperparameters: Mapping[str, Any],
+          client: Mapping[str, Any], num_clients: int, data=None,
+          seed: int = 0) -> Algorithm:
+  """Algorithm `name` from resolved values: its section's `hyperparameters`
+  (a variant's overrides on top), its clients' settings (`client_settings`)
+  and the run's context. `data` (the run's FederatedData) is for algorithms
+  that derive something from the clients' data before training.
+  `fedjax_dg.run.assemble.algorithm` resolves them from a config."""
+  optimizer = client_optimizer(client)
+  alg = create(name, model, optimizer=optimizer, hparams=hyperparameters,
+               num_clients=num_clients, data=data, seed=seed)
   if isinstance(optimizer, RunProgress) and not isinstance(alg.optimizer,
                                                            RunProgress):
     raise ConfigError(f"{name}: client.schedule='cosine' (or "
@@ -268,7 +318,7 @@ def build(name: str, model, num_clients: int, cfg, data=None) -> Algorithm:
 
 
 __all__ = ["Algorithm", "ClientContext", "ClientData", "ClientResult",
-           "ServerState", "Spec", "available", "build", "client_defaults", "describe",
+           "REFERENCE", "ServerState", "Spec", "TABLE_ORDER", "available", "build", "client_defaults", "describe",
            "client_optimizer", "client_settings", "create", "hyperparameters",
            "modules", "needs_server_data", "reads_client_data", "spec",
            "uses_data"]

@@ -66,6 +66,10 @@ VARIANTS = {
     "hfedf_no_both": ("hFedF w/o GradAlign & EMA",
                       dict(gradalign=False, ema=False)),
 }
+# The same switches in a grid (`--grid hfedf.ema=True,False`): the report names
+# such rows as the variants and compares them in Table 3.
+ABLATIONS = {"gradalign": "GradAlign", "ema": "EMA"}
+ABLATION_TABLE = "Table 3"
 
 
 class HFedFState(NamedTuple):

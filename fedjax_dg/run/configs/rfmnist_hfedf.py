@@ -15,7 +15,7 @@ target domain and algorithm (estimate, not measured). Reduce with
 `--set train.rounds=... data.max_per_domain=...`.
 """
 
-from fedjax_dg.config import base_config
+from fedjax_dg.run.config import base_config
 
 
 def get_config():

@@ -11,8 +11,9 @@ import os
 
 import numpy as np
 
-from fedjax_dg import tables
 from fedjax_dg.data.sources import eval_label
+from fedjax_dg.report import tables
+from fedjax_dg.report.records import curves
 
 
 def pyplot():
@@ -28,7 +29,7 @@ def pyplot():
 
 
 def show(*paths: str | None, width: float = 11.0) -> None:
-  """Draws saved PNG files in a notebook (the figures `report.write_all` or
+  """Draws saved PNG files in a notebook (the figures `run_summary.write_all` or
   `federation_view.plot` wrote), one figure each, `width` inches wide; None
   (a figure that had nothing to draw) is skipped."""
   plt = pyplot()
@@ -264,12 +265,12 @@ def sweep_curves(records: list[dict], path: str) -> str:
   fig, axes = plt.subplots(len(scenarios), 2, squeeze=False,
                            figsize=(14, 4.8 * len(scenarios)),
                            constrained_layout=True)
-  lab = tables.eval_label(records)
+  lab = eval_label(r["target"] for r in records)
   for (ax_id, ax_ood), scenario in zip(axes, scenarios):
     subset = [r for r in records if r.get("scenario") == scenario]
     name = {r["variant"]: r["row"] if scenario else r["variant"] for r in subset}
     for ax, metric in ((ax_id, "id"), (ax_ood, "ood")):
-      for (variant, d), (rounds, mean) in tables.curves(subset, metric).items():
+      for (variant, d), (rounds, mean) in curves(subset, metric).items():
         label = name[variant] + ("" if scenario else f", d={d}")
         ax.plot(rounds, [100 * m for m in mean], label=label, lw=1.5)
       ax.set_xlabel("round")

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedjax_dg.config import ConfigDict
+from fedjax_dg.run.config import ConfigDict, explicit
 from fedjax_dg.errors import ConfigError
 
 _CLIENT = lambda lr, wd: {"client.lr": lr, "client.weight_decay": wd}
@@ -237,7 +237,6 @@ def resolve_scenario(cfg: ConfigDict) -> list[str]:
   or holding a value other than the default (a config not built on
   `base_config`). Idempotent. Returns the applied values.
   """
-  from fedjax_dg import config as config_lib
   name = cfg.get("scenario", "")
   if not name:
     return []
@@ -249,7 +248,7 @@ def resolve_scenario(cfg: ConfigDict) -> list[str]:
   for path, (field, default) in SCENARIO_FIELDS.items():
     section, leaf = path.split(".")
     want, have = SCENARIOS[key][field], cfg[section][leaf]
-    given = leaf in config_lib.explicit(cfg[section]) or have != default
+    given = leaf in explicit(cfg[section]) or have != default
     if given and have != want:
       raise ConfigError(f"scenario={name!r} sets {path}={want!r}, but {path}="
                        f"{have!r} was given too: drop one of the two")
@@ -262,7 +261,7 @@ def apply_scenario(cfg: ConfigDict, scenario: str, *, dataset: str | None = None
                    strict: bool = False) -> list[str]:
   """Sets HyperGenFL scenario `scenario` (Table 1) on `cfg` in place: its shared
   settings, and `cfg.scenario`, which fixes clients / cohort / beta when the run
-  starts (`resolve_scenario`; `experiment.resolve` shows the expanded config).
+  starts (`resolve_scenario`; `assemble.resolve` shows the expanded config).
 
   With `dataset` ("fashion_mnist", "cifar10", "cifar100", "tiny_imagenet") also
   the paper's backbone, input size, local epochs and evaluation split for it;

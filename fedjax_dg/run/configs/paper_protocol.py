@@ -4,7 +4,7 @@ sweeps (experiments/table*.py, experiments/fig*.py; docs/protocol.md).
 experiments/rfmnist_hfedf.py (leave-one-domain-out over the six Rotated
 Fashion-MNIST domains, N = 5 clients = source domains, the Table 9 Inception CNN
 on 32x32 inputs, 200 rounds x 2 local epochs, batch 64, 10 % id-validation per
-client) with Table 10's PACS column for every algorithm (fedjax_dg.presets;
+client) with Table 10's PACS column for every algorithm (fedjax_dg.run.presets;
 Rotated Fashion-MNIST has no column of its own, PACS is the papers' main
 benchmark).
 
@@ -24,8 +24,8 @@ held-out domain):
   ~1 min per run plus ~20 s of tracing per algorithm and cell.
 """
 
-from fedjax_dg import presets  # Table 10's values
-from fedjax_dg.configs.rfmnist_hfedf import get_config as _rfmnist_config
+from fedjax_dg.run import presets  # Table 10's values
+from fedjax_dg.run.configs.rfmnist_hfedf import get_config as _rfmnist_config
 
 # Table 2's rows (Central is only in the d = 3 tables: it pools all domains).
 TABLE2_ALGORITHMS = ("local_only", "fedavg", "fedprox", "pfedhn", "fedsr",

@@ -23,7 +23,7 @@ beyond a CPU and about days of one GPU per target domain (an estimate: not
 measured); reduce with `--set train.rounds=... train.epochs=...`.
 """
 
-from fedjax_dg.config import base_config
+from fedjax_dg.run.config import base_config
 
 
 def get_config(name: str = "fedsdaf_protocol"):

@@ -15,7 +15,7 @@ import os
 
 import numpy as np
 
-from fedjax_dg import plots
+from fedjax_dg.report import plots
 from fedjax_dg.data.sources import eval_label
 
 

@@ -1,6 +1,6 @@
 """`make demo`: hFedF vs FedAvg on Rotated Fashion-MNIST, LODO over all six domains.
 
-The paper-scale protocol of fedjax_dg/configs/rfmnist_hfedf.py, shrunk to finish in under
+The paper-scale protocol of fedjax_dg/run/configs/rfmnist_hfedf.py, shrunk to finish in under
 10 minutes on a 2-core CPU: a seeded subset of each domain, 16x16 images, the small
 CNN instead of the Table 9 Inception CNN (which costs ~200 ms per client-step at
 32x32 on this CPU, ~18x the small CNN at 16x16), fewer rounds of one local epoch.
@@ -10,7 +10,7 @@ Same algorithms, partition and hyperparameters otherwise.
     fedjax-dg demo --full          # the paper-scale protocol (hours on CPU)
 """
 
-from fedjax_dg.configs.rfmnist_hfedf import get_config as full_config
+from fedjax_dg.run.configs.rfmnist_hfedf import get_config as full_config
 
 
 def get_config():

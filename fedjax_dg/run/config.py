@@ -24,6 +24,7 @@ import traceback
 
 import ml_collections
 
+from fedjax_dg import algorithms, engine
 from fedjax_dg.errors import ConfigError
 
 ConfigDict = ml_collections.ConfigDict
@@ -61,7 +62,6 @@ def explicit(node: ConfigDict) -> frozenset:
 def train_defaults() -> dict:
   """`train`: the engine's settings (`EngineConfig` but `seed`, a top-level key)
   and what happens to a finished run's checkpoints."""
-  from fedjax_dg import engine
   fields = {f.name: f.default for f in dataclasses.fields(engine.EngineConfig)
             if f.name != "seed"}
   return dict(fields, keep_checkpoints=False)  # False: deleted when finished
@@ -70,7 +70,6 @@ def train_defaults() -> dict:
 def algorithm_section(section: str) -> ConfigDict:
   """Algorithm `section`'s hyperparameters (its `build` defaults) and `client`
   overrides of the run's client optimizer (None: the run's value)."""
-  from fedjax_dg import algorithms
   return Config(dict(algorithms.hyperparameters(section),
                      client=Config(algorithms.client_defaults(section))))
 
@@ -134,7 +133,6 @@ def base_config() -> ConfigDict:
   # optimizer state still fresh every round: `optim.cosine_over_run`).
   c.client = Config(dict(optimizer="adam", lr=1e-3, weight_decay=1e-4,
                          momentum=0.0, schedule="constant"))
-  from fedjax_dg import algorithms
   for section in algorithms.modules():
     c[section] = algorithm_section(section)
   c.lock()

@@ -1,36 +1,16 @@
-"""Paper-shaped tables from sweep results: pure functions over loaded dicts.
+"""Paper-shaped tables of many runs: pure functions over records (`records`).
 
-Everything here is computed from results; nothing is typed in. The unit is a
-*record*: one finished (sweep cell, algorithm, held-out target) run, built by
-`records_from_cell` from a cell's `config.json` and `results.json`:
+Everything here is computed from results; nothing is typed in. Each table is
+a `Table` (markdown with display strings, CSV with numbers): rows are
+variants (`records.run_record`) in display order, columns the shape's (d x
+{μ_id, μ_ood}, per-domain, scenarios, directories...); accuracies in
+percent, the long CSV keeps fractions.
 
-  cell, seed, d, algorithm, variant, label, extra, settings, target,
-  final_round, id_acc, ood_acc                       (final evaluation)
-  best_id_acc, best_id_round, best_ood_acc, best_ood_round,
-  ood_at_best_id                                     (over the evaluation history)
-  seconds, curve                                     (curve: [(round, id, ood)])
-
-`variant` is the row label: the algorithm's paper name (hFedF's ablations as
-"hFedF w/o GradAlign & EMA", from the algorithm name or the cell's
-hfedf.gradalign / hfedf.ema), then in brackets the cell's grid settings that can
-affect that algorithm (`label`): "hFedF [hfedf.ema_decay=0.75]",
-"FedAvg [data.few_shot_k=5]". Settings of another algorithm's section are
-dropped (FedAvg ignores hfedf.*). `extra` is the part of `label` outside the
-algorithm's own section: rows with equal `extra` are compared (with FedAvg in
-Tables 2 and 4/5, with full hFedF in Table 3).
-
-Aggregation (every table): per (variant, d, target) the runs of each seed are
-averaged (identical duplicates from irrelevant grid keys collapse), then the mean
-and sample standard deviation (`ddof=1`) over seeds are taken per target, and μ is
-the mean over target domains of those per-target means (the papers' μ column).
-Tables show accuracies in percent; the long CSV keeps fractions.
-
-Partial results: `sweep.load_records` adds a *missing* record (`missing=True`,
-no metrics) for every run a sweep or run directory planned that has not
-finished (a stopped run, a pending or failed cell: targets or seeds). A value
-over fewer runs than planned is marked `PARTIAL` ("†") in every table, the
-notes say so, and the CSVs count them (`missing_runs`, `..._seeds`): never a
-mean over a partial set shown as complete.
+Partial results: a value over fewer runs than planned (a *missing* record,
+`records.missing_run`: a stopped run, a pending or failed cell) is marked
+`PARTIAL` ("†") in every table, the notes say so, and the CSVs count them
+(`missing_runs`, `..._seeds`): never a mean over a partial set shown as
+complete.
 """
 
 from __future__ import annotations
@@ -38,25 +18,12 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
-from typing import Any
 
-import numpy as np
-
-from fedjax_dg import algorithms
-from fedjax_dg.data import sources
-from fedjax_dg.errors import ConfigError
-
-# The papers' row order (hFedF's tables, then HyperGenFL's): a display
-# preference only. Names and sections come from the algorithm registry; an
-# algorithm not listed here follows in first-seen order.
-ORDER = ("central", "local_only", "fedavg", "fedprox", "pfedhn", "fedsr",
-         "fedgma", "moon", "fedsam", "fedlaw", "feddf", "fedbe", "hypergenfl",
-         "hfedf", "hfedf_no_gradalign", "hfedf_no_ema", "hfedf_no_both")
-REFERENCE = "fedavg"
-ABLATIONS = (("hfedf.gradalign", "GradAlign"), ("hfedf.ema", "EMA"))
-# Paper order of Table 3's rows.
-ABLATION_ORDER = ("hFedF", "hFedF w/o GradAlign", "hFedF w/o EMA",
-                  "hFedF w/o GradAlign & EMA")
+from fedjax_dg.report.records import (ablation_rank, ablation_table_name,
+                                      aggregate, display_name, eval_label,
+                                      federated, finished, first_seen,
+                                      is_reference, missing_count, section_of,
+                                      sorted_ds, table_rank)
 
 METRICS = {"final": ("id_acc", "ood_acc"),
            "best": ("best_id_acc", "best_ood_acc")}
@@ -67,202 +34,12 @@ PARTIAL_NOTE = (f" {PARTIAL} = partial: some of the planned runs (targets or "
                 "only (report.md lists what is missing).")
 
 
-def eval_label(records: list[dict]) -> str:
-  """Display name of the held-out evaluation of these records ("test" or
-  "ood", `sources.eval_label`). Only headers and notes change; record fields
-  and CSV columns keep "ood"."""
-  return sources.eval_label(r["target"] for r in records)
-
-
-# --------------------------------------------------------------------- records
-
-
-def _spec(algorithm: str) -> algorithms.Spec | None:
-  """The registry's entry, or None for a name it no longer knows (an old run)."""
-  try:
-    return algorithms.spec(algorithm)
-  except ConfigError:
-    return None
-
-
-def section_of(algorithm: str) -> str:
-  """The algorithm's config section (hfedf_no_ema: hfedf)."""
-  spec = _spec(algorithm)
-  return spec.section if spec else algorithm
-
-
-def federated(algorithm: str) -> bool:
-  """False for Central / Local-only: no arrows against FedAvg, never bolded."""
-  spec = _spec(algorithm)
-  return spec.federated if spec else True
-
-
-def is_hfedf(algorithm: str) -> bool:
-  return section_of(algorithm) == "hfedf"
-
-
-def display_name(algorithm: str, config: dict | None = None) -> str:
-  """Paper name; for hFedF, the ablation switches that are off in `config`."""
-  spec = _spec(algorithm)
-  name = spec.display_name if spec else algorithm
-  if algorithm != "hfedf" or not config:
-    return name
-  section = config.get("hfedf", {})
-  off = [label for key, label in ABLATIONS
-         if section.get(key.split(".", 1)[1]) is False]
-  return name + (" w/o " + " & ".join(off) if off else "")
-
-
-def split_settings(algorithm: str, settings: dict) -> tuple[dict, dict]:
-  """(own, general): the grid settings that can affect `algorithm`, minus seed and
-  d (own columns). `own` are keys of the algorithm's config section (they name
-  its row); `general` the rest (data, train, client...: they group the rows that
-  are compared, e.g. with FedAvg). A key under another algorithm's section
-  (`hfedf.ema` for FedAvg) cannot change this algorithm's run and is dropped;
-  hFedF's ablation switches are part of its name instead.
-  """
-  own, general = {}, {}
-  for key, value in settings.items():
-    if key in ("seed", "data.d"):
-      continue
-    section = key.split(".", 1)[0]
-    if section in algorithms.modules():
-      if section != section_of(algorithm):
-        continue
-      if algorithm == "hfedf" and key in dict(ABLATIONS):
-        continue
-      own[key] = value
-    else:
-      general[key] = value
-  return own, general
-
-
-def _best(curve: list[tuple], index: int):
-  """(value, round) of the highest entry at `index`; the earliest round on ties."""
-  points = [(c[index], c[0]) for c in curve if c[index] is not None]
-  if not points:
-    return None, None
-  value = max(p[0] for p in points)
-  return value, min(r for v, r in points if v == value)
-
-
-def run_record(cell: str, seed: int, d: int, settings: dict, config: dict,
-               run: dict) -> dict:
-  """One record from one entry of results.json's `runs`."""
-  algorithm = run["algorithm"]
-  own, general = split_settings(algorithm, settings)
-  label = ", ".join(f"{k}={v}" for k, v in {**own, **general}.items())
-  extra = ", ".join(f"{k}={v}" for k, v in general.items())
-  name = display_name(algorithm, config)
-  # The scenario table's row: the variant without its scenario setting.
-  row = ", ".join(f"{k}={v}" for k, v in {**own, **general}.items()
-                  if k != "scenario")
-  final = run.get("final") or {}
-  curve = [(h["round"], h.get("id_acc"), h.get("ood_acc"))
-           for h in run.get("history") or []]
-  if not curve and final:
-    curve = [(final.get("round"), final.get("id_acc"), final.get("ood_acc"))]
-  best_id, best_id_round = _best(curve, 1)
-  best_ood, best_ood_round = _best(curve, 2)
-  ood_at_best_id = next((c[2] for c in curve if c[0] == best_id_round), None)
-  return dict(
-      cell=cell, seed=seed, d=d, algorithm=algorithm,
-      variant=name + (f" [{label}]" if label else ""), label=label, extra=extra,
-      scenario=config.get("scenario") or None,
-      row=name + (f" [{row}]" if row else ""),
-      settings=dict(settings), target=str(run["target"]),
-      final_round=final.get("round"), id_acc=final.get("id_acc"),
-      ood_acc=final.get("ood_acc"),
-      best_id_acc=best_id, best_id_round=best_id_round,
-      best_ood_acc=best_ood, best_ood_round=best_ood_round,
-      ood_at_best_id=ood_at_best_id, seconds=run.get("seconds"), curve=curve,
-      missing=bool(run.get("missing")))
-
-
-def missing_run(algorithm: str, target) -> dict:
-  """A results.json-shaped run that was planned and has not finished: its
-  record (`run_record`) has `missing=True` and no metrics."""
-  return dict(algorithm=algorithm, target=str(target), missing=True,
-              final={}, history=[])
-
-
-def records_from_cell(cell: str, settings: dict, config: dict,
-                      results: dict) -> list[dict]:
-  """Records of every finished run of one cell (its config.json, results.json)."""
-  seed = int(config.get("seed", 0))
-  d = int(config.get("data", {}).get("d", 1))
-  return [run_record(cell, seed, d, settings, config, r) for r in results["runs"]]
-
-
-# ----------------------------------------------------------------- aggregation
-
-
-@dataclasses.dataclass
-class Stat:
-  """One target domain's value over seeds."""
-  mean: float
-  std: float | None   # sample std over seeds; None with one seed
-  seeds: int
-  absent: int = 0     # planned runs (seeds) of this target not finished
-
-
-@dataclasses.dataclass
-class Agg:
-  """One (variant, d): per-target stats and μ (mean over targets)."""
-  per_target: dict[str, Stat]
-  mu: float | None
-  runs: int
-  absent: int = 0     # planned runs not finished: seeds or whole targets
+# ------------------------------------------------------------------ formatting
 
 
 def mark(stat) -> str:
   """`PARTIAL` for a Stat / Agg over fewer runs than planned, else ''."""
   return PARTIAL if stat is not None and stat.absent else ""
-
-
-def _std(values, ddof: int) -> float | None:
-  if len(values) <= ddof:
-    return None
-  return float(np.std(values, ddof=ddof))
-
-
-def aggregate(records: list[dict], metric: str, ddof: int = 1, *,
-              rows: str = "variant", columns: str = "d"
-              ) -> dict[tuple[str, Any], Agg]:
-  """{(variant, d): Agg} of `metric` (a record field such as "ood_acc"); other
-  record fields as the row / column keys: {(row, scenario): Agg}."""
-  by_seed: dict[tuple, dict[int, list[float]]] = {}
-  runs: dict[tuple, int] = {}
-  absent: dict[tuple, int] = {}
-  for r in records:
-    if r.get("missing"):
-      key = (r[rows], r[columns], r["target"])
-      absent[key] = absent.get(key, 0) + 1
-      continue
-    if r.get(metric) is None:
-      continue
-    key = (r[rows], r[columns], r["target"])
-    by_seed.setdefault(key, {}).setdefault(r["seed"], []).append(float(r[metric]))
-    runs[key[:2]] = runs.get(key[:2], 0) + 1
-  out: dict[tuple, Agg] = {}
-  for (variant, d, target), seeds in by_seed.items():
-    values = [float(np.mean(v)) for _, v in sorted(seeds.items())]
-    agg = out.setdefault((variant, d), Agg({}, None, runs[(variant, d)]))
-    agg.per_target[target] = Stat(float(np.mean(values)), _std(values, ddof),
-                                  len(values),
-                                  absent.get((variant, d, target), 0))
-  for agg in out.values():
-    agg.mu = float(np.mean([s.mean for s in agg.per_target.values()]))
-  for (variant, d, _), n in absent.items():  # the μ over what finished
-    if (variant, d) in out:
-      out[(variant, d)].absent += n
-  return out
-
-
-def missing_count(records: list[dict], variant: str, d=None) -> int:
-  """Planned runs of `variant` (at `d`, or every d) that have not finished."""
-  return sum(1 for r in records if r.get("missing") and r["variant"] == variant
-             and (d is None or r["d"] == d))
 
 
 def _notes(notes: str, rows: list[list[str]]) -> str:
@@ -272,43 +49,31 @@ def _notes(notes: str, rows: list[list[str]]) -> str:
   return notes
 
 
-def finished(records: list[dict]) -> list[dict]:
-  """The records of finished runs (not `missing`)."""
-  return [r for r in records if not r.get("missing")]
-
-
-def _first_seen(items) -> list:
-  seen = {}
-  for x in items:
-    seen.setdefault(x, None)
-  return list(seen)
-
-
 def _variants(records: list[dict]) -> list[dict]:
   """Row descriptors in display order: grouped by `extra` (first seen), then the
-  papers' algorithm order, hFedF ablations in Table 3's order, then first seen."""
+  papers' algorithm order (`records.table_rank`), an algorithm's ablations in
+  its ablation table's order (`records.ablation_rank`), then first seen."""
   rows = {}
   for i, r in enumerate(records):
     rows.setdefault(r["variant"], dict(variant=r["variant"], algorithm=r["algorithm"],
                                        label=r["label"], extra=r["extra"], seen=i))
-  extras = _first_seen(r["extra"] for r in records)
+  extras = first_seen(r["extra"] for r in records)
   name = lambda v: v["variant"].split(" [")[0]
 
   def key(v):
-    alg_rank = ORDER.index(v["algorithm"]) if v["algorithm"] in ORDER else len(ORDER)
-    abl_rank = (ABLATION_ORDER.index(name(v)) if name(v) in ABLATION_ORDER
-                else len(ABLATION_ORDER))
-    return extras.index(v["extra"]), alg_rank, abl_rank, v["seen"]
+    return (extras.index(v["extra"]), table_rank(v["algorithm"]),
+            ablation_rank(v["algorithm"], name(v)), v["seen"])
 
   return sorted(rows.values(), key=key)
 
 
 def _reference(rows: list[dict], row: dict) -> str | None:
-  """The FedAvg variant compared with `row` (same extra settings)."""
-  if row["algorithm"] == REFERENCE or not federated(row["algorithm"]):
+  """The reference algorithm's variant (`records.is_reference`: FedAvg)
+  compared with `row` (same extra settings)."""
+  if is_reference(row["algorithm"]) or not federated(row["algorithm"]):
     return None
   for r in rows:
-    if r["algorithm"] == REFERENCE and r["extra"] == row["extra"]:
+    if is_reference(r["algorithm"]) and r["extra"] == row["extra"]:
       return r["variant"]
   return None
 
@@ -326,10 +91,6 @@ def pct(value: float | None, digits: int = 1) -> str:
 def _num(value: float | None):
   """Percent for CSV cells (full precision); empty when missing."""
   return "" if value is None else 100 * value
-
-
-def _sorted_ds(records) -> list[int]:
-  return sorted({r["d"] for r in records})
 
 
 # ----------------------------------------------------------------------- tables
@@ -385,7 +146,7 @@ def table2(records: list[dict], which: str = "final") -> Table:
   """Table 2 shape: rows = algorithms, columns = d x {μ_id, μ_ood}; μ over target
   domains and seeds; ↑/↓ vs FedAvg (same other settings) when FedAvg is present."""
   id_key, ood_key = METRICS[which]
-  ds = _sorted_ds(records)
+  ds = sorted_ds(records)
   agg_id, agg_ood = aggregate(records, id_key), aggregate(records, ood_key)
   mu = lambda agg, v, d: agg[(v, d)].mu if (v, d) in agg else None
   rows_meta = _variants(records)
@@ -482,7 +243,7 @@ def per_domain(records: list[dict], d: int, which: str = "final") -> Table:
   seeds, id then ood, μ = mean over domains; arrows vs FedAvg."""
   id_key, ood_key = METRICS[which]
   sub = [r for r in records if r["d"] == d]
-  targets = _first_seen(r["target"] for r in sub)
+  targets = first_seen(r["target"] for r in sub)
   agg = {"id": aggregate(sub, id_key), "ood": aggregate(sub, ood_key)}
   rows_meta = _variants(sub)
   lab = eval_label(sub)
@@ -532,30 +293,33 @@ def per_domain(records: list[dict], d: int, which: str = "final") -> Table:
                rows, csv_header, csv_rows, _notes(notes, rows))
 
 
-def table3(records: list[dict], which: str = "final") -> Table | None:
-  """Table 3 shape: hFedF variants (ablations, hfedf_* algorithms) vs full hFedF
-  per d, μ_id / μ_ood with the difference to full hFedF in points. None when the
-  records hold fewer than two hFedF variants."""
+def ablation_table(records: list[dict], section: str,
+                   which: str = "final") -> Table | None:
+  """An ablation table's shape (hFedF's Table 3): the variants of algorithm
+  module `section` (its ablation switches off, `records.ablations`, and its
+  `VARIANTS`) vs the full algorithm per d, μ_id / μ_ood with the difference
+  to the full algorithm in points. None when the records hold fewer than two
+  of its variants."""
   id_key, ood_key = METRICS[which]
-  sub = [r for r in records if is_hfedf(r["algorithm"])]
+  full_name = display_name(section)
+  sub = [r for r in records if section_of(r["algorithm"]) == section]
   rows_meta = _variants(sub)
   if len({r["variant"] for r in rows_meta}) < 2:
     return None
-  ds = _sorted_ds(sub)
+  ds = sorted_ds(sub)
   agg_id, agg_ood = aggregate(sub, id_key), aggregate(sub, ood_key)
 
   def ref_of(row):
-    """Plain hFedF of the same group, else its first full-hFedF row (the first
-    value of each hfedf.* grid key)."""
+    """The plain full algorithm of the same group, else its first full row
+    (the first value of each grid key of its section)."""
     full = [r["variant"] for r in rows_meta
-            if r["algorithm"] == "hfedf" and r["extra"] == row["extra"]
-            and r["variant"].split(" [")[0] == display_name("hfedf")]
-    return (display_name("hfedf") if display_name("hfedf") in full else
-            full[0] if full else None)
+            if r["algorithm"] == section and r["extra"] == row["extra"]
+            and r["variant"].split(" [")[0] == full_name]
+    return (full_name if full_name in full else full[0] if full else None)
 
   header = ["algorithm"] + [f"d={d} {m}" for d in ds for m in ("μ_id", "μ_ood")]
   csv_header = ["variant", "algorithm", "settings"] + [
-      f"d{d}_{m}{s}" for d in ds for m in ("id", "ood") for s in ("", "_vs_hfedf")]
+      f"d{d}_{m}{s}" for d in ds for m in ("id", "ood") for s in ("", f"_vs_{section}")]
   rows, csv_rows, refs = [], [], []
   for row in rows_meta:
     ref = ref_of(row)
@@ -575,12 +339,13 @@ def table3(records: list[dict], which: str = "final") -> Table | None:
         out += [_num(x), "" if delta is None else delta]
     rows.append(line)
     csv_rows.append(out)
-  # A grid over hfedf.* settings has no plain hFedF row: name what is compared.
-  to = ("full hFedF" if refs in ([], [display_name("hfedf")])
+  # A grid over the section's settings has no plain row: name what is compared.
+  to = (f"full {full_name}" if refs in ([], [full_name])
         else ", ".join(f"`{r}`" for r in refs) + " (the first value of the grid)")
   notes = (f"Accuracy (%), {which} evaluation, μ over target domains and seeds; in "
            f"brackets the difference to {to} in points.")
-  return Table(f"Table 3 shape: hFedF variants ({which})", header, rows,
+  return Table(f"{ablation_table_name(section)} shape: {full_name} variants "
+               f"({which})", header, rows,
                csv_header, csv_rows, _notes(notes, rows))
 
 
@@ -592,14 +357,14 @@ def comparison(groups: list[tuple[str, list[dict]]],
   targets then μ. A cell is the mean ± sample std over seeds of `metric` (a
   record field), μ the mean over targets of those means (as every table
   here). The groups are expected to share their held-out targets
-  (`sweep.compare` refuses others)."""
+  (`reports.compare` refuses others)."""
   split = []
   for label, recs in groups:
-    ds = _sorted_ds(recs)
+    ds = sorted_ds(recs)
     split += [(label + (f" d={d}" if len(ds) > 1 else ""),
                [r for r in recs if r["d"] == d], d) for d in ds]
   every = [r for _, recs in groups for r in recs]
-  targets = _first_seen(r["target"] for r in every)
+  targets = first_seen(r["target"] for r in every)
   aggs = [(label, aggregate(recs, metric), d) for label, recs, d in split]
   rows_meta = [v for v in _variants(every)
                if any((v["variant"], d) in agg for _, agg, d in aggs)]
@@ -649,7 +414,7 @@ def summary(records: list[dict]) -> Table:
       m for m in SUMMARY_METRICS] + ["targets", "seeds", "runs", "missing_runs"]
   rows, csv_rows = [], []
   for row in rows_meta:
-    for d in _sorted_ds(records):
+    for d in sorted_ds(records):
       base = aggs["id_acc"].get((row["variant"], d))
       if base is None:
         continue
@@ -681,7 +446,7 @@ def long_table(records: list[dict]) -> Table:
   """Every (cell, algorithm, target, seed) run: final and best-over-rounds
   metrics (fractions, not percent) and one column per grid key."""
   records = finished(records)
-  keys = _first_seen(k for r in records for k in r["settings"] if k != "seed")
+  keys = first_seen(k for r in records for k in r["settings"] if k != "seed")
   csv_header = list(LONG_FIELDS) + keys
   csv_rows = [[r[f] for f in LONG_FIELDS] + [r["settings"].get(k, "") for k in keys]
               for r in records]
@@ -693,18 +458,3 @@ def long_table(records: list[dict]) -> Table:
                              f"best {lab}"], rows, csv_header, csv_rows)
 
 
-def curves(records: list[dict], metric: str = "ood") -> dict[tuple, tuple]:
-  """{(variant, d): (rounds, mean)}: the evaluation history of `metric` ("id" or
-  "ood") averaged over targets and seeds, on the rounds every run has."""
-  index = {"id": 1, "ood": 2}[metric]
-  groups: dict[tuple, list] = {}
-  for r in records:
-    pts = {c[0]: c[index] for c in r["curve"] if c[index] is not None}
-    if pts:
-      groups.setdefault((r["variant"], r["d"]), []).append(pts)
-  out = {}
-  for key, runs in groups.items():
-    rounds = sorted(set.intersection(*(set(p) for p in runs)))
-    if rounds:
-      out[key] = (rounds, [float(np.mean([p[x] for p in runs])) for x in rounds])
-  return out

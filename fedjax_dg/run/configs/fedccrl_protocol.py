@@ -31,7 +31,7 @@ per round); on one GPU an estimate of minutes per run (not measured).
 """
 
 from fedjax_dg import algorithms
-from fedjax_dg.config import base_config
+from fedjax_dg.run.config import base_config
 
 # Table 1's rows, in its order (FedDG-GA is "GA" there).
 TABLE1_ALGORITHMS = ("fedavg", "fedprox", "fedadg", "feddg_ga", "fedsr",

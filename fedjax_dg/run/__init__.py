@@ -1,0 +1,18 @@
+"""The run side: a config turned into runs, and the directories they write.
+
+    config        the locked ConfigDict (`base_config`), experiment files, `--set`
+    presets       hFedF's Table 10 per dataset, HyperGenFL's Table 1 scenarios
+    configs/      the packaged configs (`fedjax-dg demo`, the experiments/ files)
+    assemble      the config resolved, once, into a run's pieces: engine settings,
+                  dataset, federations, model, algorithms
+    checks        what a config is checked for before anything is computed
+    directory     run and sweep directories: making one, the files in them
+    disk          the disk the checkpoints take (the check, `fedjax-dg algorithms`)
+    experiment    one config: algorithms x held-out targets, one engine run each
+    sweep         grid values x seeds of a config, one run directory per cell
+    reports       `fedjax-dg report`: a directory's tables, or several compared
+
+The config stops at `assemble`: the engine, the algorithm registry, the data
+and the models receive resolved values, never the config. Imports point from
+here to `fedjax_dg.report`, never back.
+"""

@@ -1,0 +1,307 @@
+"""`fedjax-dg report DIR [DIR...]`: the paper-shaped tables of a sweep or run
+directory, or of several directories side by side.
+
+It reads what the run side wrote (sweep.json, each cell's config.json and
+results.json: `directory`), so it lives on that side; the tables, figures
+and their formats are `fedjax_dg.report`'s. A sweep writes its report here
+when it ends (`sweep.run_sweep`).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+
+from fedjax_dg.errors import ConfigError, DataError
+from fedjax_dg.report import plots, tables
+from fedjax_dg.report.records import (ablation_sections, ablation_table_name,
+                                      finished, missing_run, records_from_cell)
+from fedjax_dg.run import config as config_lib
+from fedjax_dg.run import directory
+from fedjax_dg.run.directory import MANIFEST, read_manifest
+
+REPORT_DIR = "report"
+
+
+def _json_override(config: dict, item: str) -> None:
+  """Applies one `key=value` cell override to a config's JSON (in place):
+  the value parsed as `config.coerce` would, for the fields the report reads
+  (seed, data.d, algorithms, hfedf switches, scenario)."""
+  key, raw = item.split("=", 1)
+  *path, leaf = key.strip().split(".")
+  node = config
+  for part in path:
+    node = node.setdefault(part, {})
+  old = node.get(leaf)
+  if isinstance(old, str):
+    node[leaf] = raw
+  elif isinstance(old, list):
+    node[leaf] = [v.strip() for v in raw.split(",")]
+  else:
+    node[leaf] = config_lib.coerce(raw, old)
+
+
+def _cell_config(cell_dir: str, manifest: dict, cell: dict) -> dict:
+  """A cell's config.json, or (a cell that never started) the sweep's base
+  config with the cell's overrides."""
+  path = os.path.join(cell_dir, "config.json")
+  if os.path.isfile(path):
+    with open(path) as f:
+      return json.load(f)
+  config = copy.deepcopy(manifest.get("base_config") or {})
+  for item in cell.get("overrides", ()):
+    try:
+      _json_override(config, item)
+    except (ConfigError, ValueError):
+      pass  # a field the report does not read
+  return config
+
+
+def load_records(sweep_dir: str) -> tuple[dict, list[dict]]:
+  """(manifest, records) of a sweep directory, or of a single run directory
+  (one `fedjax-dg run` output, read as a one-cell sweep).
+
+  Every run the directory planned that has not finished (a target of a
+  stopped run, every run of a pending / failed cell: a seed or grid point)
+  is a `missing` record (`missing_run`): the tables mark what it
+  leaves partial, and `manifest["missing"]` lists it as {cell: (status,
+  [(algorithm, target)])}; cells are "complete" in `manifest["complete"]`.
+  """
+  if os.path.isfile(os.path.join(sweep_dir, MANIFEST)):
+    manifest = read_manifest(sweep_dir)
+  elif os.path.isfile(os.path.join(sweep_dir, "results.json")):
+    manifest = dict(name=os.path.basename(os.path.normpath(sweep_dir)), cells=[
+        dict(name=".", settings={}, status="done")])
+  else:
+    raise DataError(f"{sweep_dir} holds neither {MANIFEST} (a sweep) nor "
+                            "results.json (a run)")
+  records, loaded, unstarted = [], [], []
+  for cell in manifest["cells"]:
+    cell_dir = os.path.normpath(os.path.join(sweep_dir, cell["name"]))
+    name = os.path.basename(cell_dir) if cell["name"] == "." else cell["name"]
+    config = _cell_config(cell_dir, manifest, cell)
+    path = os.path.join(cell_dir, "results.json")
+    if not os.path.isfile(path):
+      unstarted.append((cell, name, config))
+      continue
+    with open(path) as f:
+      results = json.load(f)
+    loaded.append((cell, name, config, results))
+    if results.get("warnings"):
+      manifest.setdefault("warnings", {})[name] = list(results["warnings"])
+    manifest.setdefault("dataset", results.get("dataset"))
+    held = manifest.setdefault("targets", [])
+    held += [str(t) for t in results.get("targets", ()) if str(t) not in held]
+  held = manifest.get("targets", [])
+  missing, complete = {}, []
+  for cell, name, config, results in loaded:
+    done = {(r["algorithm"], str(r["target"])) for r in results["runs"]}
+    planned = [(a, str(t)) for a in results.get("algorithms", ())
+               for t in results.get("targets", ())]
+    absent = [p for p in planned if p not in done]
+    if absent:  # a run directory's own status is unknown: stopped or running
+      missing[name] = (cell.get("status", "?") if cell["name"] != "."
+                       else "unfinished", absent)
+    elif cell.get("status") == "done" or cell["name"] == ".":
+      complete.append(name)
+    records += records_from_cell(
+        name, cell["settings"], config,
+        dict(results, runs=results["runs"]
+             + [missing_run(a, t) for a, t in absent]))
+  if loaded:  # a cell that never wrote results.json: every run it plans
+    for cell, name, config in unstarted:
+      absent = [(a, t) for a in config.get("algorithms", ()) for t in held]
+      missing[name] = (cell.get("status", "?"), absent)
+      records += records_from_cell(
+          name, cell["settings"], config,
+          dict(runs=[missing_run(a, t) for a, t in absent]))
+  manifest["missing"], manifest["complete"] = missing, complete
+  return manifest, records
+
+
+def missing_lines(manifest: dict) -> list[str]:
+  """One line per cell with unfinished runs: its status and which
+  algorithms / targets (a whole cell: its seed and grid point)."""
+  lines = []
+  for name, (status, absent) in manifest.get("missing", {}).items():
+    per = {}
+    for a, t in absent:
+      per.setdefault(a, []).append(t)
+    what = "; ".join(f"{a}: targets {', '.join(ts)}" for a, ts in per.items())
+    lines.append(f"- `{name}` ({status}): {len(absent)} run(s) missing: "
+                 + (what or "none planned known"))
+  return lines
+
+
+def report_tables(records: list[dict], ds=None) -> list[tuple[str, tables.Table]]:
+  """(file stem, table) of every table the records support."""
+  present = sorted({r["d"] for r in records})
+  ds = list(ds) if ds else present
+  missing = [d for d in ds if d not in present]
+  if missing:
+    raise ConfigError(f"--d {missing}: no finished run has those d; present: {present}")
+  out = [("table2", tables.table2(records)),
+         ("table2_best", tables.table2(records, "best"))]
+  scenarios = tables.scenario_table(records)
+  if scenarios is not None:
+    out.insert(0, ("scenarios", scenarios))
+  for section in ablation_sections(records):  # hFedF's Table 3
+    table = tables.ablation_table(records, section)
+    if table is not None:
+      stem = ablation_table_name(section).lower().replace(" ", "")
+      out.append((stem, table))
+  out += [(f"per_domain_d{d}", tables.per_domain(records, d)) for d in ds]
+  out.append(("summary", tables.summary(records)))
+  return out
+
+
+def write_report(sweep_dir: str, out: str | None = None, ds=None) -> list[str]:
+  """Writes report.md, one .md and .csv per table, runs.csv and curves.png."""
+  manifest, records = load_records(sweep_dir)
+  if not finished(records):
+    raise ConfigError(f"{sweep_dir}: no finished run yet, nothing to report")
+  out = out or os.path.join(sweep_dir, REPORT_DIR)
+  os.makedirs(out, exist_ok=True)
+  paths = []
+
+  def write(name, text):
+    path = os.path.join(out, name)
+    with open(path, "w") as f:
+      f.write(text)
+    paths.append(path)
+
+  parts = report_tables(records, ds)
+  for stem, table in parts:
+    write(f"{stem}.md", table.markdown())
+    write(f"{stem}.csv", table.csv())
+  write("runs.csv", tables.long_table(records).csv())
+  cells = manifest["cells"]
+  done, absent = len(finished(records)), len(records) - len(
+      finished(records))
+  head = [f"# Sweep report: {manifest.get('name')} ({manifest.get('dataset')})", "",
+          f"Directory `{os.path.abspath(sweep_dir)}`; "
+          f"{len(manifest['complete'])}/{len(cells)} cells complete, {done} of "
+          f"{done + absent} planned runs finished."]
+  if manifest.get("config"):
+    head.append(f"Config `{manifest['config']}`, --set {manifest.get('sets')}, "
+                f"grid {manifest.get('grid')}, seeds {manifest.get('seeds')}.")
+  if manifest.get("warnings"):
+    head += ["", "**Stand-ins: numbers that do not follow the protocol** "
+             "(each cell's results.json `warnings`):", ""]
+    head += [f"- `{cell}`: {w}" for cell, ws in manifest["warnings"].items()
+             for w in ws]
+  if absent:
+    head += ["", f"**{tables.PARTIAL} PARTIAL: {absent} planned run(s) have not "
+             f"finished**; every value they leave partial is marked "
+             f"{tables.PARTIAL} (a mean over the finished runs only). "
+             "Missing:", ""] + missing_lines(manifest) + [
+             "", "Continue with `fedjax-dg "
+             + ("sweep" if os.path.isfile(os.path.join(sweep_dir, MANIFEST))
+                else "run") + f" --resume {sweep_dir}`, then report again."]
+  head += ["", "id = each client's model on its own held-out 10 % source split "
+           "(mean over clients); ood = on the unseen target domain. Final = the "
+           "evaluation after the last round (the papers' protocol); best = the "
+           "highest value of the evaluation history (every train.eval_every rounds; "
+           "its ood uses at most train.ood_eval_max target images). Every number "
+           "is computed from the cells' results.json; runs.csv lists each run.", ""]
+  write("report.md", "\n".join(head + [t.markdown() for _, t in parts]))
+  paths.append(plots.sweep_curves(records, os.path.join(out, "curves.png")))
+  return paths
+
+
+def column_labels(dirs: list[str]) -> list[str]:
+  """One label per directory: its name, or its path below the directories'
+  common folder where two names coincide."""
+  paths = [os.path.abspath(d) for d in dirs]
+  if len(set(paths)) < len(paths):
+    raise ConfigError(f"report: a directory is given twice in {list(dirs)}")
+  names = [os.path.basename(p) for p in paths]
+  if len(set(names)) == len(names):
+    return names
+  root = os.path.commonpath(paths)
+  return [os.path.relpath(p, root) for p in paths]
+
+
+def check_comparable(labels: list[str], manifests: list[dict]) -> None:
+  """One dataset and the same held-out targets in every directory, else a
+  ConfigError naming each directory's."""
+  seen = [(m.get("dataset"), sorted(m.get("targets", []))) for m in manifests]
+  if len(set((d, tuple(t)) for d, t in seen)) > 1:
+    held = "; ".join(f"{label}: {d}, targets {', '.join(t)}"
+                     for label, (d, t) in zip(labels, seen))
+    raise ConfigError(
+        f"report: these runs are not comparable ({held}): one table needs one "
+        "dataset and the same held-out targets in every directory; report "
+        "them separately (fedjax-dg report DIR)")
+
+
+COMPARED = (("comparison_ood", "ood_acc"), ("comparison_id", "id_acc"),
+            ("comparison_ood_best", "best_ood_acc"))
+
+
+def compare(dirs: list[str], out: str | None = None) -> list[str]:
+  """`fedjax-dg report DIR DIR...`: one comparison table per metric (rows =
+  algorithms, columns = each directory's targets, mean ± std over seeds) as
+  markdown and CSV, every run in runs.csv and the curves, labelled by
+  directory; written to `out` (default: a new `compare-<time>` folder beside
+  the first directory). Returns the paths, report.md first."""
+  labels = column_labels(dirs)
+  loaded = [load_records(d) for d in dirs]
+  for d, (_, records) in zip(dirs, loaded):
+    if not finished(records):
+      raise ConfigError(f"{d}: no finished run yet, nothing to compare")
+  check_comparable(labels, [m for m, _ in loaded])
+  groups = [(label, records) for label, (_, records) in zip(labels, loaded)]
+  out = out or directory.make_run_dir(
+      os.path.dirname(os.path.abspath(dirs[0])), "compare", field="--out")
+  os.makedirs(out, exist_ok=True)
+  written = {}
+  parts = [(stem, table) for stem, table in (
+      (stem, tables.comparison(groups, metric)) for stem, metric in COMPARED)
+      if table.rows]   # no id accuracy without an id split (val_fraction=0)
+  for stem, table in parts:
+    written[f"{stem}.md"] = table.markdown()
+    written[f"{stem}.csv"] = table.csv()
+  tagged = [dict(r, cell=f"{label}/{r['cell']}", variant=f"{r['variant']} "
+                 f"({label})", row=f"{r['row']} ({label})")
+            for label, records in groups for r in records]
+  written["runs.csv"] = tables.long_table(tagged).csv()
+  manifest = loaded[0][0]
+  head = [f"# Comparison of {len(dirs)} runs ({manifest.get('dataset')}, "
+          f"targets {', '.join(manifest.get('targets', []))})", ""]
+  for label, d, (m, records) in zip(labels, dirs, loaded):
+    done = len(finished(records))
+    head.append(f"- `{label}`: `{os.path.abspath(d)}` ({m.get('name')}; "
+                f"{done} runs)" + (
+                    f"; {tables.PARTIAL} PARTIAL, {len(records) - done} "
+                    "planned runs not finished:" if len(records) > done else ""))
+    head += ["  " + line for line in missing_lines(m)]
+    head += [f"  - stand-in (`{cell}`): {w}"
+             for cell, ws in m.get("warnings", {}).items() for w in ws]
+  written["report.md"] = "\n".join(head + [""] + [t.markdown() for _, t in parts])
+  paths = []
+  for name in ["report.md"] + [n for n in written if n != "report.md"]:
+    paths.append(os.path.join(out, name))
+    with open(paths[-1], "w") as f:
+      f.write(written[name])
+  paths.append(plots.sweep_curves(tagged, os.path.join(out, "curves.png")))
+  return paths
+
+
+def main_report(args) -> int:
+  if len(args.dirs) > 1:
+    if args.d:
+      raise ConfigError("--d selects the per-domain tables of one sweep "
+                        "directory; a comparison of several has none")
+    paths = compare(args.dirs, args.out)       # report.md first
+    with open(paths[0]) as f:
+      print(f.read())
+  else:  # report.md's head (what finished, what is missing) and first table
+    paths = write_report(args.dirs[0], args.out, args.d)
+    with open(next(p for p in paths if p.endswith("report.md"))) as f:
+      text = f.read()
+    second = text.find("\n### ", text.find("### ") + 1)
+    print(text if second < 0 else text[:second])
+  print("wrote " + ", ".join(paths))
+  return 0

@@ -1,0 +1,393 @@
+"""`fedjax-dg sweep`: grids of experiments, one run directory per cell.
+
+A sweep is the cartesian product of grid values x seeds over one experiment
+config. Each product element (a *cell*) is one `experiment.run` (which itself loops
+over the config's algorithms and held-out target domains) in its own
+subdirectory, named from its settings (`data.d=2__seed=1`). `sweep.json` in the
+sweep directory lists the config, the overrides, the grid, the seeds and every
+cell with its status (pending / running / done / failed), so `--resume DIR` skips
+finished cells and continues an interrupted one (experiment.run resumes a run
+directory from its results.json and checkpoints).
+
+Every cell is built and validated (config keys and types, algorithm / dataset /
+model names, partitions and engine settings on the real data) before anything is
+computed or any directory is created; an error names the grid values.
+
+An experiment file may define `SWEEP = dict(grid={"data.d": (1, 2, 3)},
+seeds=(0, 1, 2))`: the grid and seeds used when the command line gives none
+(`--grid KEY=...` replaces that key's values, `--seeds` the seeds).
+
+When the sweep ends, its report is written (`reports.write_report`: what
+`fedjax-dg report DIR` writes).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import datetime
+import importlib.util
+import itertools
+import json
+import os
+import re
+import time
+
+from fedjax_dg import distributed
+from fedjax_dg.errors import ConfigError, DiskFull, Stopped
+from fedjax_dg.report import run_summary
+from fedjax_dg.run import assemble, checks, directory, experiment, presets, reports
+from fedjax_dg.run import config as config_lib
+
+
+@dataclasses.dataclass
+class Cell:
+  name: str                  # subdirectory of the sweep directory
+  settings: dict[str, str]   # grid key -> value, and "seed"
+  overrides: list[str]       # the `key=value` strings applied after --set
+
+
+@dataclasses.dataclass
+class Plan:
+  config_path: str
+  sets: list[str]
+  grid: list[tuple[str, list[str]]]
+  seeds: list[int]
+  base: config_lib.ConfigDict       # the config after --set
+  cells: list[Cell]
+  configs: list[config_lib.ConfigDict]
+
+
+# ------------------------------------------------------------ grid and cells
+
+
+def split_values(raw: str) -> list[str]:
+  """`v1,v2` -> [v1, v2]; with a `|` anywhere, `|` separates instead, so values
+  of tuple fields can hold commas: `algorithms=hfedf,fedavg|hfedf`."""
+  sep = "|" if "|" in raw else ","
+  return [v.strip() for v in raw.split(sep)]
+
+
+def parse_grid(specs: list[str]) -> list[tuple[str, list[str]]]:
+  """`--grid key=v1,v2` strings -> [(key, [values])], in command-line order."""
+  grid: dict[str, list[str]] = {}
+  for spec in specs or ():
+    if "=" not in spec:
+      raise config_lib.ConfigError(f"--grid expects key=v1,v2,..., got {spec!r}")
+    key, raw = (s.strip() for s in spec.split("=", 1))
+    values = split_values(raw)
+    if not key or any(v == "" for v in values):
+      raise config_lib.ConfigError(f"--grid {spec!r}: empty key or value")
+    if key in grid:
+      raise config_lib.ConfigError(f"--grid {key} given twice")
+    if len(set(values)) != len(values):
+      raise config_lib.ConfigError(f"--grid {key}: repeated value in {values}")
+    grid[key] = values
+  return list(grid.items())
+
+
+def parse_seeds(text: str | None) -> list[int] | None:
+  if text is None or text == "":
+    return None
+  try:
+    seeds = [int(s) for s in text.split(",")]
+  except ValueError:
+    raise config_lib.ConfigError(
+        f"--seeds expects comma-separated integers, got {text!r}") from None
+  if len(set(seeds)) != len(seeds):
+    raise config_lib.ConfigError(f"--seeds {text!r} repeats a seed")
+  return seeds
+
+
+def _raw(value) -> str:
+  """A config value as the string `apply_overrides` parses back to it."""
+  if isinstance(value, str):
+    return value
+  if isinstance(value, (tuple, list)):
+    return ",".join(str(v) for v in value)
+  return repr(value)
+
+
+def sweep_defaults(config_path: str) -> dict:
+  """The experiment file's `SWEEP` dict (grid and seeds), or {}."""
+  spec = importlib.util.spec_from_file_location("_fedjax_dg_sweep_defaults",
+                                                config_path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  sweep = dict(getattr(module, "SWEEP", {}) or {})
+  unknown = set(sweep) - {"grid", "seeds"}
+  if unknown:
+    raise config_lib.ConfigError(f"{config_path}: SWEEP has unknown keys "
+                                 f"{sorted(unknown)}; allowed: grid, seeds")
+  return dict(grid=[(k, [_raw(v) for v in vs])
+                    for k, vs in dict(sweep.get("grid", {})).items()],
+              seeds=[int(s) for s in sweep.get("seeds", ())] or None)
+
+
+def _safe(value: str) -> str:
+  return re.sub(r"[^A-Za-z0-9._+-]", "+", value) or "_"
+
+
+def cell_name(settings: dict[str, str]) -> str:
+  return "__".join(f"{k}={_safe(v)}" for k, v in settings.items())
+
+
+def describe(cell: Cell) -> str:
+  return ", ".join(f"{k}={v}" for k, v in cell.settings.items())
+
+
+def plan(config_path: str, sets=(), grid=(), seeds=None, *,
+         use_defaults: bool = True) -> Plan:
+  """Every cell's config; errors name the bad key or `key=value`.
+
+  Checks only config keys and types (no data, no algorithm registry): see `check`.
+  """
+  config_path = os.path.abspath(config_path)
+  base = config_lib.apply_overrides(config_lib.load(config_path), list(sets))
+  defaults = sweep_defaults(config_path) if use_defaults else {}
+  merged = dict(defaults.get("grid", ()))
+  for key, values in grid:
+    merged[key] = list(values)       # the command line replaces a default key
+  if seeds is None:
+    seeds = defaults.get("seeds")
+  seeds = list(seeds) if seeds else [int(base.seed)]
+  if "seed" in merged:
+    raise config_lib.ConfigError("--grid seed=...: give seeds with --seeds 0,1,2")
+  for key, values in merged.items():
+    for v in values:
+      try:
+        config_lib.apply_overrides(copy.deepcopy(base), [f"{key}={v}"])
+      except config_lib.ConfigError as e:
+        raise config_lib.ConfigError(f"--grid {key}={v}: {e}") from None
+  keys = list(merged)
+  cells, configs, names = [], [], set()
+  # Seeds outermost: a partly finished sweep already holds whole seeds.
+  for seed in seeds:
+    for combo in itertools.product(*(merged[k] for k in keys)):
+      settings = dict(zip(keys, combo))
+      settings["seed"] = str(seed)
+      overrides = [f"{k}={v}" for k, v in settings.items()]
+      name, k = cell_name(settings), 1
+      while name in names:
+        k += 1
+        name = f"{cell_name(settings)}-{k}"
+      names.add(name)
+      cfg = config_lib.apply_overrides(copy.deepcopy(base), overrides)
+      try:
+        presets.resolve_scenario(cfg.copy_and_resolve_references())
+      except ConfigError as e:
+        raise ConfigError(f"sweep cell {cell_name(settings)}: {e}") from None
+      cells.append(Cell(name, settings, overrides))
+      configs.append(cfg)
+  return Plan(config_path, list(sets), list(merged.items()), seeds, base, cells,
+              configs)
+
+
+def check(p: Plan, *, data: bool = True) -> list[int]:
+  """Validates every cell before any compute, as `experiment.run` would: names,
+  engine settings and (with `data`) every federation on the real dataset.
+
+  Returns each cell's number of held-out targets (for the ETA).
+  """
+  for cell, cfg in zip(p.cells, p.configs):
+    try:
+      checks.validate(cfg)
+    except ConfigError as e:
+      raise ConfigError(f"sweep cell {describe(cell)}: {e}") from None
+  if not data:
+    return [1] * len(p.cells)
+  datasets, checked, num_targets = {}, {}, []
+  for cell, cfg in zip(p.cells, p.configs):
+    try:
+      cfg = assemble.resolve(cfg)
+    except ConfigError as e:
+      raise ConfigError(f"sweep cell {describe(cell)}: {e}") from None
+    d = cfg.data
+    load_key = (d.name, d.image_size, d.data_dir, d.manual_dir, d.max_per_domain,
+                cfg.seed if d.max_per_domain else None)
+    if load_key not in datasets:
+      datasets[load_key] = assemble.load_dataset(cfg)
+    dataset = datasets[load_key]
+    fed_key = (load_key, d.to_json(), cfg.seed, cfg.train.to_json())
+    try:
+      targets = assemble.target_domains(cfg, dataset.domain_names)
+      if fed_key not in checked:
+        ecfg = assemble.engine_config(cfg)
+        for target in targets:
+          ecfg.validate(assemble.federate(cfg, dataset, target).num_clients)
+        checked[fed_key] = True
+    except ConfigError as e:
+      raise ConfigError(f"sweep cell {describe(cell)}: {e}") from None
+    num_targets.append(len(targets))
+  return num_targets
+
+
+def _work(cfg, num_targets: int) -> float:
+  """Relative cost of a cell (for the ETA): rounds x epochs x runs."""
+  t = cfg.train
+  per_round = 1 if t.local_steps else max(t.epochs, 1)
+  return float(t.rounds * per_round * len(cfg.algorithms) * max(num_targets, 1))
+
+
+# ------------------------------------------------------------------ manifest
+
+
+def _config_json(cfg) -> dict:
+  return json.loads(cfg.to_json())
+
+
+def _hms(seconds: float) -> str:
+  s = int(round(seconds))
+  if s >= 3600:
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+  if s >= 60:
+    return f"{s // 60}m{s % 60:02d}s"
+  return f"{s}s"
+
+
+# ----------------------------------------------------------------------- run
+
+
+def run_sweep(config_path: str | None = None, sets=(), grid=(), seeds=None, *,
+              out: str | None = None, resume: str | None = None,
+              dry_run: bool = False, report: bool = True,
+              echo=print) -> tuple[str | None, int]:
+  """Runs (or resumes) a sweep; returns (sweep directory, number of failed cells)."""
+  echo = distributed.main_only(echo)
+  if resume:
+    manifest = directory.read_manifest(resume)
+    p = plan(manifest["config"], manifest["sets"],
+             [(k, v) for k, v in manifest["grid"]], manifest["seeds"],
+             use_defaults=False)
+    if [c.name for c in p.cells] != [c["name"] for c in manifest["cells"]]:
+      raise ConfigError(f"{resume}: the cells of {directory.MANIFEST} do not match its grid")
+    drift = config_lib.drift(manifest["base_config"], _config_json(p.base))
+    if drift:
+      raise ConfigError(f"{manifest['config']} changed since the sweep started "
+                       f"(resuming would mix settings): {'; '.join(drift)}")
+    sweep_dir = resume
+  else:
+    if not config_path:
+      raise ConfigError("sweep needs --config experiments/<file>.py (or --resume DIR)")
+    p = plan(config_path, sets, grid, seeds)
+    if out and os.path.exists(os.path.join(out, directory.MANIFEST)):
+      raise ConfigError(f"{out} already holds a sweep: continue it with --resume {out}")
+    if out and os.path.isdir(out) and os.listdir(out):
+      raise ConfigError(f"--out {out} exists and is not empty")
+    if out:
+      directory.check_output_dir(out, "--out")
+    else:
+      directory.check_output_dir(p.base.output_dir)
+  num_targets = check(p)
+  work = [_work(cfg, n) for cfg, n in zip(p.configs, num_targets)]
+  runs = sum(len(cfg.algorithms) * n for cfg, n in zip(p.configs, num_targets))
+  echo(f"[sweep] {len(p.cells)} cells ({len(p.seeds)} seeds x "
+       f"{len(p.cells) // len(p.seeds)} grid points), {runs} runs "
+       f"(algorithm x target), {sum(work):.0f} run-rounds x local epochs; "
+       "all validated")
+  if dry_run:
+    for k, c in enumerate(p.cells, 1):
+      echo(f"  cell {k}/{len(p.cells)} {c.name}: {' '.join(c.overrides)}")
+    return None, 0
+
+  if not resume:  # process 0 names it (several processes)
+    sweep_dir = distributed.same_everywhere(out or (
+        directory.make_run_dir(p.base.output_dir, f"sweep-{p.base.name}")
+        if distributed.is_main() else ""))
+    if distributed.is_main():
+      try:
+        os.makedirs(sweep_dir, exist_ok=True)
+      except OSError as e:
+        raise ConfigError(f"--out {sweep_dir}: cannot create it "
+                          f"({type(e).__name__}: {e}): give a writable "
+                          "folder") from None
+    manifest = dict(
+        version=1, name=p.base.name, config=p.config_path, sets=p.sets,
+        grid=[[k, v] for k, v in p.grid], seeds=p.seeds,
+        created=datetime.datetime.now().isoformat(timespec="seconds"),
+        base_config=_config_json(p.base),
+        cells=[dict(name=c.name, settings=c.settings, overrides=c.overrides,
+                    status="pending") for c in p.cells])
+    directory.write_manifest(sweep_dir, manifest)
+  echo(f"[sweep] directory: {sweep_dir}" + (" (resuming)" if resume else ""))
+
+  n, failures = len(p.cells), 0
+  spent, spent_work = 0.0, 0.0
+  t_start = time.perf_counter()
+  for k, (cell, cfg, entry) in enumerate(zip(p.cells, p.configs,
+                                             manifest["cells"]), 1):
+    cell_dir = os.path.join(sweep_dir, cell.name)
+    if entry["status"] == "done" and directory.cell_complete(cell_dir):
+      echo(f"[sweep] cell {k}/{n} {cell.name}: finished earlier, skipped")
+      continue
+    left = sum(w for w, e in zip(work[k - 1:], manifest["cells"][k - 1:])
+               if e["status"] != "done")
+    eta = _hms(spent / spent_work * left) if spent_work else "after the first cell"
+    state = ("resuming" if os.path.exists(os.path.join(cell_dir, "config.json"))
+             else "starting")
+    echo(f"[sweep] cell {k}/{n} {cell.name}: {state} ({describe(cell)}); "
+         f"elapsed {_hms(time.perf_counter() - t_start)}, ETA {eta}")
+    entry.update(status="running",
+                 started=datetime.datetime.now().isoformat(timespec="seconds"))
+    entry.pop("error", None)
+    directory.write_manifest(sweep_dir, manifest)
+    t0 = time.perf_counter()
+    try:
+      results = experiment.run(cfg, run_dir=cell_dir, echo=echo)
+    except KeyboardInterrupt as e:  # the sweep continues, not the cell
+      raise Stopped(sweep_dir) from e
+    except DiskFull as e:  # every later cell would fail the same way
+      e.run_dir = sweep_dir  # `sweep --resume` continues this cell
+      raise
+    except Exception as e:  # noqa: BLE001 -- recorded; the next cell still runs
+      failures += 1
+      entry.update(status="failed", error=f"{type(e).__name__}: {e}")
+      directory.write_manifest(sweep_dir, manifest)
+      echo(f"[sweep] cell {k}/{n} {cell.name}: FAILED: {entry['error']}")
+      continue
+    dt = time.perf_counter() - t0
+    if distributed.is_main():
+      _cell_outputs(results, cell_dir, echo)
+    spent, spent_work = spent + dt, spent_work + work[k - 1]
+    entry.update(status="done", seconds=dt,
+                 finished=datetime.datetime.now().isoformat(timespec="seconds"))
+    directory.write_manifest(sweep_dir, manifest)
+    echo(f"[sweep] cell {k}/{n} {cell.name}: done in {_hms(dt)}")
+  echo(f"[sweep] {sum(c['status'] == 'done' for c in manifest['cells'])}/{n} cells "
+       f"done, {failures} failed, {_hms(time.perf_counter() - t_start)}; "
+       f"manifest {os.path.join(sweep_dir, directory.MANIFEST)}")
+  if (report and distributed.is_main()
+      and any(c["status"] == "done" for c in manifest["cells"])):
+    paths = reports.write_report(sweep_dir)
+    echo(f"[sweep] report: {os.path.dirname(paths[0])} "
+         f"(fedjax-dg report {sweep_dir} rewrites it)")
+  return sweep_dir, failures
+
+
+def _cell_outputs(results: dict, cell_dir: str, echo) -> None:
+  """The cell's own table.md and figures, as `fedjax-dg run` writes them; a
+  failure here is reported and does not fail the cell (results.json is written)."""
+  try:
+    run_summary.write_all(results, cell_dir)
+  except Exception as e:  # noqa: BLE001
+    echo(f"[sweep] {cell_dir}: table.md / figures not written: "
+         f"{type(e).__name__}: {e}")
+
+
+# -------------------------------------------------------------------- report
+
+
+# ------------------------------------------------------------------------ cli
+
+
+def main_sweep(args) -> int:
+  if args.resume and (args.config or args.set or args.grid or args.seeds
+                      or args.out):
+    raise ConfigError("--resume DIR continues a sweep with the settings in its "
+                     f"{directory.MANIFEST}; give no --config/--set/--grid/--seeds/--out")
+  _, failures = run_sweep(args.config, args.set, parse_grid(args.grid),
+                          parse_seeds(args.seeds), out=args.out,
+                          resume=args.resume, dry_run=args.dry_run)
+  return 1 if failures else 0
+
+
