@@ -81,7 +81,7 @@ PARTS = (("3 passes (CE x3)", "fedccrl-views", "fedavg"),
 def federation(clients: int, per_client: int, size: int, classes: int):
   """Random RGB images, one domain per client plus a held-out one."""
   from fedjax_dg.data import federated, partition
-  from fedjax_dg.data.sources import DomainDataset
+  from fedjax_dg.data.dataset import DomainDataset
   rng = np.random.default_rng(0)
   n = (clients + 1) * per_client
   ds = DomainDataset(

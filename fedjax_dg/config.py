@@ -114,10 +114,10 @@ def base_config() -> ConfigDict:
       # "auto" | "on" | "off": "on" leaves the images in their prepared
       # array_record files and reads each chunk's cohorts from them (a
       # dataset larger than host memory; the "host" placement); "auto": "on"
-      # when the images would take more than sources.AUTO_STREAM_SHARE of the
+      # when the images would take more than streamed.AUTO_STREAM_SHARE of the
       # host's memory (docs/scale.md)
       streaming="auto",
-      data_dir="",             # prepared data ("": sources.data_dir_default())
+      data_dir="",             # prepared data ("": locations.data_dir_default())
       manual_dir="",           # folder with manually downloaded data
   ))
   c.model = Config(dict(

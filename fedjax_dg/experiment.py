@@ -87,7 +87,7 @@ def resolve(cfg: ConfigDict) -> ConfigDict:
 
 def validate(cfg: ConfigDict) -> None:
   """Checks settings that need no data, before any compute."""
-  from fedjax_dg.data import sources
+  from fedjax_dg.data import lookup, registry, streamed
   from fedjax_dg import models
   cfg = resolve(cfg)
   algs = tuple(cfg.algorithms)
@@ -98,7 +98,7 @@ def validate(cfg: ConfigDict) -> None:
     if a not in algorithms.available():
       raise ConfigError(f"unknown algorithm {a!r} in algorithms; allowed: "
                        f"{algorithms.available()}")
-  known = sources.available(cfg.data.data_dir or None)
+  known = registry.available(cfg.data.data_dir or None)
   if not cfg.data.name:
     raise ConfigError(f"data.name is not set: name a dataset, one of {known}, "
                       "e.g. the NAME of your `fedjax-dg prepare folder "
@@ -106,8 +106,8 @@ def validate(cfg: ConfigDict) -> None:
   if cfg.data.name not in known:
     raise ConfigError(f"unknown dataset data.name={cfg.data.name!r}; allowed: "
                       f"{known}. "
-                      + sources.where_to_find(cfg.data.name,
-                                              cfg.data.data_dir or None))
+                      + lookup.where_to_find(cfg.data.name,
+                                             cfg.data.data_dir or None))
   size = cfg.data.image_size
   if not isinstance(size, int) or isinstance(size, bool) or size < 1:
     raise ConfigError(
@@ -142,10 +142,10 @@ def validate(cfg: ConfigDict) -> None:
     raise ConfigError(f"data.num_clients={cfg.data.num_clients}: allowed values "
                      "are 0 (one client per source domain) or a positive count")
   engine_config(cfg).validate(cfg.data.num_clients or None)
-  if cfg.data.streaming not in sources.STREAMING:
+  if cfg.data.streaming not in streamed.STREAMING:
     raise ConfigError(f"data.streaming={cfg.data.streaming!r}: allowed "
-                      f"{sources.STREAMING} (auto: stream when the images would "
-                      f"take more than {sources.AUTO_STREAM_SHARE:.0%} of the "
+                      f"{streamed.STREAMING} (auto: stream when the images would "
+                      f"take more than {streamed.AUTO_STREAM_SHARE:.0%} of the "
                       "host's memory)")
   probes = check_algorithms(cfg)
   if cfg.data.streaming == "on":
@@ -204,7 +204,7 @@ def check_streaming(cfg: ConfigDict, probes: dict | None = None) -> None:
   never all at once) needs the "host" placement and algorithms that neither
   read every client's examples when built nor pool them (Central): else a
   ConfigError naming each. `probes`: `check_algorithms`' stand-ins."""
-  from fedjax_dg.data import sources
+  from fedjax_dg.data import streamed
   probes = check_algorithms(cfg) if probes is None else probes
   why = []
   if cfg.train.placement == "device":
@@ -223,19 +223,19 @@ def check_streaming(cfg: ConfigDict, probes: dict | None = None) -> None:
     raise ConfigError(
         f"the data are streamed (data.streaming={cfg.data.streaming!r}"
         + (": the images would take more than "
-           f"{sources.AUTO_STREAM_SHARE:.0%} of the host's memory"
+           f"{streamed.AUTO_STREAM_SHARE:.0%} of the host's memory"
            if cfg.data.streaming == "auto" else "") + "), but "
         + "; ".join(why) + ". Or load the data in memory "
         "(data.streaming='off') if they fit")
 
 
 def target_domains(cfg: ConfigDict, domain_names) -> list:
-  from fedjax_dg.data import sources
+  from fedjax_dg.data import splits
   spec = cfg.data.targets
   if spec == "all":
     # Datasets whose domains are official splits (fashion_mnist: train / test):
     # "all" means the evaluation split only, never training on the test set.
-    split = sources.eval_split(cfg.data.name)
+    split = splits.eval_split(cfg.data.name)
     return [split] if split is not None else list(domain_names)
   if spec in ("none", ""):
     return [None]

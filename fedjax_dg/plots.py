@@ -12,7 +12,7 @@ import os
 import numpy as np
 
 from fedjax_dg import tables
-from fedjax_dg.data.sources import eval_label
+from fedjax_dg.data.splits import eval_label
 
 
 def pyplot():

@@ -36,7 +36,7 @@ import numpy as np
 import pytest
 
 from fedjax_dg.data import federated, partition
-from fedjax_dg.data.sources import DomainDataset
+from fedjax_dg.data.dataset import DomainDataset
 
 
 def synthetic_domains(num_domains=4, per_domain=60, classes=3, size=8, seed=0,

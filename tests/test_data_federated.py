@@ -6,7 +6,7 @@ import pytest
 
 from fedjax_dg.data import federated
 from fedjax_dg.data.partition import PartitionSpec
-from fedjax_dg.data.sources import DomainDataset
+from fedjax_dg.data.dataset import DomainDataset
 
 
 def make_dataset(sizes=(40, 55, 30, 25), hw=(6, 5), ch=3, seed=0):

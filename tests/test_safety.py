@@ -295,13 +295,13 @@ def test_documented_checkpoint_sizes_are_what_the_code_computes(capsys):
   slow test); the ViT table is the command's output verbatim."""
   import os
   from fedjax_dg import algorithms, cli
-  from fedjax_dg.data import sources
+  from fedjax_dg.data import lookup
   (_, rows), _ = _documented_sizes()
   assert list(rows) == list(algorithms.available())
   _check_documented("experiments/demo.py",
                     ("fedavg", "hfedf", "hfedf_no_ema", "pfedhn", "moon",
                      "local_only", "scaffold", "fedsdaf"))
-  if sources.is_prepared("styled_fashion_mnist"):  # fedsdaf_offline's data
+  if lookup.is_prepared("styled_fashion_mnist"):  # fedsdaf_offline's data
     path = os.path.join(os.path.dirname(__file__), "..", "experiments",
                         "fedsdaf_offline.py")
     assert cli.main(["algorithms", "--config", path]) == 0

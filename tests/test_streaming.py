@@ -18,7 +18,8 @@ from fedjax_dg import config, engine, experiment, models
 from fedjax_dg.algorithms.central import central
 from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.client import objectives
-from fedjax_dg.data import federated, images, partition, sources
+from fedjax_dg.data import (federated, images, partition, registry, sources,
+                             streamed)
 from fedjax_dg.errors import ConfigError, DataError
 from fedjax_dg.optim import make_optimizer
 
@@ -87,10 +88,10 @@ def test_streamed_load_gives_the_in_memory_examples_in_order(data_dir, subset,
   np.testing.assert_array_equal(on.images[3:9:2], off.images[3:9:2])
   rows = np.array([[7, 2], [7, 0]])
   np.testing.assert_array_equal(on.images[rows], off.images[rows])
-  assert on.channel_stats() == sources.channel_stats(off.images)
+  assert on.channel_stats() == images.channel_stats(off.images)
   assert on.fingerprint() == off.fingerprint()  # a resume accepts either
   # Opened again: labels and domains from the records cache, no record read.
-  monkeypatch.setattr(sources, "_plan", None)
+  monkeypatch.setattr(streamed, "plan", None)
   again = _load(data_dir, "on", **subset)
   np.testing.assert_array_equal(again.labels, off.labels)
 
@@ -103,7 +104,7 @@ def test_a_streamed_catalog_dataset_gives_its_in_memory_examples(
   from test_data_sources import FakeSource
 
   def fake_data_source(name, data_dir=None, decoders=None):
-    rng = np.random.default_rng(sources.DOMAINNET_DOMAINS.index(
+    rng = np.random.default_rng(registry.DOMAINNET_DOMAINS.index(
         name.split("/")[1]))
     split = lambda n: [{"image": rng.integers(0, 255, (6, 6, 3), np.uint8),
                         "label": int(rng.integers(3))} for _ in range(n)]
@@ -126,12 +127,12 @@ def test_auto_streams_beyond_a_quarter_of_host_memory(data_dir, monkeypatch):
   """image_size 7 has no npz cache: "auto" compares the decoded bytes
   N x 7 x 7 x 3 with AUTO_STREAM_SHARE of host_memory()."""
   need = N * 7 * 7 * 3
-  assert sources.AUTO_STREAM_SHARE == 0.25
-  for memory, streamed in ((4 * need, False), (4 * need - 4, True)):
-    monkeypatch.setattr(sources, "host_memory", lambda m=memory: m)
+  assert streamed.AUTO_STREAM_SHARE == 0.25
+  for memory, want in ((4 * need, False), (4 * need - 4, True)):
+    monkeypatch.setattr(streamed, "host_memory", lambda m=memory: m)
     ds = sources.load("streamy", data_dir=data_dir, image_size=7,
                       streaming="auto")
-    assert ds.streamed == streamed, memory
+    assert ds.streamed == want, memory
   with pytest.raises(ConfigError, match=r"data.streaming='yes'.*'auto', 'on', "
                      r"'off'"):
     _load(data_dir, "yes")

@@ -47,7 +47,7 @@ import numpy as np
 
 from fedjax_dg.data import partition
 from fedjax_dg.data.images import channel_stats, is_streamed, take
-from fedjax_dg.data.sources import DomainDataset
+from fedjax_dg.data.dataset import DomainDataset
 from fedjax_dg.errors import ConfigError
 
 
