@@ -72,12 +72,12 @@ def data_checks(data_dir: str | None = None,
   """The data directory in effect, the offline benchmark and its raw files
   (`raw_dir`: default `$FEDJAX_DG_FASHION_MNIST_DIR` or the Debian package's)."""
   from fedjax_dg.data import locations, lookup, registry
-  from fedjax_dg.data.builders import rotated_fashion_mnist as rfm
+  from fedjax_dg.data.builders import fashion_mnist_base as fmb
   origin = "given" if data_dir else locations.data_dir_origin()
   data_dir = os.path.expanduser(data_dir or locations.data_dir_default())
-  raw_dir = raw_dir or rfm.source_dir_default()
+  raw_dir = raw_dir or fmb.source_dir_default()
   prepared = bool(lookup.is_prepared(OFFLINE_DATASET, data_dir))
-  has_raw = rfm.has_idx_files(raw_dir)
+  has_raw = fmb.has_idx_files(raw_dir)
   out = [Check("data dir", OK, f"{data_dir} ({origin})")]
   own = sorted(n for n in registry.available(data_dir)
                if lookup.is_prepared(n, data_dir))
@@ -95,7 +95,7 @@ def data_checks(data_dir: str | None = None,
         f"make data, or: fedjax-dg prepare {OFFLINE_DATASET} (writes into "
         f"{data_dir}; set ${locations.ENV_DATA_DIR} to prepare elsewhere)"))
   raw_fix = (f"sudo apt-get install dataset-fashion-mnist, or export "
-             f"{rfm.ENV_SOURCE_DIR}=<a folder with the four IDX files>")
+             f"{fmb.ENV_SOURCE_DIR}=<a folder with the four IDX files>")
   if has_raw:
     out.append(Check("fashion-mnist raw", OK, f"{raw_dir} (4 IDX files)"))
   elif prepared:  # prepared data outlive their source

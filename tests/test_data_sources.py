@@ -13,6 +13,7 @@ import pytest
 from fedjax_dg.data import (dataset, images, locations, lookup, prepared,
                              provenance, registry, sources, splits)
 from fedjax_dg.data.builders import domainbed_folder
+from fedjax_dg.data.builders import fashion_mnist_base as fmb
 from fedjax_dg.data.builders import rotated_fashion_mnist as rfm
 from fedjax_dg.data.builders import tiny_imagenet
 from fedjax_dg.errors import ConfigError, DataError
@@ -210,7 +211,7 @@ def test_scan_reports_empty_class_folder(tmp_path):
 def test_read_idx_roundtrip(tmp_path):
   a = np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4)
   write_idx(str(tmp_path / "x.gz"), a)
-  np.testing.assert_array_equal(rfm.read_idx(str(tmp_path / "x.gz")), a)
+  np.testing.assert_array_equal(fmb.read_idx(str(tmp_path / "x.gz")), a)
 
 
 def test_rotation_is_counter_clockwise_like_pil():
@@ -280,7 +281,7 @@ def test_rotated_fashion_mnist_missing_source_says_what_to_do(tmp_path, monkeypa
   def offline(data_dir):
     raise ConnectionError("no network")
 
-  monkeypatch.setattr(rfm, "read_tfds_catalog", offline)
+  monkeypatch.setattr(fmb, "read_tfds_catalog", offline)
   with pytest.raises(DataError) as e:
     sources.load("rotated_fashion_mnist", data_dir=str(tmp_path / "data"),
                  manual_dir=str(tmp_path / "nothing"))
@@ -411,7 +412,7 @@ def test_fashion_mnist_uses_the_rotated_builders_reader(tmp_path, monkeypatch):
     calls.append(data_dir)
     raise ConnectionError("no network")
 
-  monkeypatch.setattr(rfm, "read_tfds_catalog", offline)
+  monkeypatch.setattr(fmb, "read_tfds_catalog", offline)
   with pytest.raises(DataError) as e:
     sources.load("fashion_mnist", data_dir=str(tmp_path / "data"),
                  manual_dir=str(tmp_path / "nothing"))

@@ -5,7 +5,7 @@ import types
 
 from fedjax_dg import cli, doctor
 from fedjax_dg.data import locations, lookup, registry
-from fedjax_dg.data.builders import rotated_fashion_mnist as rfm
+from fedjax_dg.data.builders import fashion_mnist_base as fmb
 
 
 def rows_by_name(rows):
@@ -39,7 +39,7 @@ def test_datasets_are_optional_a_ready_machine_with_none_passes(
   them and what to do, and the user's prepared folder listed."""
   data = tmp_path / "data"
   monkeypatch.setenv(locations.ENV_DATA_DIR, str(data))
-  monkeypatch.setenv(rfm.ENV_SOURCE_DIR, str(tmp_path / "raw"))
+  monkeypatch.setenv(fmb.ENV_SOURCE_DIR, str(tmp_path / "raw"))
   assert cli.main(["doctor"]) == 0
   out = capsys.readouterr().out
   assert "MISSING" not in out
@@ -66,7 +66,7 @@ def test_datasets_are_optional_a_ready_machine_with_none_passes(
 def test_raw_files_are_optional_once_prepared_and_before(tmp_path):
   raw = tmp_path / "raw"
   raw.mkdir()
-  for pair in rfm.IDX_FILES:
+  for pair in fmb.IDX_FILES:
     for f in pair:
       (raw / f).write_bytes(b"")
   empty = str(tmp_path / "data")

@@ -122,8 +122,8 @@ def manual_dir_default(name: str, data_dir: str) -> str:
   """`FEDJAX_DG_<NAME>_DIR`, else `<data_dir>/downloads/manual/<name>`."""
   if name in FASHION_MNIST_SOURCED:
     # Imported here: the builders import tensorflow_datasets.
-    from fedjax_dg.data.builders import rotated_fashion_mnist as rfm  # pylint: disable=g-import-not-at-top
-    return rfm.source_dir_default()
+    from fedjax_dg.data.builders import fashion_mnist_base  # pylint: disable=g-import-not-at-top
+    return fashion_mnist_base.source_dir_default()
   env = os.environ.get(f"FEDJAX_DG_{name.upper()}_DIR")
   return env or os.path.join(data_dir, "downloads", "manual", name)
 
