@@ -90,7 +90,7 @@ def federation(clients: int, per_client: int, size: int, classes: int):
       domains=np.repeat(np.arange(clients + 1), per_client).astype(np.int32),
       domain_names=tuple(f"d{i}" for i in range(clients + 1)),
       class_names=tuple(f"c{i}" for i in range(classes)))
-  spec = partition.PartitionSpec(name="domain_split", num_partitions=clients,
+  spec = partition.PartitionSpec(name="domain_split", num_clients=clients,
                                  d=1, seed=0)
   return federated.build(ds, spec, target_domain=0, val_fraction=0.0)
 

@@ -271,8 +271,9 @@ def federate(cfg: ConfigDict, dataset, target):
   try:
     spec = partition.PartitionSpec(
         name=d.partition,
-        num_partitions=d.num_clients or (None if per_domain else n_sources),
-        d=d.d, k=None if (per_domain and d.num_clients) else d.k_per_domain,
+        num_clients=d.num_clients or (None if per_domain else n_sources),
+        d=d.d,
+        k_per_domain=None if (per_domain and d.num_clients) else d.k_per_domain,
         alpha=d.alpha, min_partition_size=d.min_partition_size,
         few_shot_k=d.few_shot_k, seed=cfg.seed)
     return federated.build(dataset, spec, target_domain=target,

@@ -426,7 +426,7 @@ def test_split_target_gives_test_set_evaluation(tmp_path):
   write_fake_fashion_mnist(str(tmp_path / "idx"), n_train=100, n_test=20)
   ds = sources.load("fashion_mnist", data_dir=str(tmp_path / "data"),
                     manual_dir=str(tmp_path / "idx"))
-  spec = partition.PartitionSpec("dirichlet", num_partitions=4, alpha=0.5,
+  spec = partition.PartitionSpec("dirichlet", num_clients=4, alpha=0.5,
                                  min_partition_size=5)
   fed = federated.build(ds, spec, target_domain="test", val_fraction=0.0)
   assert fed.target_domain == "test" and fed.source_domains == ("train",)

@@ -177,7 +177,7 @@ def test_personalized_models_score_the_streamed_target_in_blocks(
   per-client accuracies."""
   from fedjax_dg.algorithms.local_only import local_only
   monkeypatch.setattr(engine, "OOD_BLOCK_BYTES", 8 * SIZE * SIZE * 3)
-  spec = partition.PartitionSpec(name="domain_split", num_partitions=4, d=1)
+  spec = partition.PartitionSpec(name="domain_split", num_clients=4, d=1)
   feds = [federated.build(_load(data_dir, s), spec, target_domain="c",
                           val_fraction=0.25) for s in ("off", "on")]
   model = models.get_model("mlp", input_shape=feds[0].image_shape,
@@ -227,7 +227,7 @@ def test_a_run_reads_each_chunks_cohorts_rows_only(data_dir, monkeypatch,
   ds = dataclasses.replace(ds, images=images.RecordImages(
       counting, ds.images.records, channels=3, image_size=SIZE,
       image_shape=ds.images.shape[1:], name="streamy"))
-  spec = partition.PartitionSpec(name="domain_split", num_partitions=6, d=1)
+  spec = partition.PartitionSpec(name="domain_split", num_clients=6, d=1)
   fed = federated.build(ds, spec, target_domain="c", val_fraction=0.25)
   model = models.get_model("mlp", input_shape=fed.image_shape,
                            num_classes=fed.num_classes, mean=fed.mean,
@@ -299,7 +299,7 @@ engine.OOD_BLOCK_BYTES = 1 << 24
 def streamed_run():
   ds = sources.load("rotated_fashion_mnist", streaming="on", **kw)
   fed = federated.build(ds, partition.PartitionSpec(name="iid",
-                                                    num_partitions=10),
+                                                    num_clients=10),
                         target_domain=0)
   model = models.get_model("mlp", input_shape=fed.image_shape,
                            num_classes=10, mean=fed.mean, std=fed.std,
@@ -353,7 +353,7 @@ def test_a_streamed_array_is_never_read_whole(data_dir):
     np.asarray(ds.images)
   with pytest.raises(TypeError, match="indexed by rows"):
     ds.images[np.ones(3, bool)]
-  spec = partition.PartitionSpec(name="domain_split", num_partitions=2, d=1)
+  spec = partition.PartitionSpec(name="domain_split", num_clients=2, d=1)
   fed = federated.build(ds, spec, target_domain="c")
   assert fed.streamed
   with pytest.raises(ConfigError, match=r"padded view.*train.placement='host'"):
@@ -362,7 +362,7 @@ def test_a_streamed_array_is_never_read_whole(data_dir):
 
 def test_the_engine_refuses_device_placement_and_pooled_training(data_dir):
   ds = _load(data_dir, "on")
-  spec = partition.PartitionSpec(name="domain_split", num_partitions=2, d=1)
+  spec = partition.PartitionSpec(name="domain_split", num_clients=2, d=1)
   fed = federated.build(ds, spec, target_domain="c")
   model = models.get_model("mlp", input_shape=fed.image_shape,
                            num_classes=fed.num_classes, hidden=4)
