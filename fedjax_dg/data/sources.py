@@ -145,8 +145,8 @@ def prepare(
   folder of your own (`manual_dir`: <root>/<domain>/<class>/<image>) becomes
   dataset `dataset_name` (domains and classes read from the folders), loadable
   by that name (`data.name`). Data prepared from another folder, or from this
-  one before it changed (`source_change`), are prepared again, and the line
-  says why; `force`: prepared again whatever the records say (a catalog
+  one before it changed (`provenance.source_change`), are prepared again, and
+  the line says why; `force`: prepared again whatever the records say (a catalog
   dataset: its TFDS folders and caches removed first).
   """
   data_dir = os.path.expanduser(data_dir or data_dir_default())
