@@ -11,7 +11,7 @@ import numpy as np
 def random_dataset(images: int, shape: tuple[int, ...], seed: int = 0):
   """One domain of `images` random uint8 images of `shape` with 10 random
   classes (a DomainDataset)."""
-  from fedjax_dg.data.sources import DomainDataset
+  from fedjax_dg.data.dataset import DomainDataset
   rng = np.random.default_rng(seed)
   return DomainDataset(
       name="bench", images=rng.integers(0, 256, (images,) + shape, np.uint8),

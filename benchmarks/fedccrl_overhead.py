@@ -81,7 +81,7 @@ PARTS = (("3 passes (CE x3)", "fedccrl-views", "fedavg"),
 def federation(clients: int, per_client: int, size: int, classes: int):
   """Random RGB images, one domain per client plus a held-out one."""
   from fedjax_dg.data import federated, partition
-  from fedjax_dg.data.sources import DomainDataset
+  from fedjax_dg.data.dataset import DomainDataset
   rng = np.random.default_rng(0)
   n = (clients + 1) * per_client
   ds = DomainDataset(
@@ -90,7 +90,7 @@ def federation(clients: int, per_client: int, size: int, classes: int):
       domains=np.repeat(np.arange(clients + 1), per_client).astype(np.int32),
       domain_names=tuple(f"d{i}" for i in range(clients + 1)),
       class_names=tuple(f"c{i}" for i in range(classes)))
-  spec = partition.PartitionSpec(name="domain_split", num_partitions=clients,
+  spec = partition.PartitionSpec(name="domain_split", num_clients=clients,
                                  d=1, seed=0)
   return federated.build(ds, spec, target_domain=0, val_fraction=0.0)
 

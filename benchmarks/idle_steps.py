@@ -54,7 +54,7 @@ def federation(scenario: str, images: int, seed: int):
   s = presets.SCENARIOS[scenario]
   ds = random_dataset(images, (32, 32, 3), seed)
   spec = partition.PartitionSpec(name="dirichlet",
-                                 num_partitions=s["num_clients"],
+                                 num_clients=s["num_clients"],
                                  alpha=s["beta"], min_partition_size=2,
                                  seed=seed)
   return federated.build(ds, spec, target_domain=None, val_fraction=0.0,

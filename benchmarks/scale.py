@@ -95,7 +95,7 @@ def federation(num_clients: int, per_client: int, seed: int = 0):
   """`num_clients` clients of `per_client` random 28x28x1 examples each."""
   from fedjax_dg.data import federated, partition
   ds = random_dataset(num_clients * per_client, (28, 28, 1), seed)
-  spec = partition.PartitionSpec(name="iid", num_partitions=num_clients,
+  spec = partition.PartitionSpec(name="iid", num_clients=num_clients,
                                  seed=seed)
   return federated.build(ds, spec, target_domain=None, val_fraction=0.0,
                          seed=seed)
@@ -117,7 +117,7 @@ def fmnist_federation(num_clients: int, alpha: float, seed: int = 0):
   """Dir(`alpha`) label skew of the Fashion-MNIST training images over
   `num_clients` clients, each with at least one example."""
   from fedjax_dg.data import federated, partition
-  spec = partition.PartitionSpec(name="dirichlet", num_partitions=num_clients,
+  spec = partition.PartitionSpec(name="dirichlet", num_clients=num_clients,
                                  alpha=alpha, min_partition_size=1, seed=seed)
   return federated.build(fmnist_train(), spec, target_domain=None,
                          val_fraction=0.0, seed=seed)

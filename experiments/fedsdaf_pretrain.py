@@ -77,7 +77,7 @@ def main(argv=None):
       domains=np.zeros(int(pick.sum()), np.int32),
       domain_names=(args.domain,))
   fed = federated.build(one, partition.PartitionSpec(name="iid",
-                                                     num_partitions=1,
+                                                     num_clients=1,
                                                      seed=args.seed),
                         target_domain=None, seed=args.seed)
   # The statistics of the whole dataset, as the offline runs normalize.

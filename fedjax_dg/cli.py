@@ -24,11 +24,11 @@ def setup_jax(processes=None) -> str:
   `processes` (`distributed.Settings`) joins a multi-process run."""
   import jax
   from fedjax_dg import distributed, engine
-  from fedjax_dg.data import sources
+  from fedjax_dg.data import locations
   engine.use_cpu_devices()
   distributed.initialize(processes or distributed.Settings())
   path = os.environ.get("FEDJAX_DG_JAX_CACHE") or os.path.join(
-      sources.data_dir_default(), "jax_cache")
+      locations.data_dir_default(), "jax_cache")
   jax.config.update("jax_compilation_cache_dir", path)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
   return path
@@ -196,15 +196,15 @@ def main(argv: list[str] | None = None) -> int:
   try:
     if args.command == "prepare":
       import tensorflow_datasets as tfds
-      from fedjax_dg.data import sources
+      from fedjax_dg.data import locations, sources
       tfds.disable_progress_bar()
-      print(sources.data_dir_line())
+      print(locations.data_dir_line())
       print(sources.prepare(args.name, manual_dir=args.manual_dir,
                             dataset_name=args.dataset_name, force=args.force))
       return 0
     if args.command == "datasets":
-      from fedjax_dg.data import sources
-      print(sources.describe_available())
+      from fedjax_dg.data import lookup
+      print(lookup.describe_available())
       return 0
     if args.command == "partition":
       from fedjax_dg import federation_view

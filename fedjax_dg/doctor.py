@@ -73,16 +73,16 @@ def data_checks(data_dir: str | None = None,
   (`raw_dir`: default `$FEDJAX_DG_FASHION_MNIST_DIR` or the Debian package's)."""
   # Imported here, as jax in `device_checks`: the doctor runs (and says what
   # is missing) where the data modules' dependencies do not import.
-  from fedjax_dg.data import sources
-  from fedjax_dg.data.builders import rotated_fashion_mnist as rfm
-  origin = "given" if data_dir else sources.data_dir_origin()
-  data_dir = os.path.expanduser(data_dir or sources.data_dir_default())
-  raw_dir = raw_dir or rfm.source_dir_default()
-  prepared = bool(sources.is_prepared(OFFLINE_DATASET, data_dir))
-  has_raw = rfm.has_idx_files(raw_dir)
+  from fedjax_dg.data import locations, lookup, registry
+  from fedjax_dg.data.builders import fashion_mnist_base as fmb
+  origin = "given" if data_dir else locations.data_dir_origin()
+  data_dir = os.path.expanduser(data_dir or locations.data_dir_default())
+  raw_dir = raw_dir or fmb.source_dir_default()
+  prepared = bool(lookup.is_prepared(OFFLINE_DATASET, data_dir))
+  has_raw = fmb.has_idx_files(raw_dir)
   out = [Check("data dir", OK, f"{data_dir} ({origin})")]
-  own = sorted(n for n in sources.available(data_dir)
-               if sources.is_prepared(n, data_dir))
+  own = sorted(n for n in registry.available(data_dir)
+               if lookup.is_prepared(n, data_dir))
   out.append(Check("prepared", OK if own else NOTE,
                    ", ".join(own) if own else "no dataset yet",
                    "" if own else "a folder of yours: fedjax-dg prepare folder "
@@ -95,9 +95,9 @@ def data_checks(data_dir: str | None = None,
         OFFLINE_DATASET, OPTIONAL, f"not prepared in {data_dir}",
         "used only by the demo (make demo, fedjax-dg demo) and make test: "
         f"make data, or: fedjax-dg prepare {OFFLINE_DATASET} (writes into "
-        f"{data_dir}; set ${sources.ENV_DATA_DIR} to prepare elsewhere)"))
+        f"{data_dir}; set ${locations.ENV_DATA_DIR} to prepare elsewhere)"))
   raw_fix = (f"sudo apt-get install dataset-fashion-mnist, or export "
-             f"{rfm.ENV_SOURCE_DIR}=<a folder with the four IDX files>")
+             f"{fmb.ENV_SOURCE_DIR}=<a folder with the four IDX files>")
   if has_raw:
     out.append(Check("fashion-mnist raw", OK, f"{raw_dir} (4 IDX files)"))
   elif prepared:  # prepared data outlive their source

@@ -36,7 +36,7 @@ import numpy as np
 import pytest
 
 from fedjax_dg.data import federated, partition
-from fedjax_dg.data.sources import DomainDataset
+from fedjax_dg.data.dataset import DomainDataset
 
 
 def synthetic_domains(num_domains=4, per_domain=60, classes=3, size=8, seed=0,
@@ -60,7 +60,7 @@ def synthetic_domains(num_domains=4, per_domain=60, classes=3, size=8, seed=0,
 
 def synthetic_federation(num_clients=3, d=1, target=0, seed=0, **kw):
   ds = synthetic_domains(seed=seed, **kw)
-  spec = partition.PartitionSpec(name="domain_split", num_partitions=num_clients,
+  spec = partition.PartitionSpec(name="domain_split", num_clients=num_clients,
                                  d=d, seed=seed)
   return federated.build(ds, spec, target_domain=target, seed=seed)
 
@@ -99,7 +99,7 @@ def every_algorithm_setup(num_clients=4):
   (8x8 images). -> (fed, cfg)."""
   from fedjax_dg.run import config
   fed = federated.build(synthetic_domains(num_domains=5, per_domain=24),
-                        partition.PartitionSpec(num_partitions=num_clients,
+                        partition.PartitionSpec(num_clients=num_clients,
                                                 seed=0),
                         target_domain=0, server_fraction=0.2)
   cfg = config.base_config()

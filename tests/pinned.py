@@ -46,7 +46,7 @@ def federation():
   # 4 classes (chance 25 %), heavy noise, 4 source domains + 1 held-out one.
   ds = synthetic_domains(num_domains=5, per_domain=80, classes=4, size=8,
                          noise=140, seed=1)
-  spec = partition.PartitionSpec(name="domain_split", num_partitions=4, d=1,
+  spec = partition.PartitionSpec(name="domain_split", num_clients=4, d=1,
                                  seed=1)
   return federated.build(ds, spec, target_domain=0, seed=1,
                          server_fraction=0.1)

@@ -569,9 +569,9 @@ def test_synthetic_adain_reconstructs_and_restyles_styled_fashion_mnist():
   style gives the image back (pixel MSE < 0.01, 20x below random weights'),
   and AdaIN to another domain's overall style moves every image set's mean
   colour at least halfway to that domain's (random weights: not so)."""
-  from fedjax_dg.data.builders import rotated_fashion_mnist as rfm
+  from fedjax_dg.data.builders import fashion_mnist_base as fmb
   from fedjax_dg.data.builders import styled_fashion_mnist as sfm
-  raw = rfm.read_idx_splits(FMNIST_DIR)["test"][0][:20]
+  raw = fmb.read_idx_splits(FMNIST_DIR)["test"][0][:20]
   x = np.stack([sfm.render_all(raw, [d] * 20, range(20))
                 for d in range(5)])                  # [domain, 20, 28, 28, 3]
   # Every computation jitted, the rest numpy (eagerly: ~45 programs).

@@ -505,7 +505,7 @@ def test_stand_ins_are_recorded_in_results_and_table(tiny_config, tmp_path,
       "--set", "data.targets=0", "--set", "data.num_clients=4")) == 0
   (name,) = os.listdir(out)
   run_dir = os.path.join(out, name)
-  want = ["target 0: domain_split: num_partitions * d = 4 < 5 source domains, "
+  want = ["target 0: domain_split: num_clients * d = 4 < 5 source domains, "
           "so the smallest domains [5] are left unused", ccst.RANDOM_WEIGHTS]
   res = json.load(open(os.path.join(run_dir, "results.json")))
   assert res["warnings"] == want

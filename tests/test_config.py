@@ -7,7 +7,8 @@ import textwrap
 import pytest
 
 from fedjax_dg import algorithms, engine
-from fedjax_dg.run import assemble, checks, config, experiment
+from fedjax_dg.data import partition, settings
+from fedjax_dg.run import assemble, checks, config, experiment, presets
 from fedjax_dg.report.records import split_settings
 
 
@@ -91,6 +92,25 @@ def test_defaults_have_one_source(monkeypatch):
   # ... and the engine's dataclass.
   assert assemble.engine_config(config.base_config()) == engine.EngineConfig(
       seed=0, **{k: v for k, v in c.train.items() if k != "keep_checkpoints"})
+
+
+def test_the_data_defaults_are_declared_once():
+  """The `data` section IS `DataConfig` (fields, values, types);
+  `PartitionSpec`'s split settings and the scenario presets' defaults are
+  DataConfig's too, under the same names."""
+  want = {f.name: f.default for f in dataclasses.fields(settings.DataConfig)}
+  got = config.base_config().data.to_dict()
+  assert {k: (v, type(v)) for k, v in got.items()} == {
+      k: (v, type(v)) for k, v in want.items()}
+  spec = partition.PartitionSpec(num_clients=2)
+  assert spec.name == want["partition"]
+  for key in ("d", "alpha", "min_partition_size", "few_shot_k"):
+    assert getattr(spec, key) == want[key], key
+  for key in ("num_clients", "k_per_domain"):  # the config's names
+    assert key in {f.name for f in dataclasses.fields(partition.PartitionSpec)}
+  for path in presets.SCENARIO_FIELDS:
+    section, leaf = path.split(".")
+    assert presets._default(path) == config.base_config()[section][leaf], path
 
 
 def test_config_py_writes_no_algorithm_default():

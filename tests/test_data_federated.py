@@ -6,7 +6,7 @@ import pytest
 
 from fedjax_dg.data import federated
 from fedjax_dg.data.partition import PartitionSpec
-from fedjax_dg.data.sources import DomainDataset
+from fedjax_dg.data.dataset import DomainDataset
 
 
 def make_dataset(sizes=(40, 55, 30, 25), hw=(6, 5), ch=3, seed=0):
@@ -29,7 +29,7 @@ def _real(arrays, c):
 
 def test_build_padding_counts_and_splits():
   ds = make_dataset()
-  fd = federated.build(ds, PartitionSpec(num_partitions=5, d=2, seed=1),
+  fd = federated.build(ds, PartitionSpec(num_clients=5, d=2, seed=1),
                        target_domain="dom2", seed=4)
   assert fd.num_clients == 5 and fd.target_domain == "dom2"
   assert fd.source_domains == ("dom0", "dom1", "dom3")
@@ -55,7 +55,7 @@ def test_build_padding_counts_and_splits():
 
 def test_mean_std_match_numpy():
   ds = make_dataset()
-  fd = federated.build(ds, PartitionSpec("iid", num_partitions=3), target_domain=0)
+  fd = federated.build(ds, PartitionSpec("iid", num_clients=3), target_domain=0)
   train = np.concatenate([_real(fd.train, c)[0] for c in range(3)]) / 255.0
   np.testing.assert_allclose(fd.mean, train.mean((0, 1, 2)), rtol=1e-9)
   np.testing.assert_allclose(fd.std, train.std((0, 1, 2)), rtol=1e-9)
@@ -64,7 +64,7 @@ def test_mean_std_match_numpy():
 
 def test_pooled_sums_counts_and_keeps_val():
   ds = make_dataset()
-  fd = federated.build(ds, PartitionSpec("k_per_domain", k=2), target_domain="dom1")
+  fd = federated.build(ds, PartitionSpec("k_per_domain", k_per_domain=2), target_domain="dom1")
   assert fd.num_clients == 6
   pooled = fd.pooled()
   assert pooled.num_clients == 1
@@ -79,7 +79,7 @@ def test_pooled_sums_counts_and_keeps_val():
 
 def test_no_target_domain_dirichlet():
   ds = make_dataset(sizes=(150,), ch=1)
-  spec = PartitionSpec("dirichlet", num_partitions=4, alpha=0.5, min_partition_size=10)
+  spec = PartitionSpec("dirichlet", num_clients=4, alpha=0.5, min_partition_size=10)
   fd = federated.build(ds, spec, target_domain=None)
   assert fd.target_x.shape == (0, 6, 5, 1) and fd.target_y.shape == (0,)
   assert fd.target_domain is None and fd.source_domains == ("dom0",)
@@ -88,7 +88,7 @@ def test_no_target_domain_dirichlet():
 
 def test_few_shot_injects_exactly_k_target_examples():
   ds = make_dataset()
-  spec = PartitionSpec(num_partitions=3, d=1, few_shot_k=4, seed=2)
+  spec = PartitionSpec(num_clients=3, d=1, few_shot_k=4, seed=2)
   fd = federated.build(ds, spec, target_domain="dom3")
   target_all = set(np.flatnonzero(ds.domains == 3))
   shots = []
@@ -108,23 +108,23 @@ def test_few_shot_injects_exactly_k_target_examples():
 def test_build_errors_are_explicit():
   ds = make_dataset()
   with pytest.raises(ValueError, match="target_domain='dom9' .*'dom0', 'dom1'"):
-    federated.build(ds, PartitionSpec("iid", num_partitions=2), target_domain="dom9")
+    federated.build(ds, PartitionSpec("iid", num_clients=2), target_domain="dom9")
   with pytest.raises(ValueError, match="d=4 but there are only 3 source domains"):
-    federated.build(ds, PartitionSpec(num_partitions=2, d=4), target_domain=0)
+    federated.build(ds, PartitionSpec(num_clients=2, d=4), target_domain=0)
   with pytest.raises(ValueError, match="val_fraction"):
-    federated.build(ds, {"name": "iid", "num_partitions": 2}, target_domain=0,
+    federated.build(ds, {"name": "iid", "num_clients": 2}, target_domain=0,
                     val_fraction=1.0)
   tiny = make_dataset(sizes=(3, 3))
-  msg = "client 0 has 1 example.*name='iid', num_partitions=3, seed=0"
+  msg = "client 0 has 1 example.*name='iid', num_clients=3, seed=0"
   with pytest.raises(ValueError, match=msg):
-    federated.build(tiny, PartitionSpec("iid", num_partitions=3), target_domain=1)
-  with pytest.raises(ValueError, match="num_partitions=4 with 3 examples"):
-    federated.build(tiny, PartitionSpec("iid", num_partitions=4), target_domain=1)
+    federated.build(tiny, PartitionSpec("iid", num_clients=3), target_domain=1)
+  with pytest.raises(ValueError, match="num_clients=4 with 3 examples"):
+    federated.build(tiny, PartitionSpec("iid", num_clients=4), target_domain=1)
 
 
 def test_client_arrays_is_a_pytree():
   ds = make_dataset()
-  fd = federated.build(ds, PartitionSpec("iid", num_partitions=2), target_domain=0,
+  fd = federated.build(ds, PartitionSpec("iid", num_clients=2), target_domain=0,
                        val_fraction=0.0)
   assert int(fd.val.n.sum()) == 0 and fd.val.x.shape[:2] == (2, 0)
   leaves = jax.tree.leaves(fd.train)
@@ -139,7 +139,7 @@ def test_packed_storage_has_no_padding_and_gathers_the_padded_view():
   (any id shape, repeats allowed) equals the padded view's rows, which equal
   a per-client loop over the indices."""
   ds = make_dataset()
-  fd = federated.build(ds, PartitionSpec(num_partitions=5, d=2, seed=1),
+  fd = federated.build(ds, PartitionSpec(num_clients=5, d=2, seed=1),
                        target_domain="dom2", seed=4)
   packed = fd.packed_train
   order = np.concatenate(fd.train_indices)

@@ -87,9 +87,9 @@ def test_domain_split_errors_and_unused_domains():
     partition.domain_split(domains, np.arange(30), 2, 4)
   with pytest.raises(ValueError, match="d=0"):
     partition.domain_split(domains, np.arange(30), 2, 0)
-  with pytest.raises(ValueError, match="num_partitions=0"):
+  with pytest.raises(ValueError, match="num_clients=0"):
     partition.domain_split(domains, np.arange(30), 0, 1)
-  with pytest.raises(ValueError, match="has 10 examples but num_partitions=30"):
+  with pytest.raises(ValueError, match="has 10 examples but num_clients=30"):
     partition.domain_split(domains, np.arange(30), 30, 2)
   with warnings.catch_warnings(record=True) as w:
     warnings.simplefilter("always")
@@ -109,7 +109,7 @@ def test_k_clients_per_domain():
       assert all(set(domains[p]) == {j} for p in members)
       sizes = [len(p) for p in members]
       assert max(sizes) - min(sizes) <= 1
-  with pytest.raises(ValueError, match="fewer than k=8"):
+  with pytest.raises(ValueError, match="fewer than k_per_domain=8"):
     partition.k_clients_per_domain(domains, np.arange(28), 8, 0)
 
 
@@ -118,7 +118,7 @@ def test_iid():
     parts = partition.iid(np.arange(5, 105), n, seed)
     _assert_disjoint(parts, np.arange(5, 105))
     assert sum(len(p) for p in parts) == 100
-  with pytest.raises(ValueError, match="num_partitions=11 with 10 examples"):
+  with pytest.raises(ValueError, match="num_clients=11 with 10 examples"):
     partition.iid(np.arange(10), 11)
 
 
@@ -166,25 +166,25 @@ def test_few_shot_target():
 
 
 def test_partition_spec_validation():
-  assert PartitionSpec("hfedf", num_partitions=3).name == "domain_split"
+  assert PartitionSpec("hfedf", num_clients=3).name == "domain_split"
   msg = "name='ring': allowed domain_split, k_per_domain, iid, dirichlet"
   with pytest.raises(ValueError, match=msg):
-    PartitionSpec("ring", num_partitions=3)
-  with pytest.raises(ValueError, match="num_partitions is required"):
+    PartitionSpec("ring", num_clients=3)
+  with pytest.raises(ValueError, match="num_clients is required"):
     PartitionSpec("iid")
-  with pytest.raises(ValueError, match="num_partitions=0"):
-    PartitionSpec("iid", num_partitions=0)
+  with pytest.raises(ValueError, match="num_clients=0"):
+    PartitionSpec("iid", num_clients=0)
   with pytest.raises(ValueError, match="alpha=0"):
-    PartitionSpec("dirichlet", num_partitions=3, alpha=0)
-  with pytest.raises(ValueError, match="PartitionSpec.k is required"):
+    PartitionSpec("dirichlet", num_clients=3, alpha=0)
+  with pytest.raises(ValueError, match="PartitionSpec.k_per_domain is required"):
     PartitionSpec("k_per_domain")
   with pytest.raises(ValueError, match="d=5 but there are only 3 source domains"):
-    PartitionSpec(num_partitions=3, d=5).validate(3)
+    PartitionSpec(num_clients=3, d=5).validate(3)
   with pytest.raises(ValueError, match="multiple of the 3 source domains"):
-    PartitionSpec("k_per_domain", num_partitions=4).validate(3)
+    PartitionSpec("k_per_domain", num_clients=4).validate(3)
   with pytest.raises(ValueError, match="unknown partition settings \\['clients'\\]"):
     partition.as_spec({"name": "iid", "clients": 3})
-  assert partition.as_spec({"name": "iid"}, num_partitions=2).num_partitions == 2
+  assert partition.as_spec({"name": "iid"}, num_clients=2).num_clients == 2
 
 
 def test_make_partition_dispatch():
@@ -192,15 +192,15 @@ def test_make_partition_dispatch():
   labels = np.arange(75) % 5
   src = np.flatnonzero(domains != 0)
   kw = dict(domains=domains, labels=labels, indices=src)
-  assert len(partition.make_partition(PartitionSpec(num_partitions=4, d=2), **kw)) == 4
-  assert len(partition.make_partition({"name": "k_per_domain", "k": 3}, **kw)) == 6
-  assert len(partition.make_partition(name="k_per_domain", num_partitions=4, **kw)) == 4
-  assert len(partition.make_partition(name="iid", num_partitions=5, **kw)) == 5
-  parts = partition.make_partition(name="dirichlet", num_partitions=3, alpha=1.0,
+  assert len(partition.make_partition(PartitionSpec(num_clients=4, d=2), **kw)) == 4
+  assert len(partition.make_partition({"name": "k_per_domain", "k_per_domain": 3}, **kw)) == 6
+  assert len(partition.make_partition(name="k_per_domain", num_clients=4, **kw)) == 4
+  assert len(partition.make_partition(name="iid", num_clients=5, **kw)) == 5
+  parts = partition.make_partition(name="dirichlet", num_clients=3, alpha=1.0,
                                    min_partition_size=5, **kw)
   _assert_disjoint(parts, src)
   with pytest.raises(ValueError, match="d=3 but there are only 2 source domains"):
-    partition.make_partition(name="hfedf", num_partitions=4, d=3, **kw)
+    partition.make_partition(name="hfedf", num_clients=4, d=3, **kw)
 
 
 def test_make_partition_hands_its_dirichlet_settings_on():
@@ -213,7 +213,7 @@ def test_make_partition_hands_its_dirichlet_settings_on():
   domains = np.zeros(600, int)
   idx = np.arange(600)
   for alpha in (100.0, 0.05):
-    got = partition.make_partition(name="dirichlet", num_partitions=4,
+    got = partition.make_partition(name="dirichlet", num_clients=4,
                                    alpha=alpha, min_partition_size=12, seed=7,
                                    domains=domains, labels=labels, indices=idx)
     want = partition.dirichlet(labels, idx, 4, alpha, min_partition_size=12,
@@ -226,7 +226,7 @@ def test_make_partition_hands_its_dirichlet_settings_on():
     assert any(len(g) != len(d) or (g != d).any() for g, d in zip(got, default))
   # The label skew follows alpha: near-uniform at 100, skewed at 0.05.
   tv = lambda a: _label_tv_from_global(labels, partition.make_partition(
-      name="dirichlet", num_partitions=4, alpha=a, min_partition_size=12,
+      name="dirichlet", num_clients=4, alpha=a, min_partition_size=12,
       seed=7, domains=domains, labels=labels, indices=idx), 6)
   assert tv(100.0) < 0.15 < 0.5 < tv(0.05)
 

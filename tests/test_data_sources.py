@@ -10,8 +10,10 @@ import numpy as np
 from PIL import Image
 import pytest
 
-from fedjax_dg.data import sources
+from fedjax_dg.data import (dataset, images, locations, lookup, prepared,
+                             provenance, registry, sources, splits)
 from fedjax_dg.data.builders import domainbed_folder
+from fedjax_dg.data.builders import fashion_mnist_base as fmb
 from fedjax_dg.data.builders import rotated_fashion_mnist as rfm
 from fedjax_dg.data.builders import tiny_imagenet
 from fedjax_dg.errors import ConfigError, DataError
@@ -74,7 +76,7 @@ def write_fake_fashion_mnist(folder, n_train=48, n_test=12, seed=1):
 
 
 def test_available_and_unknown_name():
-  names = sources.available()
+  names = registry.available()
   for n in ("rotated_fashion_mnist", "pacs", "office_home", "vlcs",
             "fashion_mnist", "cifar10", "cifar100", "tiny_imagenet", "domainnet"):
     assert n in names
@@ -209,7 +211,7 @@ def test_scan_reports_empty_class_folder(tmp_path):
 def test_read_idx_roundtrip(tmp_path):
   a = np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4)
   write_idx(str(tmp_path / "x.gz"), a)
-  np.testing.assert_array_equal(rfm.read_idx(str(tmp_path / "x.gz")), a)
+  np.testing.assert_array_equal(fmb.read_idx(str(tmp_path / "x.gz")), a)
 
 
 def test_rotation_is_counter_clockwise_like_pil():
@@ -271,7 +273,7 @@ def test_rotated_fashion_mnist_cache_and_resize(tmp_path, monkeypatch):
   full = sources.load("rotated_fashion_mnist")
   small = sources.load("rotated_fashion_mnist", image_size=14)
   assert small.images.shape == (60, 14, 14, 1)
-  want = sources.decode_image(full.images[7], 1, 14)
+  want = images.decode_image(full.images[7], 1, 14)
   np.testing.assert_array_equal(small.images[7], want)
 
 
@@ -279,7 +281,7 @@ def test_rotated_fashion_mnist_missing_source_says_what_to_do(tmp_path, monkeypa
   def offline(data_dir):
     raise ConnectionError("no network")
 
-  monkeypatch.setattr(rfm, "read_tfds_catalog", offline)
+  monkeypatch.setattr(fmb, "read_tfds_catalog", offline)
   with pytest.raises(DataError) as e:
     sources.load("rotated_fashion_mnist", data_dir=str(tmp_path / "data"),
                  manual_dir=str(tmp_path / "nothing"))
@@ -328,14 +330,14 @@ def test_dataset_from_sources_with_fake_sources():
       "clipart": [_fake_split(5, 0, True), _fake_split(3, 100, False)],
       "real": [_fake_split(4, 200, True)],
   }
-  ds = sources.dataset_from_sources(
+  ds = dataset.dataset_from_sources(
       "fake", domain_sources, class_names=("a", "b", "c"), channels=3)
   assert ds.domain_names == ("clipart", "real")
   assert ds.images.shape == (12, 6, 6, 3)
   np.testing.assert_array_equal(ds.domains, [0] * 8 + [1] * 4)
   np.testing.assert_array_equal(ds.images[5, 0, 0], [100, 100, 100])
   np.testing.assert_array_equal(ds.labels[:8], [0, 1, 2, 0, 1, 0, 1, 2])
-  sub = sources.dataset_from_sources(
+  sub = dataset.dataset_from_sources(
       "fake", domain_sources, class_names=("a", "b", "c"), channels=1,
       image_size=3, max_per_domain=2, seed=5)
   assert sub.images.shape == (4, 3, 3, 1)
@@ -349,33 +351,33 @@ def test_catalog_passthrough_with_fake_tfds(tmp_path, monkeypatch):
   def fake_data_source(name, data_dir=None, decoders=None):
     calls.append(name)
     domain = name.split("/")[1]
-    value = sources.DOMAINNET_DOMAINS.index(domain) * 20
+    value = registry.DOMAINNET_DOMAINS.index(domain) * 20
     names = [f"class{i}" for i in range(3)]
     return {"train": FakeSource(_fake_split(3, value, True), names),
             "test": FakeSource(_fake_split(2, value + 10, True), names)}
 
   monkeypatch.setattr(tfds, "data_source", fake_data_source)
   ds = sources.load("domainnet", data_dir=str(tmp_path), image_size=4)
-  assert calls == [f"domainnet/{d}" for d in sources.DOMAINNET_DOMAINS]
-  assert ds.domain_names == sources.DOMAINNET_DOMAINS
+  assert calls == [f"domainnet/{d}" for d in registry.DOMAINNET_DOMAINS]
+  assert ds.domain_names == registry.DOMAINNET_DOMAINS
   assert ds.class_names == ("class0", "class1", "class2")
   assert ds.images.shape == (30, 4, 4, 3)
   assert "30 images" in sources.prepare("domainnet", data_dir=str(tmp_path))
   # --force: the TFDS folders of every config and the caches go first.
-  cache = os.path.join(str(tmp_path), sources.CACHE_DIRNAME, "domainnet")
+  cache = os.path.join(str(tmp_path), registry.CACHE_DIRNAME, "domainnet")
   assert os.listdir(cache)
-  prepared = [tmp_path / "domainnet" / d / "1.0.0" for d in ("clipart", "real")]
-  for folder in prepared:
+  folders = [tmp_path / "domainnet" / d / "1.0.0" for d in ("clipart", "real")]
+  for folder in folders:
     folder.mkdir(parents=True)
   line = sources.prepare("domainnet", data_dir=str(tmp_path), force=True)
   assert "30 images" in line and "prepared again (--force)" in line
   assert not os.path.exists(cache)
-  assert not any(folder.exists() for folder in prepared)
+  assert not any(folder.exists() for folder in folders)
 
 
 def test_catalog_error_explains_tensorflow():
   missing = ModuleNotFoundError("No module named 'tensorflow'")
-  err = sources.catalog_error("cifar10", missing)
+  err = prepared.catalog_error("cifar10", missing)
   assert "pip install tensorflow-cpu" in str(err) and "cifar10" in str(err)
 
 
@@ -397,9 +399,9 @@ def test_fashion_mnist_splits_are_domains(tmp_path):
     got = sorted((im[..., 0].tobytes(), int(y)) for im, y in
                  zip(ds.images[ds.domains == d], ds.labels[ds.domains == d]))
     assert got == want
-  assert sources.eval_split("fashion_mnist") == "test"
-  assert sources.eval_split("pacs") is None
-  assert sources.is_split_domain("test") and not sources.is_split_domain("photo")
+  assert splits.eval_split("fashion_mnist") == "test"
+  assert splits.eval_split("pacs") is None
+  assert splits.is_split_domain("test") and not splits.is_split_domain("photo")
 
 
 def test_fashion_mnist_uses_the_rotated_builders_reader(tmp_path, monkeypatch):
@@ -410,7 +412,7 @@ def test_fashion_mnist_uses_the_rotated_builders_reader(tmp_path, monkeypatch):
     calls.append(data_dir)
     raise ConnectionError("no network")
 
-  monkeypatch.setattr(rfm, "read_tfds_catalog", offline)
+  monkeypatch.setattr(fmb, "read_tfds_catalog", offline)
   with pytest.raises(DataError) as e:
     sources.load("fashion_mnist", data_dir=str(tmp_path / "data"),
                  manual_dir=str(tmp_path / "nothing"))
@@ -424,7 +426,7 @@ def test_split_target_gives_test_set_evaluation(tmp_path):
   write_fake_fashion_mnist(str(tmp_path / "idx"), n_train=100, n_test=20)
   ds = sources.load("fashion_mnist", data_dir=str(tmp_path / "data"),
                     manual_dir=str(tmp_path / "idx"))
-  spec = partition.PartitionSpec("dirichlet", num_partitions=4, alpha=0.5,
+  spec = partition.PartitionSpec("dirichlet", num_clients=4, alpha=0.5,
                                  min_partition_size=5)
   fed = federated.build(ds, spec, target_domain="test", val_fraction=0.0)
   assert fed.target_domain == "test" and fed.source_domains == ("train",)
@@ -484,7 +486,7 @@ def test_tiny_imagenet_folder_builder(tmp_path):
     mean = im.reshape(-1, 3).mean(0)
     assert np.all(np.abs(mean - color) < 4) or np.allclose(mean, mean[0], atol=1)
   np.testing.assert_array_equal(np.bincount(ds.labels[ds.domains == 1]), [1, 2, 1])
-  assert sources.eval_split("tiny_imagenet") == "val"
+  assert splits.eval_split("tiny_imagenet") == "val"
   small = sources.load("tiny_imagenet", data_dir=str(tmp_path / "data"),
                        image_size=32)
   assert small.images.shape == (13, 32, 32, 3)
@@ -532,7 +534,7 @@ def test_cifar_catalog_splits_are_domains(tmp_path, monkeypatch):
     assert ds.domain_names == ("train", "test")
     assert ds.domain_counts() == {"train": 5, "test": 2}
     np.testing.assert_array_equal(ds.images[ds.domains == 1][:, 0, 0, 0], [100, 101])
-    assert sources.eval_split(name) == "test"
+    assert splits.eval_split(name) == "test"
 
 
 def test_cifar_catalog_error_names_the_dataset(tmp_path, monkeypatch):
@@ -599,8 +601,8 @@ def test_a_folder_of_your_own_becomes_a_named_dataset(tmp_path, n_domains,
                          dataset_name="my_sites")
   total = 2 * (n_domains * n_classes - 1)
   assert f"{total} images" in line
-  assert "my_sites" in sources.available(data_dir)
-  assert "my_sites" in sources.describe_available(data_dir)
+  assert "my_sites" in registry.available(data_dir)
+  assert "my_sites" in lookup.describe_available(data_dir)
   ds = sources.load("my_sites", data_dir=data_dir, image_size=8)
   assert ds.images.shape == (total, 8, 8, 3)
   assert ds.domain_names == tuple(domains) and ds.class_names == tuple(classes)
@@ -656,7 +658,7 @@ def test_prepare_folder_and_datasets_from_the_command_line(tmp_path, monkeypatch
   (line,) = [l for l in out if l.split()[0] == "my_sites"]
   assert line.split(None, 1)[1] == ("your folder, domains ['east', 'north', "
                                     "'south']: prepared")
-  for name in sources.available():  # every built-in dataset is listed too
+  for name in registry.available():  # every built-in dataset is listed too
     assert any(l.split()[0] == name for l in out[1:]), name
   ds = sources.load("my_sites", image_size=8)
   assert ds.class_names == ("cat", "dog", "owl") and len(ds.images) == 18
@@ -686,32 +688,32 @@ def test_folder_dataset_errors_name_what_to_fix(tmp_path):
 
 def test_one_data_dir_rule(monkeypatch, tmp_path):
   monkeypatch.setenv("FEDJAX_DG_DATA_DIR", str(tmp_path / "env"))
-  assert sources.data_dir_default() == str(tmp_path / "env")
+  assert locations.data_dir_default() == str(tmp_path / "env")
   monkeypatch.delenv("FEDJAX_DG_DATA_DIR")
   checkout = os.path.join(os.path.dirname(os.path.dirname(
-      os.path.abspath(sources.__file__))), "..", ".data")
+      os.path.abspath(locations.__file__))), "..", ".data")
   want = (os.path.abspath(checkout) if os.path.isdir(checkout)
           else os.path.expanduser("~/.cache/fedjax_dg/tfds"))
-  assert os.path.abspath(sources.data_dir_default()) == want
+  assert os.path.abspath(locations.data_dir_default()) == want
 
 
 def test_prepare_prints_the_data_dir_and_the_rule_that_chose_it(
     monkeypatch, tmp_path, capsys):
   from fedjax_dg import cli
-  rule = "; the rule: fedjax_dg.data.sources.data_dir_default)"
+  rule = "; the rule: fedjax_dg.data.locations.data_dir_default)"
   monkeypatch.setenv("HOME", str(tmp_path / "home"))
   monkeypatch.delenv("FEDJAX_DG_DATA_DIR", raising=False)
   checkout = tmp_path / "checkout" / ".data"
-  monkeypatch.setattr(sources, "_checkout_data_dir", lambda: str(checkout))
+  monkeypatch.setattr(locations, "_checkout_data_dir", lambda: str(checkout))
   home = tmp_path / "home" / ".cache" / "fedjax_dg" / "tfds"
-  assert sources.data_dir_line() == (
+  assert locations.data_dir_line() == (
       f"data directory: {home} (the default (no $FEDJAX_DG_DATA_DIR, no "
       "checkout .data/)" + rule)
   checkout.mkdir(parents=True)
-  assert sources.data_dir_line() == (
+  assert locations.data_dir_line() == (
       f"data directory: {checkout} (the checkout's .data/ (no "
       "$FEDJAX_DG_DATA_DIR)" + rule)
-  assert sources.data_dir_line("/x") == "data directory: /x (given)"
+  assert locations.data_dir_line("/x") == "data directory: /x (given)"
   monkeypatch.setenv("FEDJAX_DG_DATA_DIR", str(tmp_path / "env"))
   root = _write_own_folder(str(tmp_path / "mine"), ["a", "b"], ["x", "y"])
   assert cli.main(["prepare", "folder", "--manual-dir", root, "--name",
@@ -744,10 +746,10 @@ def test_relabelled_images_are_noticed_and_force_prepares_again(
   assert cli.main(["prepare", "folder", "--manual-dir", root, "--name",
                    "mine"]) == 0
   assert _class_counts(sources.load("mine", image_size=8)) == {"x": 4, "y": 4}
-  before = sources.source_fingerprint(root)
+  before = provenance.source_fingerprint(root)
   os.rename(os.path.join(root, "a", "x", "0.png"),
             os.path.join(root, "a", "y", "moved.png"))  # relabelled x -> y
-  now = sources.source_fingerprint(root)
+  now = provenance.source_fingerprint(root)
   assert {k: before[k] for k in ("path", "files", "bytes", "mtime")} == {
       k: now[k] for k in ("path", "files", "bytes", "mtime")}
   with pytest.raises(DataError, match=r"stale: .*moved, renamed or replaced.*"
@@ -760,7 +762,7 @@ def test_relabelled_images_are_noticed_and_force_prepares_again(
   assert _class_counts(sources.load("mine", image_size=8)) == {"x": 3, "y": 5}
   # Current data stay; --force prepares again anyway (the caches go too).
   cache = os.path.join(str(tmp_path / "data"), "mine", "1.0.0",
-                       sources.CACHE_DIRNAME)
+                       registry.CACHE_DIRNAME)
   assert os.listdir(cache)
   assert cli.main(["prepare", "folder", "--manual-dir", root, "--name",
                    "mine"]) == 0
@@ -781,11 +783,11 @@ def test_a_run_is_told_where_a_folder_dataset_was_prepared(tmp_path,
   monkeypatch.setenv("HOME", str(tmp_path / "home"))
   monkeypatch.delenv("FEDJAX_DG_DATA_DIR", raising=False)
   checkout = tmp_path / "checkout" / ".data"
-  monkeypatch.setattr(sources, "_checkout_data_dir", lambda: str(checkout))
+  monkeypatch.setattr(locations, "_checkout_data_dir", lambda: str(checkout))
   home = str(tmp_path / "home" / ".cache" / "fedjax_dg" / "tfds")
   root = _write_own_folder(str(tmp_path / "mine"), ["a", "b"], ["x", "y"])
   sources.prepare("folder", manual_dir=root, dataset_name="mine")
-  assert sources.data_dir_default() == home
+  assert locations.data_dir_default() == home
   checkout.mkdir(parents=True)  # e.g. `make demo` made it since
   want = [f"Looked in the data directory {checkout} (the checkout's .data/",
           f"'mine' is prepared in another data directory, {home} (from {root})",
@@ -915,7 +917,7 @@ def test_data_prepared_before_the_file_listing_was_kept(tmp_path, monkeypatch):
   root = _write_own_folder(str(tmp_path / "mine"), ["a", "b"], ["x", "y"])
   sources.prepare("folder", data_dir=data_dir, manual_dir=root,
                   dataset_name="mine")
-  listing = os.path.join(data_dir, "mine", "1.0.0", sources.LISTING_RECORD)
+  listing = os.path.join(data_dir, "mine", "1.0.0", provenance.LISTING_RECORD)
   os.remove(listing)
   assert sources.load("mine", data_dir=data_dir, image_size=8).labels.size == 8
   line = sources.prepare("folder", data_dir=data_dir, manual_dir=root,
@@ -925,11 +927,11 @@ def test_data_prepared_before_the_file_listing_was_kept(tmp_path, monkeypatch):
   write_fake_fashion_mnist(str(tmp_path / "idx"))
   monkeypatch.setenv("FEDJAX_DG_FASHION_MNIST_DIR", str(tmp_path / "idx"))
   sources.prepare("rotated_fashion_mnist", data_dir=data_dir)
-  prepared = os.path.join(data_dir, "rotated_fashion_mnist", "1.0.0")
-  os.remove(os.path.join(prepared, sources.LISTING_RECORD))
-  marker = os.path.join(prepared, sources.CACHE_DIRNAME, "marker")
+  done = os.path.join(data_dir, "rotated_fashion_mnist", "1.0.0")
+  os.remove(os.path.join(done, provenance.LISTING_RECORD))
+  marker = os.path.join(done, registry.CACHE_DIRNAME, "marker")
   open(marker, "w").close()
   line = sources.prepare("rotated_fashion_mnist", data_dir=data_dir)
   assert "prepared again" not in line and os.path.exists(marker)
-  assert "listing" in sources.recorded_source(
-      sources._lookup("rotated_fashion_mnist"), data_dir)
+  assert "listing" in provenance.recorded_source(
+      lookup.lookup("rotated_fashion_mnist"), data_dir)

@@ -4,8 +4,8 @@ import importlib.metadata
 import types
 
 from fedjax_dg import cli, doctor
-from fedjax_dg.data import sources
-from fedjax_dg.data.builders import rotated_fashion_mnist as rfm
+from fedjax_dg.data import locations, lookup, registry
+from fedjax_dg.data.builders import fashion_mnist_base as fmb
 
 
 def rows_by_name(rows):
@@ -14,10 +14,10 @@ def rows_by_name(rows):
 
 def test_ready_machine_passes_with_versions_devices_and_data(monkeypatch,
                                                              capsys):
-  data_dir = sources.data_dir_default()
-  assert sources.is_prepared(doctor.OFFLINE_DATASET, data_dir), (
+  data_dir = locations.data_dir_default()
+  assert lookup.is_prepared(doctor.OFFLINE_DATASET, data_dir), (
       "the test environment prepares it (make data)")
-  monkeypatch.setenv(sources.ENV_DATA_DIR, data_dir)
+  monkeypatch.setenv(locations.ENV_DATA_DIR, data_dir)
   assert cli.main(["doctor"]) == 0
   out = capsys.readouterr().out
   lines = {l.split()[0]: l for l in out.splitlines() if l and l[0] != " "}
@@ -38,8 +38,8 @@ def test_datasets_are_optional_a_ready_machine_with_none_passes(
   the missing demo dataset and raw files listed as optional with what uses
   them and what to do, and the user's prepared folder listed."""
   data = tmp_path / "data"
-  monkeypatch.setenv(sources.ENV_DATA_DIR, str(data))
-  monkeypatch.setenv(rfm.ENV_SOURCE_DIR, str(tmp_path / "raw"))
+  monkeypatch.setenv(locations.ENV_DATA_DIR, str(data))
+  monkeypatch.setenv(fmb.ENV_SOURCE_DIR, str(tmp_path / "raw"))
   assert cli.main(["doctor"]) == 0
   out = capsys.readouterr().out
   assert "MISSING" not in out
@@ -56,7 +56,7 @@ def test_datasets_are_optional_a_ready_machine_with_none_passes(
   # The user's own prepared folder dataset is what the data line shows.
   mine = data / "mine" / "1.0.0"
   mine.mkdir(parents=True)
-  (mine / sources.FOLDER_RECORD).write_text('{"domains": ["a", "b"]}')
+  (mine / registry.FOLDER_RECORD).write_text('{"domains": ["a", "b"]}')
   (mine / "dataset_info.json").write_text("{}")
   assert cli.main(["doctor"]) == 0
   out = capsys.readouterr().out
@@ -66,7 +66,7 @@ def test_datasets_are_optional_a_ready_machine_with_none_passes(
 def test_raw_files_are_optional_once_prepared_and_before(tmp_path):
   raw = tmp_path / "raw"
   raw.mkdir()
-  for pair in rfm.IDX_FILES:
+  for pair in fmb.IDX_FILES:
     for f in pair:
       (raw / f).write_bytes(b"")
   empty = str(tmp_path / "data")
@@ -74,7 +74,7 @@ def test_raw_files_are_optional_once_prepared_and_before(tmp_path):
   assert rows["fashion-mnist raw"].status == doctor.OK
   assert rows[doctor.OFFLINE_DATASET].status == doctor.OPTIONAL
   assert doctor.exit_code(list(rows.values())) == 0
-  rows = doctor.data_checks(sources.data_dir_default(), str(tmp_path / "no"))
+  rows = doctor.data_checks(locations.data_dir_default(), str(tmp_path / "no"))
   by = rows_by_name(rows)
   assert by["fashion-mnist raw"].status == doctor.NOTE
   assert "prepare again" in by["fashion-mnist raw"].fix

@@ -143,7 +143,7 @@ def test_no_id_validation_split_means_no_id_accuracy_not_zero(tmp_path):
   """val_fraction = 0 (clients train on their whole partition, HyperGenFL):
   the id evaluation is skipped, never reported as 0 %; reports show "-"."""
   ds = synthetic_domains()
-  spec = partition.PartitionSpec(name="domain_split", num_partitions=3, d=1, seed=0)
+  spec = partition.PartitionSpec(name="domain_split", num_clients=3, d=1, seed=0)
   fed = federated.build(ds, spec, target_domain=0, val_fraction=0.0, seed=0)
   assert int(np.asarray(fed.val.n).sum()) == 0
   model = mlp(fed)

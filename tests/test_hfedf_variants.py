@@ -142,7 +142,7 @@ def test_gradalign_never_stacks_per_client_hypernetwork_gradients(granularity):
 def two_per_domain():
   # 6 clients, 2 per source domain (3 source domains, dom0 held out).
   ds = synthetic_domains(num_domains=4, per_domain=120, classes=4, noise=60)
-  spec = partition.PartitionSpec(name="k_per_domain", k=2, seed=0)
+  spec = partition.PartitionSpec(name="k_per_domain", k_per_domain=2, seed=0)
   return federated.build(ds, spec, target_domain=0, seed=0)
 
 

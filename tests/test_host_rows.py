@@ -38,7 +38,7 @@ def unequal():
   # No id-val or target split: evaluation (which the gather does not touch)
   # is empty, the runs are training.
   spec = partition.PartitionSpec(name="domain_split", d=1,
-                                 num_partitions=len(SIZES))
+                                 num_clients=len(SIZES))
   fed = with_sizes(federated.build(
       synthetic_domains(num_domains=5, per_domain=60), spec,
       target_domain=None, val_fraction=0.0), SIZES)

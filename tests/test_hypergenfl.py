@@ -392,7 +392,7 @@ def test_only_the_active_clients_embedding_rows_change():
 def test_engine_rounds_with_a_cohort_touch_only_its_rows():
   ds = synthetic_domains(num_domains=1, per_domain=60, classes=3, size=4)
   fed = federated.build(ds, partition.PartitionSpec(
-      name="dirichlet", num_partitions=6, alpha=1.0, min_partition_size=4),
+      name="dirichlet", num_clients=6, alpha=1.0, min_partition_size=4),
                         target_domain=None)
   model = tiny_model(hidden=8, classes=3, shape=fed.image_shape)
   cfg = base_config()
@@ -459,7 +459,7 @@ def test_learns_above_chance_on_label_skewed_clients_with_partial_participation(
   ds = synthetic_domains(num_domains=1, per_domain=480, classes=4, size=8,
                          noise=60)
   fed = federated.build(ds, partition.PartitionSpec(
-      name="dirichlet", num_partitions=8, alpha=0.3, min_partition_size=10),
+      name="dirichlet", num_clients=8, alpha=0.3, min_partition_size=10),
                         target_domain=None)
   model = models.get_model("mlp", input_shape=fed.image_shape,
                            num_classes=fed.num_classes, mean=fed.mean, std=fed.std)

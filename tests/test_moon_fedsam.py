@@ -405,7 +405,7 @@ def test_registered_with_config_sections(name):
 def label_skewed():
   # One domain, 4 classes (chance 25 %), Dirichlet(0.3) label skew over 4 clients.
   ds = synthetic_domains(num_domains=1, per_domain=320, classes=4, noise=60)
-  spec = partition.PartitionSpec(name="dirichlet", num_partitions=4, alpha=0.3,
+  spec = partition.PartitionSpec(name="dirichlet", num_clients=4, alpha=0.3,
                                  min_partition_size=10, seed=0)
   return federated.build(ds, spec, target_domain=None, seed=0)
 

@@ -111,13 +111,13 @@ def test_scenario_with_dataset_sets_backbone_and_epochs(dataset, model, size,
                                                         epochs, target):
   from fedjax_dg import models  # pylint: disable=g-import-not-at-top
   from fedjax_dg.run import checks
-  from fedjax_dg.data import sources  # pylint: disable=g-import-not-at-top
+  from fedjax_dg.data import splits  # pylint: disable=g-import-not-at-top
   cfg = config.base_config()
   presets.apply_scenario(cfg, "extreme", dataset=dataset)
   assert (cfg.data.name, cfg.model.name, cfg.data.image_size) == (dataset, model,
                                                                    size)
   assert cfg.train.epochs == epochs and cfg.data.targets == target
-  assert target == sources.eval_split(dataset)
+  assert target == splits.eval_split(dataset)
   assert model in models.available()
   checks.validate(cfg)
 

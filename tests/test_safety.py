@@ -76,7 +76,7 @@ def test_a_constant_channel_normalizes_to_zero_not_nan():
   rgb = np.concatenate([ds.images, ds.images,
                         np.full_like(ds.images, 77)], axis=-1)  # a constant channel
   ds = dataclasses.replace(ds, images=rgb)
-  fed = federated.build(ds, partition.PartitionSpec(num_partitions=2, seed=0),
+  fed = federated.build(ds, partition.PartitionSpec(num_clients=2, seed=0),
                         target_domain=0)
   mean, std = fed.mean, fed.std
   assert std[2] == 1.0 and abs(mean[2] - 77 / 255) < 1e-9
@@ -243,11 +243,11 @@ def test_checkpoints_to_keep_is_what_stays_and_the_peak_is_one_more(
 
 def test_imagenet_normalization_gives_torchvision_constants_for_rgb_only():
   ds = synthetic_domains(num_domains=3, per_domain=30)
-  grey = federated.build(ds, partition.PartitionSpec(num_partitions=2, seed=0),
+  grey = federated.build(ds, partition.PartitionSpec(num_clients=2, seed=0),
                          target_domain=0)
   rgb = federated.build(
       dataclasses.replace(ds, images=np.concatenate([ds.images] * 3, axis=-1)),
-      partition.PartitionSpec(num_partitions=2, seed=0), target_domain=0)
+      partition.PartitionSpec(num_clients=2, seed=0), target_domain=0)
   cfg = config.base_config()
   cfg.data.normalization = "imagenet"
   mean, std = assemble.normalization(cfg, ds, rgb)
@@ -297,13 +297,13 @@ def test_documented_checkpoint_sizes_are_what_the_code_computes(capsys):
   slow test); the ViT table is the command's output verbatim."""
   import os
   from fedjax_dg import algorithms, cli
-  from fedjax_dg.data import sources
+  from fedjax_dg.data import lookup
   (_, rows), _ = _documented_sizes()
   assert list(rows) == list(algorithms.available())
   _check_documented("experiments/demo.py",
                     ("fedavg", "hfedf", "hfedf_no_ema", "pfedhn", "moon",
                      "local_only", "scaffold", "fedsdaf"))
-  if sources.is_prepared("styled_fashion_mnist"):  # fedsdaf_offline's data
+  if lookup.is_prepared("styled_fashion_mnist"):  # fedsdaf_offline's data
     path = os.path.join(os.path.dirname(__file__), "..", "experiments",
                         "fedsdaf_offline.py")
     assert cli.main(["algorithms", "--config", path]) == 0

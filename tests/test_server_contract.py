@@ -36,7 +36,7 @@ M, N = 3, 5  # cohort size, clients
 def setup():
   # A server split, for the distillation aggregators.
   fed = federated.build(synthetic_domains(per_domain=30),
-                        partition.PartitionSpec(num_partitions=3, seed=0),
+                        partition.PartitionSpec(num_clients=3, seed=0),
                         target_domain=0, server_fraction=0.2)
   model = models.get_model("mlp", input_shape=fed.image_shape,
                            num_classes=fed.num_classes, mean=fed.mean,

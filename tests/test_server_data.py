@@ -37,7 +37,7 @@ def _source(ds, target):
 
 def test_server_split_is_disjoint_stratified_and_complete():
   ds = make_dataset()
-  fd = federated.build(ds, PartitionSpec(num_partitions=4, d=1, seed=1),
+  fd = federated.build(ds, PartitionSpec(num_clients=4, d=1, seed=1),
                        target_domain="dom2", seed=3, server_fraction=0.2)
   source = _source(ds, 2)
   server = np.asarray(fd.server_indices)
@@ -66,7 +66,7 @@ def test_server_split_is_disjoint_stratified_and_complete():
 
 def test_server_split_is_seeded_and_zero_changes_nothing():
   ds = make_dataset()
-  spec = PartitionSpec("iid", num_partitions=3, seed=0)
+  spec = PartitionSpec("iid", num_clients=3, seed=0)
   build = lambda **kw: federated.build(ds, spec, target_domain=0, **kw)
   a, b = build(seed=1, server_fraction=0.3), build(seed=1, server_fraction=0.3)
   np.testing.assert_array_equal(a.server_indices, b.server_indices)
@@ -83,7 +83,7 @@ def test_server_split_is_seeded_and_zero_changes_nothing():
 
 def test_server_split_with_few_shot_and_pooled():
   ds = make_dataset()
-  spec = PartitionSpec(num_partitions=3, d=1, few_shot_k=2, seed=2)
+  spec = PartitionSpec(num_clients=3, d=1, few_shot_k=2, seed=2)
   fd = federated.build(ds, spec, target_domain="dom3", server_fraction=0.1)
   target_all = set(np.flatnonzero(ds.domains == 3))
   assert not set(fd.server_indices) & target_all  # from the sources only
@@ -95,7 +95,7 @@ def test_server_split_with_few_shot_and_pooled():
 def test_server_fraction_errors_name_the_setting():
   ds = make_dataset()
   with pytest.raises(ValueError, match="server_fraction"):
-    federated.build(ds, PartitionSpec("iid", num_partitions=2), target_domain=0,
+    federated.build(ds, PartitionSpec("iid", num_clients=2), target_domain=0,
                     server_fraction=1.0)
   cfg = base_config()
   for name in SERVER_DATA:
@@ -134,7 +134,7 @@ def _mlp(fed):
 @pytest.fixture(scope="module")
 def sfed():
   ds = synthetic_domains(num_domains=4, per_domain=60, classes=3)
-  spec = PartitionSpec(name="domain_split", num_partitions=3, d=1, seed=0)
+  spec = PartitionSpec(name="domain_split", num_clients=3, d=1, seed=0)
   return federated.build(ds, spec, target_domain=0, server_fraction=0.25)
 
 
@@ -615,7 +615,7 @@ def skewed():
   # 4 classes (chance 25 %), Dirichlet(0.5) label skew over 3 clients, 15 % of
   # the examples held by the server; no ood target (every domain is a source).
   ds = synthetic_domains(num_domains=2, per_domain=120, classes=4, noise=90)
-  spec = PartitionSpec(name="dirichlet", num_partitions=3, alpha=0.5,
+  spec = PartitionSpec(name="dirichlet", num_clients=3, alpha=0.5,
                        min_partition_size=10, seed=0)
   return federated.build(ds, spec, target_domain=None, server_fraction=0.15)
 

@@ -19,7 +19,8 @@ from fedjax_dg.run import checks, config, experiment
 from fedjax_dg.algorithms import central
 from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.client import objectives
-from fedjax_dg.data import federated, images, partition, sources
+from fedjax_dg.data import (federated, images, partition, registry, sources,
+                             streamed)
 from fedjax_dg.engine.programs import programs
 from fedjax_dg.engine.round import host_schedule
 from fedjax_dg.errors import ConfigError, DataError
@@ -90,10 +91,10 @@ def test_streamed_load_gives_the_in_memory_examples_in_order(data_dir, subset,
   np.testing.assert_array_equal(on.images[3:9:2], off.images[3:9:2])
   rows = np.array([[7, 2], [7, 0]])
   np.testing.assert_array_equal(on.images[rows], off.images[rows])
-  assert on.channel_stats() == sources.channel_stats(off.images)
+  assert on.channel_stats() == images.channel_stats(off.images)
   assert on.fingerprint() == off.fingerprint()  # a resume accepts either
   # Opened again: labels and domains from the records cache, no record read.
-  monkeypatch.setattr(sources, "_plan", None)
+  monkeypatch.setattr(streamed, "plan", None)
   again = _load(data_dir, "on", **subset)
   np.testing.assert_array_equal(again.labels, off.labels)
 
@@ -106,7 +107,7 @@ def test_a_streamed_catalog_dataset_gives_its_in_memory_examples(
   from test_data_sources import FakeSource
 
   def fake_data_source(name, data_dir=None, decoders=None):
-    rng = np.random.default_rng(sources.DOMAINNET_DOMAINS.index(
+    rng = np.random.default_rng(registry.DOMAINNET_DOMAINS.index(
         name.split("/")[1]))
     split = lambda n: [{"image": rng.integers(0, 255, (6, 6, 3), np.uint8),
                         "label": int(rng.integers(3))} for _ in range(n)]
@@ -129,12 +130,12 @@ def test_auto_streams_beyond_a_quarter_of_host_memory(data_dir, monkeypatch):
   """image_size 7 has no npz cache: "auto" compares the decoded bytes
   N x 7 x 7 x 3 with AUTO_STREAM_SHARE of host_memory()."""
   need = N * 7 * 7 * 3
-  assert sources.AUTO_STREAM_SHARE == 0.25
-  for memory, streamed in ((4 * need, False), (4 * need - 4, True)):
-    monkeypatch.setattr(sources, "host_memory", lambda m=memory: m)
+  assert streamed.AUTO_STREAM_SHARE == 0.25
+  for memory, want in ((4 * need, False), (4 * need - 4, True)):
+    monkeypatch.setattr(streamed, "host_memory", lambda m=memory: m)
     ds = sources.load("streamy", data_dir=data_dir, image_size=7,
                       streaming="auto")
-    assert ds.streamed == streamed, memory
+    assert ds.streamed == want, memory
   with pytest.raises(ConfigError, match=r"data.streaming='yes'.*'auto', 'on', "
                      r"'off'"):
     _load(data_dir, "yes")
@@ -181,7 +182,7 @@ def test_personalized_models_score_the_streamed_target_in_blocks(
   from fedjax_dg.algorithms import local_only
   monkeypatch.setattr("fedjax_dg.engine.evaluation.OOD_BLOCK_BYTES",
                       8 * SIZE * SIZE * 3)
-  spec = partition.PartitionSpec(name="domain_split", num_partitions=4, d=1)
+  spec = partition.PartitionSpec(name="domain_split", num_clients=4, d=1)
   feds = [federated.build(_load(data_dir, s), spec, target_domain="c",
                           val_fraction=0.25) for s in ("off", "on")]
   model = models.get_model("mlp", input_shape=feds[0].image_shape,
@@ -231,7 +232,7 @@ def test_a_run_reads_each_chunks_cohorts_rows_only(data_dir, monkeypatch,
   ds = dataclasses.replace(ds, images=images.RecordImages(
       counting, ds.images.records, channels=3, image_size=SIZE,
       image_shape=ds.images.shape[1:], name="streamy"))
-  spec = partition.PartitionSpec(name="domain_split", num_partitions=6, d=1)
+  spec = partition.PartitionSpec(name="domain_split", num_clients=6, d=1)
   fed = federated.build(ds, spec, target_domain="c", val_fraction=0.25)
   model = models.get_model("mlp", input_shape=fed.image_shape,
                            num_classes=fed.num_classes, mean=fed.mean,
@@ -305,7 +306,7 @@ evaluation.OOD_BLOCK_BYTES = 1 << 24
 def streamed_run():
   ds = sources.load("rotated_fashion_mnist", streaming="on", **kw)
   fed = federated.build(ds, partition.PartitionSpec(name="iid",
-                                                    num_partitions=10),
+                                                    num_clients=10),
                         target_domain=0)
   model = models.get_model("mlp", input_shape=fed.image_shape,
                            num_classes=10, mean=fed.mean, std=fed.std,
@@ -359,7 +360,7 @@ def test_a_streamed_array_is_never_read_whole(data_dir):
     np.asarray(ds.images)
   with pytest.raises(TypeError, match="indexed by rows"):
     ds.images[np.ones(3, bool)]
-  spec = partition.PartitionSpec(name="domain_split", num_partitions=2, d=1)
+  spec = partition.PartitionSpec(name="domain_split", num_clients=2, d=1)
   fed = federated.build(ds, spec, target_domain="c")
   assert fed.streamed
   with pytest.raises(ConfigError, match=r"padded view.*train.placement='host'"):
@@ -368,7 +369,7 @@ def test_a_streamed_array_is_never_read_whole(data_dir):
 
 def test_the_engine_refuses_device_placement_and_pooled_training(data_dir):
   ds = _load(data_dir, "on")
-  spec = partition.PartitionSpec(name="domain_split", num_partitions=2, d=1)
+  spec = partition.PartitionSpec(name="domain_split", num_clients=2, d=1)
   fed = federated.build(ds, spec, target_domain="c")
   model = models.get_model("mlp", input_shape=fed.image_shape,
                            num_classes=fed.num_classes, hidden=4)

@@ -12,7 +12,7 @@ from scipy import ndimage
 from fedjax_dg import cli
 from fedjax_dg.report import plots
 from fedjax_dg.data import sources
-from fedjax_dg.data.builders import rotated_fashion_mnist as rfm
+from fedjax_dg.data.builders import fashion_mnist_base as fmb
 from fedjax_dg.data.builders import styled_fashion_mnist as sfm
 
 RNG = np.random.default_rng(0)
@@ -133,7 +133,7 @@ def _write_fake_fashion_mnist(folder, n_train=40, n_test=10):
   labels = rng.permutation(np.arange(n_train + n_test) % 10).astype(np.uint8)
   os.makedirs(folder)
   for (image_file, label_file), part in zip(
-      rfm.IDX_FILES, (slice(0, n_train), slice(n_train, None))):
+      fmb.IDX_FILES, (slice(0, n_train), slice(n_train, None))):
     _write_idx(os.path.join(folder, image_file), images[part])
     _write_idx(os.path.join(folder, label_file), labels[part])
   return images, labels
@@ -147,7 +147,7 @@ def prepared(tmp_path_factory):
   with pytest.MonkeyPatch.context() as mp:
     mp.setenv("FEDJAX_DG_FASHION_MNIST_DIR", str(tmp / "idx"))
     mp.setenv("FEDJAX_DG_DATA_DIR", str(tmp / "data"))
-    mp.setattr(rfm, "read_tfds_catalog", None)  # No download: IDX files only.
+    mp.setattr(fmb, "read_tfds_catalog", None)  # No download: IDX files only.
     assert cli.main(["prepare", "styled_fashion_mnist"]) == 0
   return raw, labels, str(tmp / "data"), str(tmp / "idx")
 
@@ -158,7 +158,7 @@ def test_prepare_and_records(prepared):
   source = builder.as_data_source()["train"]
   records = source.__getitems__(list(range(len(source))))
   assert len(records) == 50
-  order = np.random.default_rng(rfm.SHUFFLE_SEED).permutation(50)
+  order = np.random.default_rng(fmb.SHUFFLE_SEED).permutation(50)
   position = np.argsort(order)  # Shuffled position of each raw image.
   seen = set()
   for r in records:
@@ -175,10 +175,10 @@ def test_load_holds_the_records_domain_by_domain(prepared):
   raw, raw_labels, data_dir, idx_dir = prepared
   ds = sources.load("styled_fashion_mnist", data_dir=data_dir, manual_dir=idx_dir)
   assert ds.domain_names == sfm.DOMAIN_NAMES
-  assert ds.class_names == rfm.CLASS_NAMES
+  assert ds.class_names == fmb.CLASS_NAMES
   assert ds.images.shape == (50, 28, 28, 3)
   assert ds.domain_counts() == {d: 10 for d in sfm.DOMAIN_NAMES}
-  order = np.random.default_rng(rfm.SHUFFLE_SEED).permutation(50)
+  order = np.random.default_rng(fmb.SHUFFLE_SEED).permutation(50)
   for d in range(5):  # Same images and labels as rendering domain d's raw ones.
     idx = order[d::5]
     want = {(sfm.render(raw[i], d, i).tobytes(), int(raw_labels[i]))
@@ -218,8 +218,8 @@ def test_real_styled_fashion_mnist(tmp_path):
   ds = sources.load("styled_fashion_mnist", data_dir=str(tmp_path),
                     manual_dir=FMNIST_DIR)
   assert ds.domain_counts() == {d: 14000 for d in sfm.DOMAIN_NAMES}
-  raw, labels = rfm.load_raw(FMNIST_DIR)
-  order = np.random.default_rng(rfm.SHUFFLE_SEED).permutation(70000)
+  raw, labels = fmb.load_raw(FMNIST_DIR)
+  order = np.random.default_rng(fmb.SHUFFLE_SEED).permutation(70000)
   for d in range(5):  # The first image of each domain, as rendered from raw.
     i = order[d]
     want = sfm.render(raw[i], d, i)

@@ -47,7 +47,7 @@ import numpy as np
 
 from fedjax_dg.data import partition
 from fedjax_dg.data.images import channel_stats, is_streamed, take
-from fedjax_dg.data.sources import DomainDataset
+from fedjax_dg.data.dataset import DomainDataset
 from fedjax_dg.errors import ConfigError
 
 
@@ -392,12 +392,12 @@ def build(
       spec, domains=domains, labels=dataset.labels, indices=source_idx
   )
   if not parts:
-    raise ConfigError(f"{setting} produced zero clients; use num_partitions >= 1")
+    raise ConfigError(f"{setting} produced zero clients; use num_clients >= 1")
   for c, p in enumerate(parts):
     if len(p) == 0:
       raise ConfigError(
           f"client {c} got no training example from {setting} on "
-          f"{len(source_idx)} source examples; lower num_partitions (or k), or "
+          f"{len(source_idx)} source examples; lower num_clients (or k_per_domain), or "
           "load more data (max_per_domain)"
       )
   train_parts, val_parts = _val_split(parts, val_fraction, seed, setting)

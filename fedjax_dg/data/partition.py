@@ -1,4 +1,8 @@
-"""How examples are split among clients (numpy, seeded, flwr-datasets naming).
+"""How examples are split among clients (numpy, seeded; the config's names).
+
+The partitioners follow flwr-datasets' recipes (`DirichletPartitioner` and
+friends), with the config's names (`num_clients` for flwr's `num_partitions`,
+`k_per_domain`), so an error names the setting a user gives.
 
 Every partitioner takes index arrays into a `DomainDataset` (plus its `domains` or
 `labels` array) and returns one int64 index array per client, each client's
@@ -9,7 +13,7 @@ and the allowed values, before any work is done.
 * `leave_one_domain_out`: (source, target) indices for one unseen target domain.
 * `domain_split` (hFedF Algorithm 5, alias "hfedf"): every client holds exactly
   `d` source domains.
-* `k_clients_per_domain`: each source domain split into `k` clients.
+* `k_clients_per_domain`: each source domain split into `k_per_domain` clients.
 * `iid`: uniform random split.
 * `dirichlet`: flwr-datasets `DirichletPartitioner` label skew.
 * `few_shot_target`: `k` target-domain examples per client, injected into training.
@@ -23,6 +27,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from fedjax_dg.data.settings import DataConfig
 from fedjax_dg.errors import ConfigError, StandInWarning
 
 PARTITIONERS = ("domain_split", "k_per_domain", "iid", "dirichlet")
@@ -62,7 +67,7 @@ def leave_one_domain_out(
 
 
 def domain_split_parts(
-    sizes: Sequence[int], num_partitions: int, d: int
+    sizes: Sequence[int], num_clients: int, d: int
 ) -> list[int]:
   """hFedF Alg. 5 part counts: a = floor(N d / S) per domain, +1 for the b largest.
 
@@ -71,7 +76,7 @@ def domain_split_parts(
   no part (they are left unused).
   """
   s = len(sizes)
-  a, b = divmod(num_partitions * d, s)
+  a, b = divmod(num_clients * d, s)
   largest = np.argsort(-np.asarray(sizes), kind="stable")[:b]
   return [a + 1 if j in largest else a for j in range(s)]
 
@@ -79,7 +84,7 @@ def domain_split_parts(
 def domain_split(
     domains: np.ndarray,
     indices: np.ndarray,
-    num_partitions: int,
+    num_clients: int,
     d: int,
     seed: int = 0,
 ) -> list[np.ndarray]:
@@ -100,23 +105,23 @@ def domain_split(
   dom = np.asarray(domains)[indices]
   source = np.unique(dom)
   s = len(source)
-  _check_int("num_partitions", num_partitions, 1)
+  _check_int("num_clients", num_clients, 1)
   if s == 0:
     raise ConfigError("domain_split: no source examples to split")
   _check_int("d", d, 1, s, f" but there are only {s} source domains")
   per_domain = [indices[dom == j] for j in source]
-  counts = domain_split_parts([len(p) for p in per_domain], num_partitions, d)
+  counts = domain_split_parts([len(p) for p in per_domain], num_clients, d)
   for j, (p, c) in zip(source, zip(per_domain, counts)):
     if len(p) < c:
       raise ConfigError(
           f"domain_split: source domain {int(j)} has {len(p)} examples but "
-          f"num_partitions={num_partitions}, d={d} split it into {c} parts; "
-          "lower num_partitions or d"
+          f"num_clients={num_clients}, d={d} split it into {c} parts; "
+          "lower num_clients or d"
       )
   unused = [int(j) for j, c in zip(source, counts) if c == 0]
   if unused:
     warnings.warn(
-        f"domain_split: num_partitions * d = {num_partitions * d} < {s} source "
+        f"domain_split: num_clients * d = {num_clients * d} < {s} source "
         f"domains, so the smallest domains {unused} are left unused",
         StandInWarning, stacklevel=2,
     )
@@ -125,20 +130,22 @@ def domain_split(
   for p, c in zip(per_domain, counts):
     if c:
       sequence.extend(np.array_split(rng.permutation(p), c))
-  order = rng.permutation(num_partitions)
-  clients: list[list[np.ndarray]] = [[] for _ in range(num_partitions)]
+  order = rng.permutation(num_clients)
+  clients: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
   for r in range(d):
     for turn, client in enumerate(order):
-      clients[client].append(sequence[r * num_partitions + turn])
+      clients[client].append(sequence[r * num_clients + turn])
   return _shuffled_parts(rng, [np.concatenate(c) for c in clients])
 
 
 def k_clients_per_domain(
-    domains: np.ndarray, indices: np.ndarray, k: int, seed: int = 0
+    domains: np.ndarray, indices: np.ndarray, k_per_domain: int, seed: int = 0
 ) -> list[np.ndarray]:
-  """Each source domain (ascending id) split randomly into `k` equal clients."""
+  """Each source domain (ascending id) split randomly into `k_per_domain`
+  equal clients."""
   indices = _as_indices(indices)
-  _check_int("k", k, 1)
+  k = k_per_domain
+  _check_int("k_per_domain", k, 1)
   dom = np.asarray(domains)[indices]
   rng = np.random.default_rng(seed)
   clients = []
@@ -147,27 +154,27 @@ def k_clients_per_domain(
     if len(members) < k:
       raise ConfigError(
           f"k_per_domain: source domain {int(j)} has {len(members)} examples, "
-          f"fewer than k={k} clients; lower k"
+          f"fewer than k_per_domain={k} clients; lower k_per_domain"
       )
     clients.extend(np.array_split(rng.permutation(members), k))
   return _shuffled_parts(rng, clients)
 
 
-def iid(indices: np.ndarray, num_partitions: int, seed: int = 0) -> list[np.ndarray]:
-  """Uniform random split into `num_partitions` near-equal parts."""
+def iid(indices: np.ndarray, num_clients: int, seed: int = 0) -> list[np.ndarray]:
+  """Uniform random split into `num_clients` near-equal parts."""
   indices = _as_indices(indices)
-  _check_int("num_partitions", num_partitions, 1, max(len(indices), 1),
+  _check_int("num_clients", num_clients, 1, max(len(indices), 1),
              f" with {len(indices)} examples")
   rng = np.random.default_rng(seed)
-  return list(np.array_split(rng.permutation(indices), num_partitions))
+  return list(np.array_split(rng.permutation(indices), num_clients))
 
 
 def dirichlet(
     labels: np.ndarray,
     indices: np.ndarray,
-    num_partitions: int,
+    num_clients: int,
     alpha: float | Sequence[float],
-    min_partition_size: int = 10,
+    min_partition_size: int = DataConfig.min_partition_size,
     seed: int = 0,
     max_tries: int = 100,
 ) -> list[np.ndarray]:
@@ -175,28 +182,29 @@ def dirichlet(
 
   For every class, proportions ~ Dir(alpha) over the partitions split that class's
   (shuffled) examples at `floor(cumsum(p) * n_c)`; the whole draw is repeated until
-  every partition holds at least `min_partition_size` examples.
+  every partition holds at least `min_partition_size` examples (default:
+  `DataConfig`'s, 1; flwr's is 10, docs/data.md "Data defaults").
   """
   indices = _as_indices(indices)
-  _check_int("num_partitions", num_partitions, 1)
+  _check_int("num_clients", num_clients, 1)
   _check_int("min_partition_size", min_partition_size, 0,
-             len(indices) // num_partitions,
-             f" with {len(indices)} examples in {num_partitions} partitions")
+             len(indices) // num_clients,
+             f" with {len(indices)} examples in {num_clients} partitions")
   _check_int("max_tries", max_tries, 1)
   alphas = np.asarray(alpha, np.float64)
-  if (alphas.ndim > 1 or (alphas.ndim == 1 and len(alphas) != num_partitions)
+  if (alphas.ndim > 1 or (alphas.ndim == 1 and len(alphas) != num_clients)
       or not np.all(alphas > 0)):
     raise ConfigError(
         f"alpha={alpha!r}: allowed a positive float, or one per partition "
-        f"({num_partitions} positive floats)"
+        f"({num_clients} positive floats)"
     )
-  alphas = np.broadcast_to(alphas, (num_partitions,))
+  alphas = np.broadcast_to(alphas, (num_clients,))
   lab = np.asarray(labels)[indices]
   by_class = [indices[lab == c] for c in np.unique(lab)]
   rng = np.random.default_rng(seed)
   smallest = 0
   for _ in range(max_tries):
-    parts: list[list[np.ndarray]] = [[] for _ in range(num_partitions)]
+    parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
     for members in by_class:
       members = rng.permutation(members)
       cuts = (np.cumsum(rng.dirichlet(alphas)) * len(members)).astype(int)[:-1]
@@ -210,46 +218,51 @@ def dirichlet(
       f"dirichlet: after max_tries={max_tries} draws with alpha={alpha} some "
       f"partition still had fewer than min_partition_size={min_partition_size} "
       f"examples (best draw: smallest partition {smallest}); raise alpha, lower "
-      "min_partition_size or num_partitions, or raise max_tries"
+      "min_partition_size or num_clients, or raise max_tries"
   )
 
 
 def few_shot_target(
-    target_indices: np.ndarray, num_partitions: int, k: int, seed: int = 0
+    target_indices: np.ndarray, num_clients: int, k: int, seed: int = 0
 ) -> tuple[list[np.ndarray], np.ndarray]:
   """(k random target examples per client, the remaining target examples)."""
   target_indices = _as_indices(target_indices)
-  _check_int("num_partitions", num_partitions, 1)
-  _check_int("few_shot_k", k, 0, len(target_indices) // num_partitions,
+  _check_int("num_clients", num_clients, 1)
+  _check_int("few_shot_k", k, 0, len(target_indices) // num_clients,
              f" with {len(target_indices)} target examples for "
-             f"{num_partitions} clients")
+             f"{num_clients} clients")
   perm = np.random.default_rng(seed).permutation(target_indices)
-  shots = [perm[i * k:(i + 1) * k] for i in range(num_partitions)]
-  return shots, np.sort(perm[num_partitions * k:])
+  shots = [perm[i * k:(i + 1) * k] for i in range(num_clients)]
+  return shots, np.sort(perm[num_clients * k:])
 
 
 @dataclasses.dataclass(frozen=True)
 class PartitionSpec:
   """How to split the source examples among clients.
 
+  The settings and their defaults are the config's `data` section's
+  (`settings.DataConfig`: `partition` there is `name` here), but for
+  `num_clients` and `k_per_domain`, which have no default here (None: not
+  given); the config's 0 / 1 are resolved by `experiment.federate`.
+
   Attributes:
     name: "domain_split" (alias "hfedf"), "k_per_domain", "iid" or "dirichlet".
-    num_partitions: number of clients (for k_per_domain: k x source domains).
+    num_clients: number of clients (for k_per_domain: k x source domains).
     d: source domains per client (domain_split).
-    k: clients per source domain (k_per_domain).
+    k_per_domain: clients per source domain (k_per_domain).
     alpha: Dirichlet concentration (dirichlet).
     min_partition_size: smallest allowed partition (dirichlet).
     few_shot_k: target-domain examples injected into each client's training data.
     seed: seed of the split.
   """
 
-  name: str = "domain_split"
-  num_partitions: int | None = None
-  d: int = 1
-  k: int | None = None
-  alpha: float = 0.5
-  min_partition_size: int = 10
-  few_shot_k: int = 0
+  name: str = DataConfig.partition
+  num_clients: int | None = None
+  d: int = DataConfig.d
+  k_per_domain: int | None = None
+  alpha: float = DataConfig.alpha
+  min_partition_size: int = DataConfig.min_partition_size
+  few_shot_k: int = DataConfig.few_shot_k
   seed: int = 0
 
   def __post_init__(self):
@@ -261,20 +274,20 @@ class PartitionSpec:
       )
     object.__setattr__(self, "name", name)
     if name == "k_per_domain":
-      if self.k is None and self.num_partitions is None:
+      if self.k_per_domain is None and self.num_clients is None:
         raise ConfigError(
-            "PartitionSpec.k is required for name='k_per_domain' (clients per "
-            "source domain, an int >= 1); or give num_partitions"
+            "PartitionSpec.k_per_domain is required for name='k_per_domain' "
+            "(clients per source domain, an int >= 1); or give num_clients"
         )
-    elif self.num_partitions is None:
+    elif self.num_clients is None:
       raise ConfigError(
-          f"PartitionSpec.num_partitions is required for name={name!r}: allowed "
+          f"PartitionSpec.num_clients is required for name={name!r}: allowed "
           ">= 1 (an int)"
       )
-    if self.num_partitions is not None:
-      _check_int("PartitionSpec.num_partitions", self.num_partitions, 1)
-    if self.k is not None:
-      _check_int("PartitionSpec.k", self.k, 1)
+    if self.num_clients is not None:
+      _check_int("PartitionSpec.num_clients", self.num_clients, 1)
+    if self.k_per_domain is not None:
+      _check_int("PartitionSpec.k_per_domain", self.k_per_domain, 1)
     _check_int("PartitionSpec.d", self.d, 1)
     _check_int("PartitionSpec.min_partition_size", self.min_partition_size, 0)
     _check_int("PartitionSpec.few_shot_k", self.few_shot_k, 0)
@@ -287,37 +300,39 @@ class PartitionSpec:
   def describe(self) -> str:
     """The name and the settings that matter for it, e.g. for error messages."""
     relevant = {
-        "domain_split": ("num_partitions", "d"),
-        "k_per_domain": ("k", "num_partitions"),
-        "iid": ("num_partitions",),
-        "dirichlet": ("num_partitions", "alpha", "min_partition_size"),
+        "domain_split": ("num_clients", "d"),
+        "k_per_domain": ("k_per_domain", "num_clients"),
+        "iid": ("num_clients",),
+        "dirichlet": ("num_clients", "alpha", "min_partition_size"),
     }[self.name] + (("few_shot_k",) if self.few_shot_k else ()) + ("seed",)
     fields = ", ".join(f"{f}={getattr(self, f)!r}" for f in relevant)
     return f"PartitionSpec(name={self.name!r}, {fields})"
 
-  def num_clients(self, num_source_domains: int) -> int:
+  def total_clients(self, num_source_domains: int) -> int:
     """How many clients this spec yields for `num_source_domains` domains."""
     if self.name == "k_per_domain":
       return self.clients_per_domain(num_source_domains) * num_source_domains
-    return int(self.num_partitions)
+    return int(self.num_clients)
 
   def clients_per_domain(self, num_source_domains: int) -> int:
-    """k for k_per_domain: `k`, or `num_partitions / num_source_domains`."""
-    if self.k is not None:
-      if (self.num_partitions is not None
-          and self.num_partitions != self.k * num_source_domains):
+    """k for k_per_domain: `k_per_domain`, or `num_clients /
+    num_source_domains`."""
+    if self.k_per_domain is not None:
+      if (self.num_clients is not None
+          and self.num_clients != self.k_per_domain * num_source_domains):
         raise ConfigError(
-            f"PartitionSpec.num_partitions={self.num_partitions} disagrees with "
-            f"k={self.k} x {num_source_domains} source domains; give only k"
+            f"PartitionSpec.num_clients={self.num_clients} disagrees with "
+            f"k_per_domain={self.k_per_domain} x {num_source_domains} source "
+            "domains; give only k_per_domain"
         )
-      return self.k
-    if self.num_partitions % num_source_domains:
+      return self.k_per_domain
+    if self.num_clients % num_source_domains:
       raise ConfigError(
-          f"PartitionSpec.num_partitions={self.num_partitions} for k_per_domain "
+          f"PartitionSpec.num_clients={self.num_clients} for k_per_domain "
           f"must be a multiple of the {num_source_domains} source domains; or "
-          "give k"
+          "give k_per_domain"
       )
-    return self.num_partitions // num_source_domains
+    return self.num_clients // num_source_domains
 
   def validate(self, num_source_domains: int) -> None:
     """Checks the settings that depend on the data, before any split is made."""
@@ -358,11 +373,11 @@ def make_partition(
   indices = _as_indices(indices)
   spec.validate(len(np.unique(np.asarray(domains)[indices])))
   if spec.name == "domain_split":
-    return domain_split(domains, indices, spec.num_partitions, spec.d, spec.seed)
+    return domain_split(domains, indices, spec.num_clients, spec.d, spec.seed)
   if spec.name == "k_per_domain":
     k = spec.clients_per_domain(len(np.unique(np.asarray(domains)[indices])))
     return k_clients_per_domain(domains, indices, k, spec.seed)
   if spec.name == "iid":
-    return iid(indices, spec.num_partitions, spec.seed)
-  return dirichlet(labels, indices, spec.num_partitions, spec.alpha,
+    return iid(indices, spec.num_clients, spec.seed)
+  return dirichlet(labels, indices, spec.num_clients, spec.alpha,
                    spec.min_partition_size, spec.seed)

@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 
-from fedjax_dg.data.sources import eval_label
+from fedjax_dg.data.splits import eval_label
 from fedjax_dg.report import tables
 from fedjax_dg.report.records import curves
 

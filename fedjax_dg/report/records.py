@@ -37,15 +37,15 @@ from typing import Any
 import numpy as np
 
 from fedjax_dg import algorithms
-from fedjax_dg.data import sources
+from fedjax_dg.data import splits
 from fedjax_dg.errors import ConfigError
 
 
 def eval_label(records: list[dict]) -> str:
   """Display name of the held-out evaluation of these records ("test" or
-  "ood", `sources.eval_label`). Only headers and notes change; record fields
+  "ood", `splits.eval_label`). Only headers and notes change; record fields
   and CSV columns keep "ood"."""
-  return sources.eval_label(r["target"] for r in records)
+  return splits.eval_label(r["target"] for r in records)
 
 
 def _spec(algorithm: str) -> algorithms.Spec | None:

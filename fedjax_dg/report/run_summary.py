@@ -16,7 +16,7 @@ import os
 import numpy as np
 
 from fedjax_dg.report import plots
-from fedjax_dg.data.sources import eval_label
+from fedjax_dg.data.splits import eval_label
 
 
 # Marks a mean over fewer held-out targets than the run has (`missing_runs`).

@@ -11,7 +11,7 @@ from __future__ import annotations
 import warnings
 
 from fedjax_dg import algorithms, engine, models
-from fedjax_dg.data import federated, partition, sources
+from fedjax_dg.data import federated, partition, sources, splits, streamed
 from fedjax_dg.errors import ConfigError, NeedsDataError, StandInWarning
 from fedjax_dg.run import presets
 from fedjax_dg.run.config import ConfigDict
@@ -130,7 +130,7 @@ def check_streaming(cfg: ConfigDict, probes: dict | None = None) -> None:
     raise ConfigError(
         f"the data are streamed (data.streaming={cfg.data.streaming!r}"
         + (": the images would take more than "
-           f"{sources.AUTO_STREAM_SHARE:.0%} of the host's memory"
+           f"{streamed.AUTO_STREAM_SHARE:.0%} of the host's memory"
            if cfg.data.streaming == "auto" else "") + "), but "
         + "; ".join(why) + ". Or load the data in memory "
         "(data.streaming='off') if they fit")
@@ -141,7 +141,7 @@ def target_domains(cfg: ConfigDict, domain_names) -> list:
   if spec == "all":
     # Datasets whose domains are official splits (fashion_mnist: train / test):
     # "all" means the evaluation split only, never training on the test set.
-    split = sources.eval_split(cfg.data.name)
+    split = splits.eval_split(cfg.data.name)
     return [split] if split is not None else list(domain_names)
   if spec in ("none", ""):
     return [None]
@@ -175,8 +175,9 @@ def federate(cfg: ConfigDict, dataset, target):
   try:
     spec = partition.PartitionSpec(
         name=d.partition,
-        num_partitions=d.num_clients or (None if per_domain else n_sources),
-        d=d.d, k=None if (per_domain and d.num_clients) else d.k_per_domain,
+        num_clients=d.num_clients or (None if per_domain else n_sources),
+        d=d.d,
+        k_per_domain=None if (per_domain and d.num_clients) else d.k_per_domain,
         alpha=d.alpha, min_partition_size=d.min_partition_size,
         few_shot_k=d.few_shot_k, seed=cfg.seed)
     return federated.build(dataset, spec, target_domain=target,

@@ -6,7 +6,7 @@ engine settings, and every algorithm's settings on a stand-in model
 from __future__ import annotations
 
 from fedjax_dg import algorithms, models
-from fedjax_dg.data import sources
+from fedjax_dg.data import lookup, registry, streamed
 from fedjax_dg.errors import ConfigError
 from fedjax_dg.run import assemble
 from fedjax_dg.run.config import ConfigDict
@@ -23,7 +23,7 @@ def validate(cfg: ConfigDict) -> None:
     if a not in algorithms.available():
       raise ConfigError(f"unknown algorithm {a!r} in algorithms; allowed: "
                        f"{algorithms.available()}")
-  known = sources.available(cfg.data.data_dir or None)
+  known = registry.available(cfg.data.data_dir or None)
   if not cfg.data.name:
     raise ConfigError(f"data.name is not set: name a dataset, one of {known}, "
                       "e.g. the NAME of your `fedjax-dg prepare folder "
@@ -31,8 +31,8 @@ def validate(cfg: ConfigDict) -> None:
   if cfg.data.name not in known:
     raise ConfigError(f"unknown dataset data.name={cfg.data.name!r}; allowed: "
                       f"{known}. "
-                      + sources.where_to_find(cfg.data.name,
-                                              cfg.data.data_dir or None))
+                      + lookup.where_to_find(cfg.data.name,
+                                             cfg.data.data_dir or None))
   size = cfg.data.image_size
   if not isinstance(size, int) or isinstance(size, bool) or size < 1:
     raise ConfigError(
@@ -67,10 +67,10 @@ def validate(cfg: ConfigDict) -> None:
     raise ConfigError(f"data.num_clients={cfg.data.num_clients}: allowed values "
                      "are 0 (one client per source domain) or a positive count")
   assemble.engine_config(cfg).validate(cfg.data.num_clients or None)
-  if cfg.data.streaming not in sources.STREAMING:
+  if cfg.data.streaming not in streamed.STREAMING:
     raise ConfigError(f"data.streaming={cfg.data.streaming!r}: allowed "
-                      f"{sources.STREAMING} (auto: stream when the images would "
-                      f"take more than {sources.AUTO_STREAM_SHARE:.0%} of the "
+                      f"{streamed.STREAMING} (auto: stream when the images would "
+                      f"take more than {streamed.AUTO_STREAM_SHARE:.0%} of the "
                       "host's memory)")
   probes = assemble.check_algorithms(cfg)
   if cfg.data.streaming == "on":

@@ -8,8 +8,9 @@ closest valid key, and every field keeps its type.
 One source of defaults: the algorithm sections are the keyword defaults of each
 algorithm module's `build` (`algorithms.hyperparameters`), their `client`
 sub-sections the module's `CLIENT` (None = the run's `client` value), and
-`train` is `engine.EngineConfig`'s fields. Only what has no other home (data,
-model, the run's client optimizer) is written here.
+`train` is `engine.EngineConfig`'s fields, `data` is `data.settings.DataConfig`'s.
+Only what has no other home (model, the run's client optimizer) is written
+here.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import traceback
 import ml_collections
 
 from fedjax_dg import algorithms, engine
+from fedjax_dg.data.settings import data_defaults
 from fedjax_dg.errors import ConfigError
 
 ConfigDict = ml_collections.ConfigDict
@@ -89,36 +91,7 @@ def base_config() -> ConfigDict:
   # value as well is an error, even the default's (`explicit`).
   c.scenario = ""
 
-  c.data = Config(dict(
-      name="rotated_fashion_mnist",
-      image_size=32,           # side in pixels every image is resized to
-                               # (> 0; no native-size value: give it)
-      max_per_domain=0,        # 0: every example; else a seeded subset per domain
-      targets="all",           # "all" | "none" | comma-separated domain names
-      partition="domain_split",  # domain_split (hFedF Alg. 5) | k_per_domain | iid | dirichlet
-      num_clients=0,           # 0: the number of source domains (the hFedF papers)
-      d=1,                     # source domains per client (domain_split)
-      k_per_domain=1,          # clients per domain (k_per_domain)
-      alpha=0.5,               # Dirichlet concentration (dirichlet)
-      min_partition_size=1,
-      few_shot_k=0,            # target-domain images injected per client
-      val_fraction=0.1,        # each client's id-validation share
-      # Share of the source examples held by the server (carved out before the
-      # client partition, stratified by domain and label): the unlabeled
-      # transfer set of FedDF / FedBE, the labeled proxy set of FedLAW
-      # (FedLAW ref. code: 0.02). 0: none (every other algorithm).
-      server_fraction=0.0,
-      normalization="dataset",  # input stats: "dataset" (all images) | "train"
-                               # | "imagenet" (pretrained weights; RGB)
-      # "auto" | "on" | "off": "on" leaves the images in their prepared
-      # array_record files and reads each chunk's cohorts from them (a
-      # dataset larger than host memory; the "host" placement); "auto": "on"
-      # when the images would take more than sources.AUTO_STREAM_SHARE of the
-      # host's memory (docs/scale.md)
-      streaming="auto",
-      data_dir="",             # prepared data ("": sources.data_dir_default())
-      manual_dir="",           # folder with manually downloaded data
-  ))
+  c.data = Config(data_defaults())  # data.settings.DataConfig's fields
   c.model = Config(dict(
       name="inception_cnn",
       conv_impl="auto",

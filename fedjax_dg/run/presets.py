@@ -29,7 +29,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedjax_dg.run.config import ConfigDict, explicit
+from fedjax_dg.data.settings import DataConfig
+from fedjax_dg.run.config import ConfigDict, explicit, train_defaults
 from fedjax_dg.errors import ConfigError
 
 _CLIENT = lambda lr, wd: {"client.lr": lr, "client.weight_decay": wd}
@@ -221,10 +222,19 @@ def scenario_values(scenario: str, dataset: str | None = None) -> dict[str, Any]
   return out
 
 
-# The fields a scenario fixes (Table 1), with their base_config defaults.
-SCENARIO_FIELDS = {"data.num_clients": ("num_clients", 0),
-                   "train.cohort_size": ("cohort_size", 0),
-                   "data.alpha": ("beta", 0.5)}
+# The fields a scenario fixes (Table 1): config key -> the SCENARIOS entry.
+# Their defaults are read where they are declared (`_default`).
+SCENARIO_FIELDS = {"data.num_clients": "num_clients",
+                   "train.cohort_size": "cohort_size",
+                   "data.alpha": "beta"}
+
+
+def _default(path: str) -> Any:
+  """The base_config default of a "section.key" of data or train."""
+  section, leaf = path.split(".")
+  if section == "data":
+    return getattr(DataConfig, leaf)
+  return train_defaults()[leaf]
 
 
 def resolve_scenario(cfg: ConfigDict) -> list[str]:
@@ -245,8 +255,9 @@ def resolve_scenario(cfg: ConfigDict) -> list[str]:
     raise ConfigError(f"unknown scenario={name!r}; allowed: {tuple(SCENARIOS)} "
                      "or '' (none)")
   applied = []
-  for path, (field, default) in SCENARIO_FIELDS.items():
+  for path, field in SCENARIO_FIELDS.items():
     section, leaf = path.split(".")
+    default = _default(path)
     want, have = SCENARIOS[key][field], cfg[section][leaf]
     given = leaf in explicit(cfg[section]) or have != default
     if given and have != want:

@@ -26,13 +26,11 @@ image looks the same whatever order it is rendered in.
 
 from __future__ import annotations
 
-import os
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import numpy as np
-import tensorflow_datasets as tfds
 
-from fedjax_dg.data.builders import rotated_fashion_mnist as rfm
+from fedjax_dg.data.builders.fashion_mnist_base import DealtFashionMnist
 
 DOMAIN_NAMES = ("gray", "tint", "inverse", "sketch", "texture")
 TINT_OBJECT = (255, 176, 32)       # amber
@@ -122,44 +120,11 @@ def render_all(images: np.ndarray, domains: Sequence[int],
                    for im, d, i in zip(images, domains, indices)])
 
 
-class StyledFashionMnist(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+class StyledFashionMnist(DealtFashionMnist, skip_registration=True):
   """Fashion-MNIST in five colour / texture styles (round-robin domains)."""
 
-  VERSION = tfds.core.Version("1.0.0")
-  RELEASE_NOTES = {"1.0.0": "Initial release."}
-  MANUAL_DOWNLOAD_INSTRUCTIONS = rfm.MISSING_SOURCE_HELP
+  DOMAINS = DOMAIN_NAMES
+  CHANNELS = 3
 
-  def __init__(self, *, source_dir: str | None = None, **kwargs):
-    self._source_dir = source_dir
-    super().__init__(**kwargs)
-
-  def _info(self) -> tfds.core.DatasetInfo:
-    return self.dataset_info_from_configs(
-        description=__doc__,
-        features=tfds.features.FeaturesDict({
-            "image": tfds.features.Image(shape=(28, 28, 3)),
-            "label": tfds.features.ClassLabel(names=rfm.CLASS_NAMES),
-            "domain": tfds.features.ClassLabel(names=DOMAIN_NAMES),
-            "source_index": tfds.features.Scalar(np.int64),
-        }),
-        supervised_keys=("image", "label"),
-        homepage="https://github.com/zalandoresearch/fashion-mnist",
-    )
-
-  def _split_generators(self, dl_manager):
-    del dl_manager  # Raw data comes from IDX files (or the TFDS catalog).
-    images, labels = rfm.load_raw(self._source_dir, os.fspath(self.data_dir_root))
-    return {"train": self._generate_examples(images, labels)}
-
-  def _generate_examples(
-      self, images: np.ndarray, labels: np.ndarray
-  ) -> Iterator[tuple[str, dict]]:
-    order, domains = rfm.deal_round_robin(len(images), len(DOMAIN_NAMES),
-                                          rfm.SHUFFLE_SEED)
-    for i, d in zip(order, domains):
-      yield str(i), {
-          "image": rfm.encode_png(render(images[i], int(d), int(i))),
-          "label": int(labels[i]),
-          "domain": int(d),
-          "source_index": int(i),
-      }
+  def render(self, image: np.ndarray, domain: int, index: int) -> np.ndarray:
+    return render(image, domain, index)
