@@ -180,7 +180,7 @@ def run(name: str, fed, cfg, variant: dict | None = None):
 
 def summarize(alg, res) -> dict:
   """What is pinned of one run."""
-  params = jax.device_get(alg.eval_params(res.server, res.clients))
+  params = jax.device_get(alg.server.eval_params(res.server, res.clients))
   return dict(
       eval_params=digest(params),
       sizes=leaf_sizes(params),

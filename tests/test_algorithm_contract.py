@@ -55,25 +55,25 @@ def _host_placement_rows(alg):
   """Rows built or evaluated for a block of ids are the rows of the whole."""
   key, ids = jax.random.key(3), jnp.array([2, 0, 2])
   server, clients = jax.eval_shape(alg.init, key)
-  if not alg.personalized:
-    params = jax.eval_shape(alg.eval_params, server, None)
+  if not alg.server.personalized:
+    params = jax.eval_shape(alg.server.eval_params, server, None)
     chex.assert_trees_all_equal_shapes(
-        params, jax.eval_shape(alg.eval_params, server, clients))
-  if clients is None and not alg.personalized:
+        params, jax.eval_shape(alg.server.eval_params, server, clients))
+  if clients is None and not alg.server.personalized:
     return
 
   @jax.jit   # one program; rows taken in numpy (eagerly: a gather per shape)
   def run(key):
     server, clients = alg.init(key)
-    rows = alg.init_rows(key, ids)
+    rows = alg.initial_rows(key, ids)
     evaluated = (alg.eval_rows(server, rows, ids),
-                 alg.eval_params(server, clients)) if alg.personalized else None
+                 alg.server.eval_params(server, clients)) if alg.server.personalized else None
     return clients, rows, evaluated
 
   clients, rows, evaluated = run(key)
   take = lambda t: jax.tree.map(lambda a: np.asarray(a)[np.asarray(ids)], t)
   _rows_equal(rows, take(clients))
-  if alg.personalized:
+  if alg.server.personalized:
     _rows_equal(evaluated[0], take(evaluated[1]))
 
 
@@ -103,14 +103,14 @@ def test_algorithm_contract(setup, name):
   ids = jnp.arange(M)
   rows = (None if clients is None
           else jax.eval_shape(lambda c: jax.tree.map(lambda a: a[:M], c), clients))
-  start = jax.eval_shape(alg.client_start, server, rows, ids)
+  start = jax.eval_shape(alg.client.start, server, rows, ids)
   chex.assert_tree_shape_prefix(start, (M,))
 
   cfg_engine = engine.EngineConfig(rounds=1, epochs=1, batch_size=4,
-                                   cohort_size=0 if alg.pooled else M,
+                                   cohort_size=0 if alg.client.pooled else M,
                                    client_mapping="map")
-  n = 1 if alg.pooled else N
-  train = fed.pooled().train if alg.pooled else fed.train
+  n = 1 if alg.client.pooled else N
+  train = fed.pooled().train if alg.client.pooled else fed.train
   round_fn = make_round(alg, cfg_engine, n)
   carry = jax.eval_shape(alg.init, jax.random.key(0))
   frozen = None if alg.frozen is None else jax.eval_shape(alg.frozen,
@@ -122,12 +122,12 @@ def test_algorithm_contract(setup, name):
   assert jax.tree.structure(new) == jax.tree.structure(carry)
   assert metrics["loss"].shape == () and metrics["cohort"].shape[0] in (M, 1)
 
-  params = jax.eval_shape(alg.eval_params, *carry)
+  params = jax.eval_shape(alg.server.eval_params, *carry)
   # The evaluated model: the algorithm's own (FedSDAF's adapters) or the run's,
   # its parameters = the shared-frozen entries + the evaluated ones (frozen
   # networks of the objective only, CCST's AdaIN, are not the model's).
   target = jax.eval_shape((alg.model or model).init, jax.random.key(0))
-  if alg.personalized:
+  if alg.server.personalized:
     chex.assert_tree_shape_prefix(params, (N,))
     params = jax.eval_shape(lambda p: jax.tree.map(lambda a: a[0], p), params)
   merged = with_frozen(frozen, params)

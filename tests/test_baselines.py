@@ -164,7 +164,7 @@ def test_fedsr_reference_parameters_stay_local(fed3):
     server, ref0 = alg.init(key)
     # Checked while tracing (the structure, not the values).
     assert set(server.params) == {"body", "rep", "cls"}  # no reference here
-    start = alg.client_start(server, ref0, jnp.arange(3))
+    start = alg.client.start(server, ref0, jnp.arange(3))
     assert start["ref"] is ref0  # each client starts from its own reference
     return round_fn((server, ref0), jnp.int32(0), train, jax.random.key(1),
                     None)
@@ -230,7 +230,7 @@ def test_fedgma_server_adds_the_masked_step(fed3):
                         num_examples=jnp.asarray(weights),
                         loss=jnp.zeros((4,)))
   server = ServerState(old, GmaState(jnp.float32(1.0)))
-  server, metrics = jax.jit(alg.server_update)(server, result,
+  server, metrics = jax.jit(alg.server.update)(server, result,
                                                jax.random.key(0))
   np.testing.assert_allclose(server.params["w"],
                              [10.75, 10.0, 10.625, 10.125], rtol=1e-6)
@@ -246,21 +246,21 @@ def test_pfedhn_server_step_moves_generated_models_toward_trained(fed3):
   cfg = base_config()
   cfg.pfedhn.server_lr = 0.1
   alg = assemble.algorithm("pfedhn", mlp(fed3), fed3.num_clients, cfg)
-  assert alg.personalized and alg.local_steps == 0  # the engine's epochs
+  assert alg.server.personalized and alg.client.local_steps == 0  # the engine's epochs
   ids = jnp.array([0, 2])
 
   @jax.jit   # one program (eagerly: a program per leaf shape and op)
   def step(key):
     server, _ = alg.init(key)
-    start = alg.client_start(server, None, ids)
+    start = alg.client.start(server, None, ids)
     direction = jax.tree.map(
         lambda p: jax.random.normal(jax.random.key(p.size), p.shape), start)
     trained = optax.tree.add(start, optax.tree.scale(0.05, direction))
     result = ClientResult(ids=ids, round=0, start=start, params=trained,
                           num_examples=jnp.array([10, 10]),
                           loss=jnp.zeros((2,)))
-    new_server, _ = alg.server_update(server, result, jax.random.key(1))
-    after = alg.client_start(new_server, None, ids)
+    new_server, _ = alg.server.update(server, result, jax.random.key(1))
+    after = alg.client.start(new_server, None, ids)
     return (server, new_server,
             tree.rowwise_sq_norm(optax.tree.sub(start, trained)),
             tree.rowwise_sq_norm(optax.tree.sub(after, trained)))
@@ -282,7 +282,7 @@ def test_pfedhn_reference_code_settings(fed3):
   cfg.pfedhn.local_steps = 50
   cfg.pfedhn.client_clip_norm = 50.0
   alg = assemble.algorithm("pfedhn", mlp(fed3), fed3.num_clients, cfg)
-  assert alg.local_steps == 50
+  assert alg.client.local_steps == 50
 
 
 # ----------------------------------------------------------------------------
@@ -304,14 +304,14 @@ def test_fedprox_with_huge_mu_stays_near_the_start(fed3):
     @jax.jit
     def distance(start, data):
       ctx = ClientContext(id=0, round=0, start=start)
-      p, _ = local_update(alg.loss, alg.optimizer, start, *data, ctx,
+      p, _ = local_update(alg.client.loss, alg.client.optimizer, start, *data, ctx,
                           batch_size=16, epochs=2)
       return optax.tree.norm(optax.tree.sub(p, start))
     return float(distance(start, data))
 
   d_prox, d_avg = moved(prox), moved(avg)
   assert d_prox < 0.2 * d_avg, (d_prox, d_avg)
-  assert prox.name == "fedprox" and not prox.personalized
+  assert prox.name == "fedprox" and not prox.server.personalized
 
 
 @pytest.mark.parametrize("name", ["fedprox", "pfedhn", "fedsr", "fedgma"])

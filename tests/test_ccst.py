@@ -295,7 +295,7 @@ def identity_files(tmp_path_factory):
 def _ctx(alg, params, cid=0):
   server, _ = alg.init(jax.random.key(0))
   return ClientContext(id=jnp.int32(cid), round=jnp.int32(0), start=params,
-                       shared=alg.client_shared(server),
+                       shared=alg.client.shared(server),
                        frozen=alg.frozen(jax.random.key(0))), server
 
 
@@ -344,7 +344,7 @@ def test_reference_loss_is_the_mean_over_all_clients_styles_own_kept(
       assert not np.allclose(styled, x / 255.0, atol=1e-2)  # another style
     ces.append(_ce(model, params, styled, y, mask))
   for seed in range(3):
-    got = float(jax.jit(alg.loss)(params, batch, jax.random.key(seed), ctx))
+    got = float(jax.jit(alg.client.loss)(params, batch, jax.random.key(seed), ctx))
     np.testing.assert_allclose(got, np.mean(ces), rtol=1e-4)
 
 
@@ -367,7 +367,7 @@ def test_fedccrl_code_loss_adds_k_views_in_foreign_styles_only(
   ce = _ce(model, params, x / 255.0, y, mask)
   ce_view = _ce(model, params, _styled(x, overall, 1), y, mask)
   assert abs(ce_view - ce) > 1e-3
-  loss = jax.jit(alg.loss)
+  loss = jax.jit(alg.client.loss)
   counts = [(float(loss(params, batch, jax.random.key(s), ctx)) - ce) / ce_view
             for s in range(16)]
   np.testing.assert_allclose(counts, np.round(counts), atol=1e-3)
@@ -388,7 +388,7 @@ def test_identity_transfer_leaves_the_reference_loss_the_cross_entropy(
                bank="single")
   ctx, _ = _ctx(ref, params)
   np.testing.assert_allclose(
-      jax.jit(ref.loss)(params, batch, jax.random.key(0), ctx), ce, rtol=1e-4)
+      jax.jit(ref.client.loss)(params, batch, jax.random.key(0), ctx), ce, rtol=1e-4)
 
 
 # Slow (~5 s, an engine run): the default test_pinned.py::test_learns_above_
@@ -401,7 +401,7 @@ def test_identity_transfer_leaves_the_reference_loss_the_cross_entropy(
 def test_ccst_learns_keeps_the_network_frozen_and_refreshes_single_styles(
     fed, model):
   alg = _build(fed, model, lr=0.05, bank="both", k=2, r=0.25)
-  assert alg.client_aux is not None and alg.frozen is not None
+  assert alg.client.end is not None and alg.frozen is not None
   first, _ = alg.init(jax.random.key(0))
   res = engine.run(alg, fed, model, engine.EngineConfig(
       rounds=3, eval_every=3, epochs=1, batch_size=16, progress=False))
@@ -413,12 +413,12 @@ def test_ccst_learns_keeps_the_network_frozen_and_refreshes_single_styles(
   np.testing.assert_array_equal(res.server.single.valid, first.single.valid)
   np.testing.assert_array_equal(res.round_metrics["ccst_bank_size"],
                                 int(first.single.valid.sum()) + 3)
-  assert _build(fed, model).client_aux is None        # overall: nothing to send
-  assert _build(fed, model, bank="single", refresh=False).client_aux is None
+  assert _build(fed, model).client.end is None        # overall: nothing to send
+  assert _build(fed, model, bank="single", refresh=False).client.end is None
 
 
 def test_refreshed_single_styles_land_in_their_own_clients_rows(fed, model):
-  """The server writes client c's redrawn single-image styles (`client_aux`)
+  """The server writes client c's redrawn single-image styles (its message)
   to row c of the bank, whatever the cohort's order, and leaves the other
   rows alone. Unequal clients (6, 27, 15 examples: ceil(r n) = 3, 14, 8 valid
   styles) and a cohort [2, 0] (neither sorted nor rows 0..m-1), so a wrong
@@ -435,16 +435,16 @@ def test_refreshed_single_styles_land_in_their_own_clients_rows(fed, model):
 
   @jax.jit
   def round_end(server):
-    """The cohort's redrawn styles (`client_aux`), then the server update."""
-    aux = jax.vmap(lambda c, *a: alg.client_aux(ClientContext(
+    """The cohort's redrawn styles (their messages), then the server update."""
+    aux = jax.vmap(lambda c, *a: alg.client.end.fn(ClientContext(
         id=c, round=0, start=None, frozen=frozen), None, ClientData(*a[:3]),
-                                                 a[3]))(
+                                                   a[3])[1])(
         ids, x, y, n, jax.random.split(jax.random.key(5), len(ids)))
     result = ClientResult(ids=jnp.asarray(ids), round=jnp.int32(0), start=None,
                           params=tree.broadcast(server.params, len(ids)),
                           num_examples=jnp.asarray(n), loss=jnp.zeros(2),
-                          aux=aux)
-    return aux, alg.server_update(server, result, jax.random.key(1))
+                          message=aux)
+    return aux, alg.server.update(server, result, jax.random.key(1))
 
   server, _ = alg.init(jax.random.key(0))
   aux, (new, metrics) = jax.device_get(round_end(server))
@@ -483,7 +483,7 @@ def test_both_reads_the_single_and_the_overall_bank(fed, model):
   params = model.init(jax.random.key(1))
   ctx, server = _ctx(alg, params)
   batch = _batch(fed, 0, 8)
-  loss = jax.jit(alg.loss)
+  loss = jax.jit(alg.client.loss)
   poison = lambda b: b._replace(sig=jnp.full_like(b.sig, jnp.nan))
   single, overall = ctx.shared
   for shared in ((poison(single), overall), (single, poison(overall))):
@@ -494,14 +494,14 @@ def test_both_reads_the_single_and_the_overall_bank(fed, model):
   # The server: the cohort's single styles written, the overall bank kept, the
   # AdaIN network nowhere in the trained state, both banks counted; only a
   # refreshed single bank is uploaded.
-  assert alg.client_aux is not None and alg.frozen is not None
+  assert alg.client.end is not None and alg.frozen is not None
   ids = jnp.asarray([2, 0])
   stacked = tree.broadcast(server.params, 2)
   aux = jax.tree.map(lambda a: a[::-1], tree.take(server.single, ids))
-  new, metrics = jax.device_get(jax.jit(alg.server_update)(
+  new, metrics = jax.device_get(jax.jit(alg.server.update)(
       server, ClientResult(ids=ids, round=jnp.int32(0), start=stacked,
                            params=stacked, num_examples=jnp.asarray([5, 5]),
-                           loss=jnp.zeros(2), aux=aux), jax.random.key(0)))
+                           loss=jnp.zeros(2), message=aux), jax.random.key(0)))
   np.testing.assert_array_equal(new.single.mu[[2, 0]],
                                 np.asarray(server.single.mu)[[0, 2]])
   for got, was in zip(new.overall, server.overall):
@@ -510,8 +510,8 @@ def test_both_reads_the_single_and_the_overall_bank(fed, model):
   assert int(metrics["ccst_bank_size"]) == int(
       server.single.valid.sum()) + 3 == int(new.single.valid.sum()) + int(
           new.overall.valid.sum())
-  assert _build(fed, model).client_aux is None        # overall: nothing to send
-  assert _build(fed, model, bank="single", refresh=False).client_aux is None
+  assert _build(fed, model).client.end is None        # overall: nothing to send
+  assert _build(fed, model, bank="single", refresh=False).client.end is None
 
 
 def test_bad_settings_and_missing_data_are_errors(fed, model, tmp_path):

@@ -193,7 +193,8 @@ def test_client_schedule_wraps_any_algorithms_optimizer_or_is_refused():
   fed = synthetic_federation(num_clients=2, per_domain=8)
   model = models.get_model("mlp", input_shape=fed.image_shape,
                            num_classes=fed.num_classes, hidden=4)
-  assert assemble.algorithm("fedprox", model, 2, c).needs_rounds
+  assert isinstance(assemble.algorithm("fedprox", model, 2, c).client.optimizer,
+                    RunProgress)
   with pytest.raises(ValueError, match="fedsam: client.schedule='cosine'"):
     assemble.algorithm("fedsam", model, 2, c)
   c.client.schedule = "linear"

@@ -369,7 +369,7 @@ def test_local_loss_is_the_episodic_loss_of_the_batch_and_its_transform(setup):
         model, params, model.normalize(batch.x),
         model.normalize(x_trs / 255.0), batch.y, batch.mask, k_inner, k_outer,
         **hp)
-    return x_trs, want, alg.loss(params, batch, key, ctx)
+    return x_trs, want, alg.client.loss(params, batch, key, ctx)
 
   x_trs, want, got = run(params, batch, ctx)
   assert float(np.mean(np.abs(np.asarray(x_trs) - np.asarray(pixels)))
@@ -393,7 +393,7 @@ def test_bank_holds_windows_of_each_clients_own_images(setup):
 
 
 def test_the_server_keeps_the_cohorts_new_bank_rows(setup):
-  """client_aux re-draws a client's rows from its own images; the server
+  """A client's end of round re-draws a client's rows from its own images; the server
   writes the cohort's rows and keeps the others (refresh_bank=False: nothing
   uploaded, the first bank kept)."""
   fed, model = setup
@@ -406,25 +406,26 @@ def test_the_server_keeps_the_cohorts_new_bank_rows(setup):
 
   @jax.jit   # the uploads and the server update in one program
   def round_end(first, datas):
-    aux = [alg.client_aux(None, None, d, jax.random.key(7 + int(c)))
+    aux = [alg.client.end.fn(ClientContext(id=c, round=0, start=None), None,
+                             d, jax.random.key(7 + int(c)))[1]
            for d, c in zip(datas, ids.tolist())]
     aux = jax.tree.map(lambda *a: jnp.stack(a), *aux)
     stacked = jax.tree.map(lambda v: jnp.stack([v] * 2), first.params)
     result = ClientResult(ids=ids, round=jnp.asarray(0), start=stacked,
                           params=stacked, num_examples=jnp.asarray([5, 5]),
-                          loss=jnp.zeros(2), aux=aux)
-    return result, alg.server_update(first, result, jax.random.key(0))
+                          loss=jnp.zeros(2), message=aux)
+    return result, alg.server.update(first, result, jax.random.key(0))
 
   result, (server, metrics) = round_end(first, [data(int(c)) for c in ids])
-  aux = result.aux
+  aux = result.message
   for row, c in enumerate(ids.tolist()):
     np.testing.assert_array_equal(server.bank.amp[c], aux.amp[row])
     assert not np.allclose(server.bank.amp[c], first.bank.amp[c])  # redrawn
   np.testing.assert_array_equal(server.bank.amp[1], first.bank.amp[1])
   assert int(metrics["elcfs_bank_size"]) == int(first.bank.valid.sum())
   kept = _build(fed, model, ratio=0.25, refresh_bank=False)
-  assert kept.client_aux is None
-  server, _ = jax.jit(kept.server_update)(first, result._replace(aux=None),
+  assert kept.client.end is None
+  server, _ = jax.jit(kept.server.update)(first, result._replace(message=None),
                                           jax.random.key(0))
   np.testing.assert_array_equal(server.bank.amp, first.bank.amp)
 

@@ -1,6 +1,7 @@
 """The run's length reaches what depends on it: a schedule over the run
-(`RunProgress`) and a server update that decays over the rounds
-(`Algorithm.uses_rounds`), while other algorithms share one compile."""
+(`RunProgress`, through `ClientContext.rounds`) and a server update that
+decays over the rounds (`ClientResult.rounds`), while one compile serves
+every length."""
 
 import dataclasses
 
@@ -47,34 +48,25 @@ def test_run_progress_spans_the_whole_run(fed3):
                                rtol=1e-5)
 
 
-def test_server_sees_the_rounds_only_where_asked(fed3):
+def test_every_server_sees_the_rounds_and_one_compile_serves_every_length(
+    fed3):
+  """The server update gets the run's length (`ClientResult.rounds`, a
+  traced scalar: FedDG-GA's step decays over it): the chunk program is
+  keyed alike for every length and compiled once, yet each run's server
+  sees its own length."""
   model = _model(fed3)
   base = fedavg(model, optax.sgd(0.0), objectives.cross_entropy(model))
-  seen = {}
 
   def server_update(server, result, key):
-    seen[base.name if result.rounds is None else result.rounds] = True
-    return base.server_update(server, result, key)
+    server, metrics = base.server.update(server, result, key)
+    return server, dict(metrics, rounds=result.rounds)
 
-  asks = dataclasses.replace(base, server_update=server_update,
-                             uses_rounds=True)
-  assert asks.needs_rounds and not base.needs_rounds
-
-  def trace(alg, cfg):
-    """Lowers (traces, never compiles) the chunk program `engine.run` runs
-    for `cfg` (`engine.programs.programs`): the server update records what it
-    sees at trace time."""
-    progs = programs(alg, model, cfg, fed3.num_clients)
-    progs.chunk.lower(jax.eval_shape(alg.init, jax.random.key(0)),
-                      jnp.int32(0), jax.tree.map(jnp.asarray, fed3.train),
-                      jax.random.key(cfg.seed), None, cfg.eval_every)
-
-  trace(asks, dataclasses.replace(CFG, rounds=3, eval_every=3))
-  trace(asks, dataclasses.replace(CFG, rounds=5, eval_every=5))
-  plain = dataclasses.replace(base, server_update=server_update)
-  trace(plain, CFG)
-  assert seen == {3: True, 5: True, base.name: True}
-  # Programs are compiled per run length only where the length matters.
-  key = lambda a, r: program_key(dataclasses.replace(CFG, rounds=r), a)
-  assert key(plain, 3) == key(plain, 7)
-  assert key(asks, 3) != key(asks, 7)
+  alg = base.replace(update=server_update)
+  key = lambda r: program_key(dataclasses.replace(CFG, rounds=r), alg)
+  assert key(3) == key(7)
+  for rounds in (3, 5):
+    cfg = dataclasses.replace(CFG, rounds=rounds, eval_every=1)
+    got = engine.run(alg, fed3, model, cfg)
+    np.testing.assert_array_equal(got.round_metrics["rounds"], [rounds] * rounds)
+  progs = programs(alg, model, CFG, fed3.num_clients)
+  assert progs.chunk._cache_size() == 1, progs.chunk._cache_size()

@@ -176,7 +176,7 @@ def test_each_player_gets_the_gradient_of_its_own_loss(setup):
   batch, rng = _batch(fed), jax.random.key(3)
   task, discriminator, generator = _separate_losses(model, params, batch, rng,
                                                     alpha)
-  value, grads = jax.jit(jax.value_and_grad(alg.loss))(params, batch, rng,
+  value, grads = jax.jit(jax.value_and_grad(alg.client.loss))(params, batch, rng,
                                                        _ctx(params))
   np.testing.assert_allclose(value, jax.jit(task)(params["model"]), rtol=1e-5)
   separate = jax.jit(lambda p: dict(model=jax.grad(task)(p["model"]),
@@ -190,7 +190,7 @@ def test_each_player_gets_the_gradient_of_its_own_loss(setup):
   # A generator that is not trained gets none; the others are unchanged.
   frozen = fedadg.build(model, optax.sgd(0.1), alpha=alpha,
                         train_generator=False, **SIZES)
-  grads2 = jax.jit(jax.grad(frozen.loss))(params, batch, rng, _ctx(params))
+  grads2 = jax.jit(jax.grad(frozen.client.loss))(params, batch, rng, _ctx(params))
   assert all(float(jnp.abs(g).max()) == 0 for g in jax.tree.leaves(
       grads2["gen"]))
   for a, b in zip(jax.tree.leaves({k: grads[k] for k in ("model", "disc")}),
@@ -205,7 +205,7 @@ def test_warm_up_epochs_train_the_classifier_alone(setup):
   params = warm.init(jax.random.key(0))[0].params
   batch, rng = _batch(fed), jax.random.key(4)
   ce = objectives.cross_entropy(model)
-  grad = jax.jit(jax.value_and_grad(warm.loss))
+  grad = jax.jit(jax.value_and_grad(warm.client.loss))
   value, g = grad(params, batch, rng, _ctx(params, jnp.int32(1)))
   want_value, want = jax.jit(jax.value_and_grad(ce))(params["model"], batch,
                                                      rng)
@@ -216,7 +216,7 @@ def test_warm_up_epochs_train_the_classifier_alone(setup):
              for a in jax.tree.leaves({"g": g["gen"], "d": g["disc"]}))
   # From epoch ce_epochs on: the adversarial objective.
   value, g = grad(params, batch, rng, _ctx(params, jnp.int32(2)))
-  value2, g2 = jax.jit(jax.value_and_grad(plain.loss))(params, batch, rng,
+  value2, g2 = jax.jit(jax.value_and_grad(plain.client.loss))(params, batch, rng,
                                                        _ctx(params))
   np.testing.assert_allclose(value, value2, rtol=1e-5)
   for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g2)):
@@ -230,7 +230,7 @@ def test_adversaries_step_at_adv_lr_scale_times_the_rate(setup):
   for train_generator, gen_scale in ((True, 0.3), (False, 0.0)):
     alg = fedadg.build(model, optax.sgd(0.1), adv_lr_scale=0.3,
                        train_generator=train_generator, **SIZES)
-    updates, _ = alg.optimizer.update(grads, alg.optimizer.init(params), params)
+    updates, _ = alg.client.optimizer.update(grads, alg.client.optimizer.init(params), params)
     for key, scale in (("model", 1.0), ("disc", 0.3), ("gen", gen_scale)):
       for u in jax.tree.leaves(updates[key]):
         np.testing.assert_allclose(u, -0.1 * scale, rtol=1e-6)
@@ -256,7 +256,7 @@ def test_alpha_one_trains_the_model_like_fedavg(setup):
   train = lambda loss, p: local_update(loss, opt, p, x, y, n,
                                        jax.random.key(5), _ctx(p),
                                        batch_size=8, epochs=1)[0]
-  got = jax.jit(lambda p: train(alg.loss, p))(params)
+  got = jax.jit(lambda p: train(alg.client.loss, p))(params)
   want = jax.jit(lambda p: train(objectives.cross_entropy(model), p))(
       params["model"])
   for a, b in zip(jax.tree.leaves(got["model"]), jax.tree.leaves(want)):
@@ -288,12 +288,12 @@ def test_server_averages_all_four_networks(setup):
   server, clients = alg.init(jax.random.key(0))
   assert clients is None and set(server.params) == {"model", "gen", "disc"}
   result, n = _result(server.params)
-  new, _ = alg.server_update(server, result, jax.random.key(1))
+  new, _ = alg.server.update(server, result, jax.random.key(1))
   for got, stacked in zip(jax.tree.leaves(new.params),
                           jax.tree.leaves(result.params)):
     want = np.tensordot(n / n.sum(), np.asarray(stacked, np.float64), axes=1)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-  for a, b in zip(jax.tree.leaves(alg.eval_params(new, None)),
+  for a, b in zip(jax.tree.leaves(alg.server.eval_params(new, None)),
                   jax.tree.leaves(new.params["model"])):
     np.testing.assert_array_equal(a, b)
 
@@ -308,15 +308,20 @@ def test_a_local_discriminator_stays_with_its_client(setup):
   assert kernels.shape == (4, 9, 1) and not np.allclose(kernels[0], kernels[1])
   ids = jnp.asarray([2, 0, 3])
   cohort = jax.tree.map(lambda a: a[ids], rows)
-  start = alg.client_start(server, cohort, ids)
+  start = alg.client.start(server, cohort, ids)
   np.testing.assert_array_equal(start["disc"]["fc2"]["kernel"],
                                 kernels[[2, 0, 3]])
   np.testing.assert_array_equal(start["gen"]["fc2"]["bias"][1],
                                 server.params["gen"]["fc2"]["bias"])
   result, n = _result(start)
-  np.testing.assert_array_equal(alg.client_end(cohort, result.params)["fc1"][
-      "bias"], result.params["disc"]["fc1"]["bias"])
-  new, _ = alg.server_update(server, result, jax.random.key(1))
+  row, message = alg.client.end.fn(
+      ClientContext(id=jnp.int32(2), round=jnp.int32(0), start=None,
+                    state=jax.tree.map(lambda a: a[0], cohort)),
+      jax.tree.map(lambda a: a[0], result.params), None, None)
+  assert message is None
+  np.testing.assert_array_equal(row["fc1"]["bias"],
+                                result.params["disc"]["fc1"]["bias"][0])
+  new, _ = alg.server.update(server, result, jax.random.key(1))
   assert set(new.params) == {"model", "gen"}
   # One engine round keeps the carry (the rows of the cohort rewritten).
   round_fn = make_round(alg, engine.EngineConfig(

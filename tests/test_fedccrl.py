@@ -239,16 +239,18 @@ def test_cosine_over_run_scales_each_epoch_of_each_round():
   R, E, B, n = 4, 2, 2, 5  # 3 steps per epoch
   run = jax.jit(lambda ctx: local_update(   # one program for the rounds
       loss, opt, {"w": jnp.zeros(())}, x, y, jnp.int32(n), jax.random.key(0),
-      ctx, batch_size=B, epochs=E, rounds=R)[0])
+      ctx, batch_size=B, epochs=E)[0])
   for r in range(R):
-    ctx = ClientContext(id=jnp.int32(0), round=jnp.int32(r), start=None)
+    ctx = ClientContext(id=jnp.int32(0), round=jnp.int32(r), start=None,
+                        rounds=jnp.int32(R))
     params = run(ctx)
     want = -sum(3 * 0.5 * (1 + np.cos(np.pi * (r * E + e) / (R * E)))
                 for e in range(E))
     np.testing.assert_allclose(params["w"], want, rtol=1e-5)
-  with pytest.raises(ValueError, match="rounds"):
+  with pytest.raises(ValueError, match="rounds"):  # a context without them
     local_update(loss, opt, {"w": jnp.zeros(())}, x, y, jnp.int32(n),
-                 jax.random.key(0), ctx, batch_size=B, epochs=E)
+                 jax.random.key(0), ctx._replace(rounds=None), batch_size=B,
+                 epochs=E)
 
 
 # --------------------------------------------------------------------------
@@ -297,9 +299,9 @@ def test_without_augmentation_and_alignment_the_loss_is_cross_entropy(setup):
     z = model.features(params, batch.x, train=True, rng=jax.random.key(0))
     sc = objectives.supervised_contrastive(z, z, batch.y, batch.mask, 0.1)
     styled = ctx._replace(shared=pool)
-    return (ce, sc, [a.loss(params, batch, key, ctx) for a in plain_off],
-            ra.loss(params, batch, key, ctx),
-            [a.loss(params, batch, jax.random.key(2), styled)
+    return (ce, sc, [a.client.loss(params, batch, key, ctx) for a in plain_off],
+            ra.client.loss(params, batch, key, ctx),
+            [a.client.loss(params, batch, jax.random.key(2), styled)
              for a in (js, plain)])
 
   ce, sc, off, with_ra, (with_js, without_js) = run(params, batch, ctx,
@@ -397,7 +399,7 @@ def _run_loss(unequal, pool=None, head_scale=1.0, **hp):
 
   @jax.jit
   def run(params, batch, key, ctx):
-    loss = alg.loss(params, batch, key, ctx)
+    loss = alg.client.loss(params, batch, key, ctx)
     (xs, z), = spy.seen[-1:]
     return loss, xs, z
 
@@ -508,7 +510,7 @@ def test_style_pool_keeps_ceil_r_n_statistics_per_client(unequal):
   """S = ceil(r n_max) slots, ceil(r n_i) valid statistics per client (Eq. 8,
   Alg. 1), on 13, 7, 2 examples (padded to 13) with r = 0.25: 4 slots and
   4, 2, 1 statistics where floor gives 3 and 3, 1, 0; the same in each
-  round's `client_aux`."""
+  round's message (its end of round)."""
   fed, model = unequal
   assert style_pool.pool_slots(0.25, 13) == 4
   assert [style_pool.pool_slots(r, 10) for r in (0.05, 0.15, 1.0)] == [1, 2, 10]
@@ -520,15 +522,15 @@ def test_style_pool_keeps_ceil_r_n_statistics_per_client(unequal):
   want = [math.ceil(0.25 * n) for n in fed.train.n]
   assert want == [4, 2, 1]
   np.testing.assert_array_equal(valid.sum(1), want)
-  aux = jax.jit(alg.client_aux)(
-      None, None, ClientData(jnp.asarray(fed.train.x[1]),
-                             jnp.asarray(fed.train.y[1]), jnp.int32(7)),
-      jax.random.key(3))
+  _, aux = jax.jit(alg.client.end.fn)(
+      ClientContext(id=jnp.int32(1), round=jnp.int32(0), start=None), None,
+      ClientData(jnp.asarray(fed.train.x[1]), jnp.asarray(fed.train.y[1]),
+                 jnp.int32(7)), jax.random.key(3))
   np.testing.assert_array_equal(np.asarray(aux.valid), [1, 1, 0, 0])
 
 
 def test_the_server_writes_the_cohorts_redrawn_statistics(setup):
-  """client_aux redraws a client's statistics from its own images; the
+  """A client's end of round redraws a client's statistics from its own images; the
   server writes the cohort's rows (a cohort [2, 0]: neither sorted nor rows
   0..m-1), keeps the others and reports the pool's size."""
   fed, model = setup
@@ -541,12 +543,13 @@ def test_the_server_writes_the_cohorts_redrawn_statistics(setup):
 
   @jax.jit   # the cohort's uploads and the server update in one program
   def round_end(server, data):
-    aux = jax.vmap(lambda d, k: alg.client_aux(None, None, d, k))(
+    ctx = ClientContext(id=jnp.int32(0), round=jnp.int32(0), start=None)
+    aux = jax.vmap(lambda d, k: alg.client.end.fn(ctx, None, d, k)[1])(
         data, jax.random.split(jax.random.key(7), 2))
     result = ClientResult(ids=jnp.asarray(ids), round=jnp.int32(0),
                           start=stacked, params=stacked,
-                          num_examples=data.n, loss=jnp.zeros(2), aux=aux)
-    return aux, alg.server_update(server, result, jax.random.key(1))
+                          num_examples=data.n, loss=jnp.zeros(2), message=aux)
+    return aux, alg.server.update(server, result, jax.random.key(1))
 
   aux, (server, metrics) = jax.device_get(round_end(first, data))
   old = jax.device_get(first.pool)

@@ -203,7 +203,7 @@ def _direct(model, params, x, y):
     ("acc", 20, 50),
     ("loss", 40, 13),   # fewer real rows than asked: padding never counts
     ("loss", 0, 50)])   # 0: all real rows
-def test_client_aux_measures_both_models_on_the_fixed_slice(setup, metric,
+def test_client_end_measures_both_models_on_the_fixed_slice(setup, metric,
                                                             examples, n_real):
   fed, model = setup
   alg = feddg_ga.build(model, optax.sgd(0.1), None, num_clients=3,
@@ -212,8 +212,8 @@ def test_client_aux_measures_both_models_on_the_fixed_slice(setup, metric,
   y[n_real:] = 0  # padding rows hold real-looking labels
   start, trained = model.init(jax.random.key(0)), model.init(jax.random.key(1))
   ctx = ClientContext(id=1, round=2, start=start)
-  aux = jax.jit(alg.client_aux)(ctx, trained, ClientData(x, y, n_real),
-                                jax.random.key(0))
+  _, aux = jax.jit(alg.client.end.fn)(ctx, trained, ClientData(x, y, n_real),
+                                     jax.random.key(0))
   k = n_real if examples == 0 else min(examples, n_real)
   pick = 0 if metric == "loss" else 1
   np.testing.assert_allclose(float(aux.received),
@@ -235,13 +235,13 @@ def test_server_update_gap_is_received_minus_the_last_trained(setup):
     return ClientResult(ids=ids, round=jnp.asarray(r), start=stacked,
                         params=stacked, num_examples=jnp.full(3, 10),
                         loss=jnp.zeros(3), rounds=4,
-                        aux=ga.GapMetrics(jnp.asarray(received),
-                                                jnp.asarray(trained)))
+                        message=ga.GapMetrics(jnp.asarray(received),
+                                              jnp.asarray(trained)))
 
-  server, m0 = alg.server_update(server, result(0, [1.0, 1.0, 1.0],
+  server, m0 = alg.server.update(server, result(0, [1.0, 1.0, 1.0],
                                                 [0.2, 0.4, 0.3]), None)
   np.testing.assert_allclose(m0["ga_weights"], [1 / 3] * 3)  # no gap yet
-  server, m1 = alg.server_update(server, result(1, [0.7, 0.5, 0.4],
+  server, m1 = alg.server.update(server, result(1, [0.7, 0.5, 0.4],
                                                 [0.1, 0.1, 0.1]), None)
   np.testing.assert_allclose(m1["ga_gaps"], [0.5, 0.1, 0.1], rtol=1e-6)
   np.testing.assert_allclose(float(m1["ga_step"]), 0.2 * 0.75)

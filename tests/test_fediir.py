@@ -44,8 +44,8 @@ def test_client_gradient_is_the_classifier_gradient_of_its_real_examples(setup):
     np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6)
 
 
-def test_client_aux_measures_g_i_at_the_received_model(setup):
-  """`client_aux` (what the server folds into g_bar) is g_i at the model the
+def test_client_end_measures_g_i_at_the_received_model(setup):
+  """The client's message (what the server folds into g_bar) is g_i at the model the
   client RECEIVED (`ctx.start`), not at its trained model: jax.grad of the
   mean cross-entropy at the start parameters over the client's n real rows.
   Pins the measurement point; the two models' gradients differ here."""
@@ -61,8 +61,8 @@ def test_client_aux_measures_g_i_at_the_received_model(setup):
   @jax.jit
   def measured(start, trained):
     ctx = ClientContext(id=2, round=0, start=start)
-    aux = alg.client_aux(ctx, trained, ClientData(x, y, jnp.int32(n)),
-                         jax.random.key(3))
+    _, aux = alg.client.end.fn(ctx, trained, ClientData(x, y, jnp.int32(n)),
+                               jax.random.key(3))
     return aux, grad_at(start), grad_at(trained)
 
   got, at_start, at_trained = measured(start, trained)
@@ -96,7 +96,7 @@ def test_local_loss_and_its_second_order_gradient(setup):
   key = jax.random.key(0)
   hidden = [k for k in params if k != "fc2"][0]
   idx, h = (0, 0), 1e-2
-  no_penalty = fediir.build(model, optax.sgd(0.1), penalty=0.0).loss
+  no_penalty = fediir.build(model, optax.sgd(0.1), penalty=0.0).client.loss
 
   @jax.jit   # one program (eagerly: ~190 small ones)
   def run(params):
@@ -106,9 +106,9 @@ def test_local_loss_and_its_second_order_gradient(setup):
     with jax.default_matmul_precision("highest"):
       fd = (independent(bump(1)) - independent(bump(-1))) / (2 * h)
     pick = lambda g: g[hidden]["kernel"][idx]
-    return dict(loss=alg.loss(params, batch, key, ctx),
+    return dict(loss=alg.client.loss(params, batch, key, ctx),
                 independent=independent(params),
-                grad=pick(jax.grad(alg.loss)(params, batch, key, ctx)),
+                grad=pick(jax.grad(alg.client.loss)(params, batch, key, ctx)),
                 no_penalty=pick(jax.grad(no_penalty)(params, batch, key, ctx)),
                 fd=fd)
 
@@ -132,11 +132,11 @@ def test_server_keeps_an_ema_of_the_example_weighted_mean_gradient(setup):
   stacked = jax.tree.map(lambda v: jnp.stack([v] * m), server.params)
   result = ClientResult(ids=jnp.arange(m), round=jnp.asarray(0), start=stacked,
                         params=stacked, num_examples=jnp.asarray(n),
-                        loss=jnp.zeros(m), aux=aux)
+                        loss=jnp.zeros(m), message=aux)
   old = server.grad_mean
   for _ in range(2):
     prev = jax.tree.map(np.asarray, old)
-    server, metrics = alg.server_update(server, result, jax.random.key(0))
+    server, metrics = alg.server.update(server, result, jax.random.key(0))
     for k in prev:
       want = 0.9 * prev[k] + 0.1 * sum(n[i] * np.asarray(aux[k][i])
                                        for i in range(m)) / n.sum()
@@ -172,8 +172,8 @@ def test_fediir_runs_and_penalty_zero_is_fedavg(setup):
                       shared=jax.tree.map(jnp.zeros_like, params["fc2"]))
   batch = _batch(fed)
   with_penalty, without = jax.jit(lambda p: (
-      pen_alg.loss(p, batch, jax.random.key(0), ctx),
-      zero_alg.loss(p, batch, jax.random.key(0), ctx)))(params)
+      pen_alg.client.loss(p, batch, jax.random.key(0), ctx),
+      zero_alg.client.loss(p, batch, jax.random.key(0), ctx)))(params)
   assert float(with_penalty) > float(without) + 1e-6
 
 

@@ -142,7 +142,7 @@ def test_bkd_gradient_blocks_are_each_players_own(fed, alpha, direction):
   glob = _moved(server.params)
   local = _moved(jax.tree.map(lambda a: np.asarray(a)[0], clients), seed=6)
   batch = _batch(fed)
-  value, grads = jax.jit(jax.value_and_grad(alg.loss))(
+  value, grads = jax.jit(jax.value_and_grad(alg.client.loss))(
       {**glob, **local}, batch, jax.random.key(0), _ctx(frozen, None))
   di_loss, dw_loss = _player_losses(alg, frozen, glob, local, batch, alpha,
                                     direction)
@@ -188,7 +188,7 @@ def test_alternate_is_two_sgd_steps_in_turn(fed):
   # One step over the client's first n rows (batch = n, one epoch); one
   # program (op by op, every op would compile on its own).
   trained = jax.jit(lambda p: local_update(
-      alg.loss, alg.optimizer, p, x, y, jnp.int32(n), jax.random.key(1),
+      alg.client.loss, alg.client.optimizer, p, x, y, jnp.int32(n), jax.random.key(1),
       _ctx(frozen, None), batch_size=n, epochs=1)[0])({**glob, **local})
   # The batch local_update drew: the n valid rows in some order; the losses
   # are means over the batch, so the order does not matter.
@@ -211,8 +211,8 @@ def test_alternate_is_two_sgd_steps_in_turn(fed):
                             hparams=dict(bkd_order="joint"), num_clients=N)
   p = {**glob, **local}
   g = _moved(p, seed=7)
-  updates = jax.jit(lambda g, p: joint.optimizer.update(
-      g, joint.optimizer.init(p), p)[0])(g, p)
+  updates = jax.jit(lambda g, p: joint.client.optimizer.update(
+      g, joint.client.optimizer.init(p), p)[0])(g, p)
   chex.assert_trees_all_close(updates, jax.tree.map(lambda a: -lr * a, g),
                               rtol=1e-6)
 
@@ -235,7 +235,7 @@ def test_joint_order_steps_both_players_at_the_same_point(fed):
   joint = algorithms.create("fedsdaf", _vit(fed), optimizer=optax.sgd(lr),
                             hparams=dict(bkd_order="joint"), num_clients=N)
   trained_j = jax.jit(lambda p: local_update(
-      joint.loss, joint.optimizer, p, x, y, jnp.int32(n), jax.random.key(1),
+      joint.client.loss, joint.client.optimizer, p, x, y, jnp.int32(n), jax.random.key(1),
       _ctx(frozen, None), batch_size=n, epochs=1)[0])({**glob, **local})
   di_loss, _ = _player_losses(joint, frozen, glob, local, batch, 1.0,
                               "forward")
@@ -274,9 +274,9 @@ def _reporting(alg):
   """`alg` whose round metrics also carry what the engine handed the server:
   the cohort's start and trained parameters."""
   def server_update(server, result, key):
-    new, metrics = alg.server_update(server, result, key)
+    new, metrics = alg.server.update(server, result, key)
     return new, dict(metrics, start=result.start, trained=result.params)
-  return dataclasses.replace(alg, server_update=server_update)
+  return alg.replace(update=server_update)
 
 
 def test_a_round_trains_adapters_keeps_others_and_aggregates_only_adi(fed):
@@ -285,7 +285,7 @@ def test_a_round_trains_adapters_keeps_others_and_aggregates_only_adi(fed):
   trained, the others' rows are unchanged, and the server's A_di / head are
   the example-weighted mean of the cohort's trained ones. Unequal clients
   (20, 54, 37 examples) so the weights matter. Pins that the private rows
-  are not averaged over the cohort (in `client_end` or `client_start`):
+  are not averaged over the cohort (in `client.end` or `client.start`):
   rows that merely changed / stayed would not show it."""
   alg, server, clients, frozen = _setup(fed, aggregation="fedavg")
   sized = with_sizes(fed, [20, 54, 37])
@@ -332,7 +332,7 @@ def test_fedavg_aggregation_is_the_example_weighted_mean_of_adi_and_head(fed):
   w = jnp.array([1.0, 3.0, 2.0])
   res = ClientResult(ids=jnp.arange(m), round=jnp.int32(0), start=None,
                      params=stacked, num_examples=w, loss=jnp.zeros(m))
-  new, _ = alg.server_update(server, res, jax.random.key(0))
+  new, _ = alg.server.update(server, res, jax.random.key(0))
   assert set(new.params) == {"adi", "head"}
   want = jax.tree.map(lambda a: np.tensordot(np.asarray(w) / 6.0,
                                              np.asarray(a), 1),
@@ -344,7 +344,7 @@ def test_fedavg_aggregation_is_the_example_weighted_mean_of_adi_and_head(fed):
 def test_ga_aggregation_reads_the_clients_gaps(fed):
   """GA (the default): the weights move against the clients' gaps."""
   alg, server, clients, frozen = _setup(fed)
-  assert alg.uses_rounds and alg.client_aux is not None
+  assert alg.client.end is not None and alg.client.end.reads_data
   m = 3
   stacked = _moved({**tree.broadcast(server.params, m),
                     **jax.tree.map(lambda a: a[:m], clients)})
@@ -352,11 +352,11 @@ def test_ga_aggregation_reads_the_clients_gaps(fed):
                            trained=jnp.array([0.5, 0.5, 0.5]))
   res = ClientResult(ids=jnp.arange(m), round=jnp.int32(0), start=None,
                      params=stacked, num_examples=jnp.ones(m),
-                     loss=jnp.zeros(m), aux=aux, rounds=4)
-  s1, _ = alg.server_update(server, res, jax.random.key(0))
-  res2 = res._replace(round=jnp.int32(1), aux=aux._replace(
+                     loss=jnp.zeros(m), message=aux, rounds=4)
+  s1, _ = alg.server.update(server, res, jax.random.key(0))
+  res2 = res._replace(round=jnp.int32(1), message=aux._replace(
       received=jnp.array([0.6, 0.5, 2.5])))
-  _, metrics = alg.server_update(s1, res2, jax.random.key(0))
+  _, metrics = alg.server.update(s1, res2, jax.random.key(0))
   gaps = np.asarray(metrics["ga_gaps"])
   np.testing.assert_allclose(gaps, [0.1, 0.0, 2.0], atol=1e-6)
   w = np.asarray(metrics["ga_weights"])
@@ -369,9 +369,14 @@ def test_gap_is_the_clients_model_loss_on_its_rows(fed):
   trained = _moved(start)
   data = jax.tree.map(lambda a: a[1], fed.train)
   from fedjax_dg.client.update import ClientData
-  aux = jax.jit(alg.client_aux)(_ctx(frozen, start), trained,
-                                ClientData(data.x, data.y, data.n),
-                                jax.random.key(0))
+  row, aux = jax.jit(alg.client.end.fn)(
+      _ctx(frozen, start)._replace(state=jax.tree.map(
+          lambda a: np.asarray(a)[1], clients)), trained,
+      ClientData(data.x, data.y, data.n), jax.random.key(0))
+  # Its row: the trained domain-aware adapters (two paths).
+  for k in row:
+    for a, b in zip(jax.tree.leaves(row[k]), jax.tree.leaves(trained[k])):
+      np.testing.assert_array_equal(a, b)
   k = min(7, int(data.n))
   logits = jax.jit(alg.model.apply)(with_frozen(frozen, trained), data.x[:k])
   ce = optax.softmax_cross_entropy_with_integer_labels(np.asarray(logits),
@@ -398,12 +403,12 @@ def test_ablation_switches_shape_the_parameters(fed, hp, server_keys,
   frozen = jax.eval_shape(alg.frozen, key)
   assert set(server.params) == server_keys
   assert (None if clients is None else set(clients)) == client_keys
-  assert alg.personalized is personalized
+  assert alg.server.personalized is personalized
   assert ("head" in frozen) is (not hp.get("train_head", True))
   x = fed.train.x[0, :4]
 
   def logits(key):
-    p = alg.eval_params(*alg.init(key))
+    p = alg.server.eval_params(*alg.init(key))
     if personalized:
       p = jax.tree.map(lambda a: a[0], p)
     return alg.model.apply(with_frozen(alg.frozen(key), p), x)
@@ -426,15 +431,15 @@ def test_alpha_zero_drops_distillation_only(fed):
     m = batch.mask
     return (jnp.sum(ce("di") * m) + jnp.sum(ce("kia") * m)) / jnp.sum(m)
 
-  got = jax.jit(alg.loss)(params, batch, None, _ctx(frozen, None))
+  got = jax.jit(alg.client.loss)(params, batch, None, _ctx(frozen, None))
   np.testing.assert_allclose(got, want(params), rtol=1e-5)
 
 
 def test_fedavg_adapter_variant(fed):
   alg = algorithms.create("fedavg_adapter", _vit(fed), optimizer=optax.sgd(0.1),
                           hparams={}, num_clients=N)
-  assert alg.name == "fedavg_adapter" and not alg.personalized
-  assert alg.client_aux is None and not alg.uses_rounds
+  assert alg.name == "fedavg_adapter" and not alg.server.personalized
+  assert alg.client.end is None
   assert alg.model.module.adapters == "di"
 
 

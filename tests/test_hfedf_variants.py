@@ -187,12 +187,12 @@ def test_random_embeddings_per_tensor_few_shot_end_to_end(few_shot_fed):
   # client-model parameters only.
   server_shape, clients = jax.eval_shape(alg.init, jax.random.key(0))
   assert clients is None
-  start = jax.eval_shape(alg.client_start, server_shape, None, jnp.arange(n))
+  start = jax.eval_shape(alg.client.start, server_shape, None, jnp.arange(n))
   target = jax.eval_shape(model.init, jax.random.key(0))
   assert jax.tree.structure(start) == jax.tree.structure(target)
   for s, t in zip(jax.tree.leaves(start), jax.tree.leaves(target)):
     assert s.shape == (n,) + t.shape
-  assert alg.client_ctx(start, None, jnp.arange(n)) is None  # no extras
+  assert alg.client.extra(start, None, jnp.arange(n)) is None  # no extras
 
   res = engine.run(alg, fed, model, ENGINE)
   chance = 1.0 / fed.num_classes
@@ -317,11 +317,11 @@ def test_autoencoder_embeddings_are_the_servers_fixed_table(two_per_domain,
   ids = jnp.arange(n)
 
   def step(server, r):
-    start = alg.client_start(server, None, ids)
+    start = alg.client.start(server, None, ids)
     trained = jax.tree.map(lambda p: p + 0.1 * jax.random.normal(
         jax.random.fold_in(jax.random.key(p.size), r), p.shape), start)
     result = ClientResult(ids, r, start, trained, jnp.full(n, 10), jnp.ones(n))
-    new, metrics = alg.server_update(server, result, jax.random.key(1))
+    new, metrics = alg.server.update(server, result, jax.random.key(1))
     return new, (new.hp.embeddings, metrics["embeddings_mean"])
 
   @jax.jit
@@ -393,12 +393,12 @@ def test_table3_ablations_are_algorithm_names(fed3):
 
   def metrics(alg, key):
     server, _ = alg.init(key)
-    start = alg.client_start(server, None, ids)
+    start = alg.client.start(server, None, ids)
     trained = jax.tree.map(lambda x: x + 0.1 * jax.random.normal(
         jax.random.key(x.size), x.shape), start)
     result = ClientResult(ids, 0, start, trained, jnp.full(3, 10),
                           jnp.ones(3))
-    return alg.server_update(server, result, jax.random.key(1))[1]
+    return alg.server.update(server, result, jax.random.key(1))[1]
 
   algs = {name: assemble.algorithm(name, model, 3, cfg) for name in aligns}
   weights = jax.jit(lambda key: {  # one program for both names
@@ -482,14 +482,14 @@ def test_gradalign_over_reaches_the_server_step(few_shot_fed, over):
   @jax.jit  # one program (op by op, each op compiled: 4x the time)
   def metrics(key):
     server_state, _ = alg.init(key)
-    start = alg.client_start(server_state, None, ids)
+    start = alg.client.start(server_state, None, ids)
     trained = jax.tree.map(
         lambda p: p + 0.1 * jax.random.normal(jax.random.key(1), p.shape),
         start)
     result = ClientResult(ids=ids, round=jnp.int32(0), start=start,
                           params=trained, num_examples=jnp.ones((n,)),
                           loss=jnp.zeros((n,)))
-    return alg.server_update(server_state, result, jax.random.key(2))[1]
+    return alg.server.update(server_state, result, jax.random.key(2))[1]
 
   metrics = metrics(jax.random.key(0))
   w_t = np.asarray(metrics["gradalign_theta"])

@@ -241,11 +241,15 @@ def test_resolve_gather(unequal):
   assert resolve(dataclasses.replace(CFG, host_gather="clients")) == "clients"
   epochs = dataclasses.replace(CFG, local_steps=0)
   assert resolve(epochs) == "clients"
-  scaffold = algorithms.create("scaffold", model, optimizer=make_optimizer(
-      "sgd", 0.1), num_clients=len(SIZES), hparams=dict(variant="II"))
-  assert resolve(CFG, scaffold) == "clients"
+  scaffold = lambda variant: algorithms.create(
+      "scaffold", model, optimizer=make_optimizer("sgd", 0.1),
+      num_clients=len(SIZES), hparams=dict(variant=variant))
+  # Option I's end of round reads the client's examples; option II's only
+  # its step count (`ClientEnd.reads_data`).
+  assert resolve(CFG, scaffold("I")) == "clients"
+  assert resolve(CFG, scaffold("II")) == "rows"
   for cfg, a, why in ((epochs, alg, "local_steps=0"),
-                      (CFG, scaffold, "client_aux")):
+                      (CFG, scaffold("I"), "end of round reads")):
     with pytest.raises(ConfigError, match=f"host_gather='rows'.*{why}"):
       resolve(dataclasses.replace(cfg, host_gather="rows"), a)
   with pytest.raises(ConfigError, match="train.host_gather='row'"):

@@ -175,7 +175,7 @@ def test_identical_embeddings_give_uniform_weights_and_the_plain_mean():
   ids = jnp.array([5, 0, 3, 2])
   result = ClientResult(ids, 0, tree.broadcast(server.params, 4), trained,
                         jnp.array([1, 50, 7, 3]), jnp.ones(4))
-  new, metrics = jax.jit(alg.server_update)(server, result, None)
+  new, metrics = jax.jit(alg.server.update)(server, result, None)
   np.testing.assert_allclose(flat(new.params),
                              flat(tree.weighted_mean(trained, jnp.ones(4))),
                              rtol=1e-5, atol=1e-6)
@@ -337,7 +337,7 @@ def test_order_picks_the_hypernetwork_the_aggregate_is_taken_with(order):
   ids = jnp.array([1, 3, 4])
   result = ClientResult(ids, 0, tree.broadcast(start, 3), trained,
                         jnp.ones(3, jnp.int32), jnp.ones(3))
-  new, metrics = jax.jit(alg.server_update)(server, result, None)
+  new, metrics = jax.jit(alg.server.update)(server, result, None)
   w = lambda hp: hn(hp.theta, jnp.take(hp.embeddings, ids, 0))
   used = w(new.hp) if order == "update_first" else w(server.hp)
   np.testing.assert_allclose(jnp.take(new.weights, ids, 0), used, rtol=1e-6)

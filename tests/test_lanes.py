@@ -141,9 +141,9 @@ def _rounds(alg, fed, cfg):
 
   def counted(p, batch, rng, ctx):
     jax.debug.callback(lambda _: calls.append(1), ctx.id)  # per client
-    return alg.loss(p, batch, rng, ctx)
+    return alg.client.loss(p, batch, rng, ctx)
 
-  counting = dataclasses.replace(alg, loss=counted)
+  counting = alg.replace(loss=counted)
   round_fn = jax.jit(make_round(counting, cfg, len(SIZES)))
   root = jax.random.key(cfg.seed)
   carry = alg.init(jax.random.fold_in(root, 2**31 - 1))

@@ -165,7 +165,7 @@ def test_moon_classifies_with_the_plain_client_model(fed3):
   assert set(server.params) == {"model", "proj"}
   assert server.params["proj"]["l2"]["kernel"].shape == (32, 256)
   # The client model starts as FedAvg's from the same key.
-  assert_trees_close(alg.eval_params(server, prev), model.init(jax.random.key(0)),
+  assert_trees_close(alg.server.eval_params(server, prev), model.init(jax.random.key(0)),
                      atol=0)
   assert prev.trained.shape == (3,) and not prev.trained.any()
 
@@ -184,11 +184,11 @@ def test_moon_previous_models_are_the_cohorts_trained_models_and_persist(fed3):
   def train_one(start, state, i, r):
     client_key = jax.random.split(jax.random.fold_in(root, r), 3)[1]
     rows = tree.take(state, i[None])
-    extra = jax.tree.map(lambda a: a[0], alg.client_ctx(
+    extra = jax.tree.map(lambda a: a[0], alg.client.extra(
         tree.broadcast(start, 1), rows, i[None]))
     ctx = ClientContext(id=i, round=r, start=start,
                         state=jax.tree.map(lambda a: a[0], rows), extra=extra)
-    return local_update(alg.loss, alg.optimizer, start, train.x[i], train.y[i],
+    return local_update(alg.client.loss, alg.client.optimizer, start, train.x[i], train.y[i],
                         train.n[i], jax.random.fold_in(client_key, i), ctx,
                         batch_size=16, epochs=1)[0]
 
@@ -228,8 +228,8 @@ def test_moon_prev_init_global_uses_the_global_model_until_trained(fed3):
   initial = moon.build(mlp(fed3), optax.sgd(1e-2), num_clients=3, proj_dim=8)
   # One program (eagerly: ~50).
   extra, on_start, on_prev = jax.jit(lambda start, prev: (
-      alg.client_ctx(start, prev, ids), initial.client_ctx(start, prev, ids).on,
-      initial.client_ctx(prev.params, prev, ids).on))(start, prev)
+      alg.client.extra(start, prev, ids), initial.client.extra(start, prev, ids).on,
+      initial.client.extra(prev.params, prev, ids).on))(start, prev)
   extra = jax.tree.map(np.asarray, extra)
   for leaf_prev, leaf_start, leaf in zip(*(jax.tree.leaves(t) for t in
                                            (prev.params, start, extra.prev))):
@@ -253,7 +253,7 @@ def test_moon_is_fedavg_with_mu_0_and_in_its_first_round(fed3, fedavg_rounds):
     alg = assemble.algorithm("moon", model, 3, cfg)
     if carry is None:
       carry = jax.jit(alg.init)(jax.random.key(0))   # mu: not read by init
-    got = [alg.eval_params(s, None)
+    got = [alg.server.eval_params(s, None)
            for s, _, _ in run_rounds(alg, fed3, 2, carry=carry)]
     # Round 1: the previous models are the global one, no contrastive term.
     assert_trees_close(got[0], avg[0], atol=1e-6)
@@ -359,7 +359,7 @@ def test_fedsam_with_rho_0_is_fedavg(fed3, fedavg_rounds):
   cfg = sgd_config()
   cfg.fedsam.rho = 0.0
   fsam = assemble.algorithm("fedsam", model, 3, cfg)
-  assert fsam.name == "fedsam" and not fsam.personalized
+  assert fsam.name == "fedsam" and not fsam.server.personalized
   a, _, ma = fedavg_rounds[-1]
   carry = jax.jit(fsam.init)(jax.random.key(0))   # rho: not read by init
   s, _, ms = run_rounds(fsam, fed3, 2, carry=carry)[-1]

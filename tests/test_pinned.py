@@ -106,7 +106,7 @@ def test_hfedf_generates_personalized_models_and_reports_gradalign(setup):
   w = np.array(res.round_metrics["gradalign_theta"])
   assert w.shape == (pinned.ROUNDS, 3)  # the cohort of 3
   np.testing.assert_allclose(w.sum(1), 1.0, rtol=1e-5)
-  params = alg.eval_params(res.server, res.clients)
+  params = alg.server.eval_params(res.server, res.clients)
   first = jax.tree.leaves(params)[0]
   assert first.shape[0] == fed.num_clients
   assert float(jnp.max(jnp.abs(first[0] - first[1]))) > 0  # clients differ

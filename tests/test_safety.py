@@ -61,7 +61,7 @@ def test_non_finite_server_state_is_named(fed3):
                 objectives.cross_entropy(model))
 
   def server_update(server, result, key):
-    server, metrics = base.server_update(server, result, key)
+    server, metrics = base.server.update(server, result, key)
     bad = {**server.params, "fc2": {**server.params["fc2"],
                                     "bias": server.params["fc2"]["bias"] / 0.0}}
     return ServerState(bad, server.opt), metrics

@@ -262,13 +262,16 @@ def test_a_client_without_examples_keeps_its_control(setup):
   c, ci = _rand_like(params, 4), _rand_like(params, 5)
   ctx = ClientContext(id=0, round=0, start=params, state=ci, shared=c)
   x, y = jnp.asarray(fed.train.x[0]), jnp.asarray(fed.train.y[0])
-  delta = alg.client_aux(ctx, params, ClientData(x, y, 0, jnp.int32(0)),
-                         jax.random.key(0))
+  row, delta = alg.client.end.fn(ctx, params, ClientData(x, y, 0, jnp.int32(0)),
+                                 jax.random.key(0))
   assert all(float(jnp.max(jnp.abs(d))) == 0 for d in jax.tree.leaves(delta))
+  _close(row, _np(ci), "c_i")
   # ... while one with examples and steps does move it (option II: -c + 0).
-  delta = alg.client_aux(ctx, params, ClientData(x, y, 5, jnp.int32(1)),
-                         jax.random.key(0))
+  row, delta = alg.client.end.fn(ctx, params, ClientData(x, y, 5, jnp.int32(1)),
+                                 jax.random.key(0))
   _close(delta, _map(lambda a: -np.asarray(a), c), "c_i+ - c_i")
+  _close(row, _map(lambda a, b: np.asarray(a) - np.asarray(b), ci, c),
+         "c_i + (c_i+ - c_i)")
 
 
 @pytest.mark.parametrize("hp,needle", [
@@ -339,7 +342,7 @@ def test_adapters_train_only_adi_and_head_on_the_frozen_backbone(fed3):
   batch = Batch(jnp.asarray(fed3.train.x[0, :6]),
                 jnp.asarray(fed3.train.y[0, :6]), jnp.ones(6))
   grads = jax.jit(lambda p: [jax.grad(f)(p, batch, key, ctx)
-                             for f in (alg.loss, plain)])
+                             for f in (alg.client.loss, plain)])
   g, g0 = grads(state.params)
   _close(g, _map(lambda a, b, d: np.asarray(a) + np.asarray(b) - np.asarray(d),
                  g0, c, ci), "corrected adapter gradient", rtol=1e-5,

@@ -297,7 +297,7 @@ def test_feddf_distillation_reduces_kl_to_the_ensemble(sfed):
   stacked = _clients(model)
   result = _result(stacked, [10, 20, 30])
   server, _ = alg.init(jax.random.key(9))
-  new, metrics = jax.jit(alg.server_update)(server, result, jax.random.key(1))
+  new, metrics = jax.jit(alg.server.update)(server, result, jax.random.key(1))
   x = jnp.asarray(sfed.server_x)
   fedavg = tree.weighted_mean(stacked, result.num_examples)
   before = _full_kl(model, fedavg, stacked, x)
@@ -405,7 +405,7 @@ def test_fedbe_server_update_distills_into_the_mean(sfed):
   stacked = _clients(model, seed=4)
   result = _result(stacked, [10, 20, 30])
   server, _ = alg.init(jax.random.key(9))
-  new, metrics = jax.jit(alg.server_update)(server, result, jax.random.key(1))
+  new, metrics = jax.jit(alg.server.update)(server, result, jax.random.key(1))
   assert metrics["distill_loss_last"] < metrics["distill_loss_first"]
 
 
@@ -437,7 +437,7 @@ def test_fedbe_as_built_averages_the_swa_iterates_from_its_start(sfed):
 
   @jax.jit
   def both(server):
-    new, _ = alg.server_update(server, result, key)
+    new, _ = alg.server.update(server, result, key)
     want, _ = swa.update(stacked, swa.init(None), None,
                          weights=result.num_examples, key=key)
     return new.params, want
@@ -591,7 +591,7 @@ def test_fedlaw_server_update_lowers_the_proxy_loss(sfed):
   stacked = _clients(model, seed=6)
   result = _result(stacked, [10, 20, 30])
   server, _ = alg.init(jax.random.key(9))
-  new, metrics = jax.jit(alg.server_update)(server, result, jax.random.key(1))
+  new, metrics = jax.jit(alg.server.update)(server, result, jax.random.key(1))
   x, y = jnp.asarray(sfed.server_x), jnp.asarray(sfed.server_y)
   ce_of = jax.jit(lambda p: jnp.mean(  # one program (eagerly: one per op)
       optax.softmax_cross_entropy_with_integer_labels(model.apply(p, x), y)))

@@ -307,7 +307,7 @@ def build(name: str, model, *, hyperparameters: Mapping[str, Any],
   optimizer = client_optimizer(client)
   alg = create(name, model, optimizer=optimizer, hparams=hyperparameters,
                num_clients=num_clients, data=data, seed=seed)
-  if isinstance(optimizer, RunProgress) and not isinstance(alg.optimizer,
+  if isinstance(optimizer, RunProgress) and not isinstance(alg.client.optimizer,
                                                            RunProgress):
     raise ConfigError(f"{name}: client.schedule='cosine' (or "
                       f"{spec(name).section}.client.schedule) is not supported: "

@@ -29,8 +29,8 @@ trained or stacked; `ctx.frozen["adain"]`). The overall style depends on
 the data and the frozen encoder only: computed once at build (before
 training, as the authors' code), never re-sent. Single-image styles are
 drawn at build for round 0 and, with `refresh`, redrawn by every cohort
-client each round (`client_aux`, the FedCCRL code's reading), pooled by the
-server, read through `client_shared`. `bank="both"`: each view of a batch
+client each round (its end of round's message, the FedCCRL code's reading),
+pooled by the server, read through `client.shared`. `bank="both"`: each view of a batch
 uses the single or the overall bank with probability 1/2 (FedCCRL's code).
 Round metric: `ccst_bank_size` (valid styles in the banks). Choices and the
 references' readings: docs/faithfulness.md, "CCST".
@@ -45,7 +45,6 @@ offline stand-in at depth 1 (trained on synthetic images; docs/faithfulness.md).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import warnings
 from typing import NamedTuple
@@ -56,7 +55,8 @@ import numpy as np
 import optax
 
 from fedjax_dg import tree
-from fedjax_dg.algorithms.base import Algorithm, ClientResult, ServerState
+from fedjax_dg.algorithms.base import (Algorithm, ClientEnd, ClientResult,
+                                       ServerState)
 from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.client import objectives
 from fedjax_dg.client.style_pool import (StylePool, pool_slots, sampled_rows,
@@ -305,26 +305,27 @@ def build(model, optimizer, *, depth: int = 4,  # encoder ends at relu{depth}_1
     server, clients = base.init(key)
     return CCSTState(server.params, server.opt, single0, overall0), clients
 
-  def client_aux(ctx, trained, data_i, key):
+  def end(ctx, trained, data_i, key):  # message: its single-image styles
     del trained
-    return single_styles(ctx.frozen[FROZEN], data_i.x, data_i.n, key, r=r,
-                         slots=slots, **style)
+    return ctx.state, single_styles(ctx.frozen[FROZEN], data_i.x, data_i.n,
+                                    key, r=r, slots=slots, **style)
 
   def server_update(server, result: ClientResult, key):
-    new, metrics = base.server_update(ServerState(server.params, server.opt),
+    new, metrics = base.server.update(ServerState(server.params, server.opt),
                                       result, key)
     single = server.single
-    if result.aux is not None:
-      single = tree.put(server.single, result.ids, result.aux)
+    if result.message is not None:
+      single = tree.put(server.single, result.ids, result.message)
     size = sum(jnp.sum(b.valid) for b in (single, server.overall)
                if b is not None)
     return (CCSTState(new.params, new.opt, single, server.overall),
             dict(metrics, ccst_bank_size=size))
 
-  return dataclasses.replace(
-      base, init=init, server_update=server_update,
-      client_shared=lambda server: (server.single, server.overall),
-      client_aux=client_aux if use_single and refresh else None,
+  return base.replace(
+      init=init, update=server_update,
+      shared=lambda server: (server.single, server.overall),
+      end=(ClientEnd(end, reads_data=True) if use_single and refresh
+           else None),
       frozen=lambda key: {FROZEN: jax.tree.map(jnp.asarray, frozen_net)})
 
 

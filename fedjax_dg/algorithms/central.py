@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 from fedjax_dg.algorithms.base import Algorithm
 from fedjax_dg.algorithms.fedavg import fedavg
 
@@ -12,5 +10,4 @@ FEDERATED = False  # no arrows against FedAvg in the tables, never bolded
 
 
 def build(model, optimizer, loss) -> Algorithm:
-  return dataclasses.replace(fedavg(model, optimizer, loss, name="central"),
-                             pooled=True)
+  return fedavg(model, optimizer, loss, name="central").replace(pooled=True)

@@ -25,7 +25,7 @@ frequency-transformed versions (at theta') of one class attract, of other
 classes repel (`objectives.ntxent`, the code's `NTXentLoss`, temperature
 0.05, weight 0.1; `contrastive_weight=0` drops it).
 
-The bank reaches the server as `client_aux` and lives in the server state
+The bank reaches the server as its message and lives in the server state
 ([N, S, k, k, C], S = ceil(f n_max), k = 2b + 1 the window, a validity mask
 [N, S]); each client reads it as `ctx.shared`. The amplitudes depend on the
 data only, so the first bank is drawn at `build` and each round's cohort
@@ -36,7 +36,6 @@ docs/faithfulness.md, "ELCFS (FedDG)". Round metric: `elcfs_bank_size`.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import NamedTuple
 
 import jax
@@ -44,7 +43,8 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_dg import tree
-from fedjax_dg.algorithms.base import Algorithm, ClientResult, ServerState
+from fedjax_dg.algorithms.base import (Algorithm, ClientEnd, ClientResult,
+                                       ServerState)
 from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.client import frequency
 from fedjax_dg.client import objectives
@@ -58,7 +58,7 @@ CLIENT = dict(optimizer="adam", lr=1e-3, weight_decay=0.0)
 
 class AmplitudeBank(NamedTuple):
   """Amplitude windows [N, S, k, k, C] and their validity [N, S] (or one
-  client's row of each, as `client_aux` returns them)."""
+  client's row of each, as its end of round sends them)."""
   amp: jax.Array
   valid: jax.Array
 
@@ -196,20 +196,20 @@ def build(model, optimizer, *,
     server, clients = base.init(key)
     return ELCFSState(server.params, server.opt, first), clients
 
-  def client_aux(ctx, trained, data_i, key):
-    del ctx, trained
-    return client_bank(data_i.x, data_i.n, key, bank_fraction, slots, ratio)
+  def end(ctx, trained, data_i, key):  # message: its amplitude spectra
+    del trained
+    return ctx.state, client_bank(data_i.x, data_i.n, key, bank_fraction,
+                                  slots, ratio)
 
   def server_update(server, result: ClientResult, key):
-    new, metrics = base.server_update(ServerState(server.params, server.opt),
+    new, metrics = base.server.update(ServerState(server.params, server.opt),
                                       result, key)
     bank = server.bank
     if refresh_bank:
-      bank = tree.put(server.bank, result.ids, result.aux)
+      bank = tree.put(server.bank, result.ids, result.message)
     metrics = dict(metrics, elcfs_bank_size=jnp.sum(bank.valid))
     return ELCFSState(new.params, new.opt, bank), metrics
 
-  return dataclasses.replace(
-      base, init=init, server_update=server_update,
-      client_shared=lambda server: server.bank,
-      client_aux=client_aux if refresh_bank else None)
+  return base.replace(
+      init=init, update=server_update, shared=lambda server: server.bank,
+      end=ClientEnd(end, reads_data=True) if refresh_bank else None)

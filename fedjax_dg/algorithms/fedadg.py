@@ -40,14 +40,14 @@ docs/faithfulness.md, "FedADG".
 
 from __future__ import annotations
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from fedjax_dg import tree
-from fedjax_dg.algorithms.base import Algorithm, ClientResult, ServerState
+from fedjax_dg.algorithms.base import (Algorithm, ClientEnd, ClientResult,
+                                       ServerState)
 from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.client.objectives import masked_mean
 from fedjax_dg.client.update import RunProgress
@@ -170,9 +170,9 @@ def build(model, optimizer, *,
   def client_start_local(server, disc_rows, ids):
     return dict(tree.broadcast(server.params, ids.shape[0]), disc=disc_rows)
 
-  def client_end_local(disc_rows, trained):
-    del disc_rows
-    return trained["disc"]
+  def end_local(ctx, trained, data, key):  # its D is its state; no message
+    del ctx, data, key
+    return trained["disc"], None
 
   def server_update_local(server, result: ClientResult, key):
     del key
@@ -181,11 +181,9 @@ def build(model, optimizer, *,
                                    weights=result.num_examples)
     return ServerState(params, opt), {}
 
-  out = dataclasses.replace(
-      base, eval_params=lambda server, clients: server.params["model"])
+  out = base.replace(eval_params=lambda server, clients: server.params["model"])
   if local_discriminator:
-    out = dataclasses.replace(out, init=init_local,
-                              client_start=client_start_local,
-                              client_end=client_end_local,
-                              server_update=server_update_local)
+    out = out.replace(init=init_local, start=client_start_local,
+                      end=ClientEnd(end_local, reads_data=False),
+                      update=server_update_local)
   return out

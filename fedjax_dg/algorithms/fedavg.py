@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import Callable
 
 from fedjax_dg import tree
-from fedjax_dg.algorithms.base import Algorithm, ClientResult, ServerState
+from fedjax_dg.algorithms.base import (Algorithm, ClientResult, ClientSide,
+                                       ServerSide, ServerState)
 from fedjax_dg.server import ServerTransform, weighted_mean
 
 DISPLAY_NAME = "FedAvg"
@@ -49,10 +50,11 @@ def fedavg(model, optimizer, loss, *, aggregator: ServerTransform | None = None,
                                     key=key)
     return ServerState(params, opt), metrics(opt, result)
 
-  return Algorithm(name=name, init=init, client_start=client_start, loss=loss,
-                   optimizer=optimizer, server_update=server_update,
-                   eval_params=lambda server, clients: server.params,
-                   personalized=False)
+  return Algorithm(
+      name=name, init=init,
+      client=ClientSide(start=client_start, loss=loss, optimizer=optimizer),
+      server=ServerSide(update=server_update,
+                        eval_params=lambda server, clients: server.params))
 
 
 def build(model, optimizer, loss) -> Algorithm:

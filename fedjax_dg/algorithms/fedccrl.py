@@ -10,11 +10,11 @@ server (paper `../shared/papers/002_*`, Algorithms 1-3, Eq. 3-16).
     L          = L_CLS + lambda1 L_RA + lambda2 L_JS              (Eq. 12, 14-16)
     server     = example-weighted FedAvg                          (Eq. 2)
 
-The style statistics reach the server as `client_aux` and the pool lives in
+The style statistics reach the server as its message and the pool lives in
 the server state ([N, S, C], S = ceil(r n_max), a validity mask [N, S]); each
 client reads it as `ctx.shared`. The statistics depend on the data only, not
 on the model, so the pool a client reads in round t was drawn in round t-1
-(by each client's `client_aux`) and before round 0 from the data (`build`):
+(by each client's end of round) and before round 0 from the data (`build`):
 the same distribution as a draw at the start of round t, without a second
 pass over the clients inside the round. Choices and the released code's
 readings: docs/faithfulness.md, "FedCCRL".
@@ -26,7 +26,6 @@ L_RA / L_JS. Round metrics: `ccdt_pool_size` (valid statistics in the pool).
 
 from __future__ import annotations
 
-import dataclasses
 from typing import NamedTuple
 
 import jax
@@ -34,7 +33,8 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_dg import tree
-from fedjax_dg.algorithms.base import Algorithm, ClientResult, ServerState
+from fedjax_dg.algorithms.base import (Algorithm, ClientEnd, ClientResult,
+                                       ServerState)
 from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.client import augment
 from fedjax_dg.client import objectives
@@ -176,20 +176,21 @@ def build(model, optimizer, *, r: float = 0.1,  # share of statistics uploaded
     server, clients = base.init(key)
     return FedCCRLState(server.params, server.opt, first), clients
 
-  def client_aux(ctx, trained, data_i, key):
-    del ctx, trained
-    return client_styles(model, data_i.x, data_i.n, key, r, slots, eps)
+  def end(ctx, trained, data_i, key):  # message: its style statistics
+    del trained
+    return ctx.state, client_styles(model, data_i.x, data_i.n, key, r, slots,
+                                    eps)
 
   def server_update(server, result: ClientResult, key):
-    new, metrics = base.server_update(ServerState(server.params, server.opt),
+    new, metrics = base.server.update(ServerState(server.params, server.opt),
                                       result, key)
     pool = server.pool
     if ccdt:
-      pool = tree.put(server.pool, result.ids, result.aux)
+      pool = tree.put(server.pool, result.ids, result.message)
     metrics = dict(metrics, ccdt_pool_size=jnp.sum(pool.valid))
     return FedCCRLState(new.params, new.opt, pool), metrics
 
-  return dataclasses.replace(
-      base, init=init, server_update=server_update,
-      client_shared=(lambda server: server.pool) if ccdt else base.client_shared,
-      client_aux=client_aux if ccdt else None)
+  return base.replace(
+      init=init, update=server_update,
+      shared=(lambda server: server.pool) if ccdt else base.client.shared,
+      end=ClientEnd(end, reads_data=True) if ccdt else None)

@@ -16,7 +16,7 @@ rows are shuffled when the federation is built), the same rows every round.
 E_k is the mean cross-entropy (`metric="loss"`, the default) or the accuracy
 (`metric="acc"`, the code's scripts' default `--fair acc`). The weights start
 uniform (1/N), not by client size. The run's length sets the step's decay
-(`uses_rounds`). Choices: docs/faithfulness.md, "FedDG-GA".
+(`ClientResult.rounds`). Choices: docs/faithfulness.md, "FedDG-GA".
 
 Round metrics, in cohort order: `ga_weights` (a_k after the round's
 adjustment; the cohort's models are averaged with them renormalized over the
@@ -26,10 +26,10 @@ cohort), `ga_gaps` (G_k, 0 for a client without a previous local model) and
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
-from fedjax_dg.algorithms.base import Algorithm, ClientResult, with_frozen
+from fedjax_dg.algorithms.base import (Algorithm, ClientEnd, ClientResult,
+                                       with_frozen)
 from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.client.passes import slice_metrics
 from fedjax_dg.errors import ConfigError
@@ -69,13 +69,13 @@ def build(model, optimizer, loss, *, num_clients: int,
     return slice_metrics(model, with_frozen(frozen, params), data.x, data.y,
                          data.n, gap_examples, gap_chunk)[pick]
 
-  def client_aux(ctx, trained, data, key):
+  def end(ctx, trained, data, key):  # message: E_k before and after
     del key
-    return GapMetrics(received=measure(ctx.frozen, ctx.start, data),
-                      trained=measure(ctx.frozen, trained, data))
+    return ctx.state, GapMetrics(received=measure(ctx.frozen, ctx.start, data),
+                                 trained=measure(ctx.frozen, trained, data))
 
   def server_update(server, result: ClientResult, key):
     return ga_server_update(aggregator, server, result.params, result, key)
 
-  return dataclasses.replace(base, client_aux=client_aux,
-                             server_update=server_update, uses_rounds=True)
+  return base.replace(end=ClientEnd(end, reads_data=True),
+                      update=server_update)

@@ -11,22 +11,22 @@ the classifier, for invariant relationships across clients.
 The released code (github.com/YamingGuo98/FedIIR) measures g_bar over the
 cohort's data with the global model at the start of the round, before local
 training. Here each client measures its g_i at the model it receives
-(`ctx.start`) in `client_aux` and the server folds the cohort's mean into
-g_bar after the round, so round t trains against a g_bar that includes the
+(`ctx.start`) at its end of round (its message) and the server folds the
+cohort's mean into g_bar after the round, so round t trains against a g_bar that includes the
 gradients at round t-1's global model, one round later than the code (g_bar
 is an EMA with ema = 0.95 either way). docs/faithfulness.md, "FedIIR".
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dg.algorithms.base import Algorithm, ClientResult, ServerState
+from fedjax_dg.algorithms.base import (Algorithm, ClientEnd, ClientResult,
+                                       ServerState)
 from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.client.passes import sum_over_chunks
 from fedjax_dg.errors import ConfigError
@@ -98,17 +98,17 @@ def build(model, optimizer, *, penalty: float = 1e-3,  # code: 1e-2 RMNIST,
     zero = jax.tree.map(jnp.zeros_like, server.params[HEAD])
     return FedIIRState(server.params, server.opt, zero), clients
 
-  def client_aux(ctx, trained, data_i, key):
+  def end(ctx, trained, data_i, key):  # message: its head's gradient at start
     del trained, key
-    return client_gradient(model, ctx.start, data_i.x, data_i.y, data_i.n,
-                           grad_chunk)
+    return ctx.state, client_gradient(model, ctx.start, data_i.x, data_i.y,
+                                      data_i.n, grad_chunk)
 
   def server_update(server, result: ClientResult, key):
-    new, metrics = base.server_update(ServerState(server.params, server.opt),
+    new, metrics = base.server.update(ServerState(server.params, server.opt),
                                       result, key)
     w = result.num_examples.astype(jnp.float32)
     w = w / jnp.maximum(jnp.sum(w), 1.0)
-    mean = jax.tree.map(lambda g: jnp.tensordot(w, g, axes=1), result.aux)
+    mean = jax.tree.map(lambda g: jnp.tensordot(w, g, axes=1), result.message)
     grad_mean = jax.tree.map(lambda old, m: ema * old + (1 - ema) * m,
                              server.grad_mean, mean)
     norm = jnp.sqrt(sum(jnp.sum(jnp.square(g))
@@ -116,6 +116,6 @@ def build(model, optimizer, *, penalty: float = 1e-3,  # code: 1e-2 RMNIST,
     return (FedIIRState(new.params, new.opt, grad_mean),
             dict(metrics, iir_grad_mean_norm=norm))
 
-  return dataclasses.replace(base, init=init, server_update=server_update,
-                             client_shared=lambda server: server.grad_mean,
-                             client_aux=client_aux)
+  return base.replace(init=init, update=server_update,
+                      shared=lambda server: server.grad_mean,
+                      end=ClientEnd(end, reads_data=True))

@@ -41,7 +41,8 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_dg import tree
-from fedjax_dg.algorithms.base import (Algorithm, ClientResult, ServerState,
+from fedjax_dg.algorithms.base import (Algorithm, ClientEnd, ClientResult,
+                                       ClientSide, ServerSide, ServerState,
                                        with_frozen)
 from fedjax_dg.client.objectives import masked_mean
 from fedjax_dg.client.passes import slice_metrics
@@ -222,9 +223,6 @@ def build(model, optimizer, *, num_clients: int,
     start = tree.broadcast(server.params, ids.shape[0])
     return start if rows is None else {**start, **rows}
 
-  def client_end(rows, trained):
-    del rows
-    return {k: trained[k] for k in LOCAL if k in trained}
 
   def loss(params, batch, rng, ctx):
     del rng  # no dropout
@@ -246,10 +244,16 @@ def build(model, optimizer, *, num_clients: int,
     return slice_metrics(vmodel, with_frozen(frozen_, params), data.x, data.y,
                          data.n, gap_examples, 64)[pick]
 
-  def client_aux(ctx, trained, data, key):
+  def end(ctx, trained, data, key):
+    """Its row: its domain-aware adapters (two paths); its message: E_k
+    before and after (GA aggregation)."""
     del key
-    return GapMetrics(received=measure(ctx.frozen, ctx.start, data),
-                      trained=measure(ctx.frozen, trained, data))
+    row = ({k: trained[k] for k in LOCAL if k in trained} if two_paths
+           else ctx.state)
+    if aggregation != "ga":
+      return row, None
+    return row, GapMetrics(received=measure(ctx.frozen, ctx.start, data),
+                           trained=measure(ctx.frozen, trained, data))
 
   def server_update(server, result: ClientResult, key):
     stacked = {k: result.params[k] for k in server.params}
@@ -265,11 +269,13 @@ def build(model, optimizer, *, num_clients: int,
     n = jax.tree.leaves(clients)[0].shape[0]
     return {**tree.broadcast(server.params, n), **clients}
 
-  local = (dict(client_end=client_end, client_init=client_init) if two_paths
-           else {})
+  ends = two_paths or aggregation == "ga"
   return Algorithm(
-      name=name, init=init, client_start=client_start, loss=loss,
-      optimizer=client_opt, server_update=server_update,
-      eval_params=eval_params, personalized=two_paths, frozen=frozen,
-      client_aux=client_aux if aggregation == "ga" else None,
-      uses_rounds=aggregation == "ga", model=vmodel, **local)
+      name=name, init=init,
+      client=ClientSide(
+          start=client_start, loss=loss, optimizer=client_opt,
+          end=ClientEnd(end, reads_data=aggregation == "ga") if ends else None,
+          init_rows=client_init if two_paths else None),
+      server=ServerSide(update=server_update, eval_params=eval_params,
+                        personalized=two_paths),
+      frozen=frozen, model=vmodel)

@@ -18,14 +18,14 @@ Evaluation uses z = mu, folded into the client model's last layer
 
 from __future__ import annotations
 
-import dataclasses
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from fedjax_dg import tree
-from fedjax_dg.algorithms.base import Algorithm, ClientResult, ServerState
+from fedjax_dg.algorithms.base import (Algorithm, ClientEnd, ClientResult,
+                                       ServerState)
 from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.client import objectives
 from fedjax_dg.models.fedsr import ProbabilisticModel
@@ -71,16 +71,16 @@ def build(model, optimizer, *, num_clients: int,
     return {"model": tree.broadcast(server.params, ids.shape[0]),
             "ref": ref_rows}
 
-  def client_end(ref_rows, trained):
-    del ref_rows
-    return trained["ref"]
+  def end(ctx, trained, data, key):  # its reference is its state; no message
+    del ctx, data, key
+    return trained["ref"], None
 
   def server_update(server, result: ClientResult, key):
     params, opt = aggregate.update(result.params["model"], server.opt,
                                    weights=result.num_examples)
     return ServerState(params, opt), {}
 
-  return dataclasses.replace(
-      base, init=init, client_start=client_start, client_end=client_end,
-      server_update=server_update, client_init=client_init,
+  return base.replace(
+      init=init, start=client_start, end=ClientEnd(end, reads_data=False),
+      update=server_update, init_rows=client_init,
       eval_params=lambda server, clients: prob.to_model_params(server.params))

@@ -43,7 +43,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjax_dg.algorithms.base import Algorithm, ClientResult
+from fedjax_dg.algorithms.base import (Algorithm, ClientResult, ClientSide,
+                                       ServerSide)
 from fedjax_dg.client.update import local_update
 from fedjax_dg.errors import ConfigError, NeedsDataError
 from fedjax_dg.models import autoencoder as ae
@@ -262,7 +263,9 @@ def build(model, optimizer, loss, *, num_clients: int,
     del clients
     return {"embeddings": server.hp.embeddings}
 
-  return Algorithm(name=name, init=init, client_start=client_start, loss=loss,
-                   optimizer=optimizer, server_update=server_update,
-                   eval_params=eval_params, eval_clients=eval_clients,
-                   personalized=True, extras=extras)
+  return Algorithm(
+      name=name, init=init,
+      client=ClientSide(start=client_start, loss=loss, optimizer=optimizer),
+      server=ServerSide(update=server_update, eval_params=eval_params,
+                        personalized=True, eval_clients=eval_clients,
+                        extras=extras))

@@ -25,7 +25,6 @@ for clients not in it), layers in `layer_groups` order.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import NamedTuple
 
 import jax
@@ -181,9 +180,8 @@ def build(model, optimizer, loss, *, num_clients: int,
     return {"embeddings": server.hp.embeddings, "weights": server.weights}
 
   # FedAvg's broadcast and evaluation of the global model `params`.
-  return dataclasses.replace(fedavg(model, optimizer, loss, name="hypergenfl"),
-                             init=init, server_update=server_update,
-                             extras=extras)
+  return fedavg(model, optimizer, loss, name="hypergenfl").replace(
+      init=init, update=server_update, extras=extras)
 
 
 def diagnose(round_metrics) -> list[str]:

@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_dg import tree
-from fedjax_dg.algorithms.base import Algorithm
+from fedjax_dg.algorithms.base import (Algorithm, ClientEnd, ClientSide,
+                                       ServerSide)
 
 DISPLAY_NAME = "Local-only"
 FEDERATED = False
@@ -24,11 +25,16 @@ def build(model, optimizer, loss, *, num_clients: int) -> Algorithm:
   def init(key):
     return optax.EmptyState(), client_init(key, jnp.arange(num_clients))
 
+  def end(ctx, trained, data, key):  # its model is its state; no message
+    del ctx, data, key
+    return trained, None
+
   return Algorithm(
       name="local_only", init=init,
-      client_start=lambda server, rows, ids: rows,
-      loss=loss, optimizer=optimizer,
-      server_update=lambda server, result, key: (server, {}),
-      eval_params=lambda server, clients: clients,
-      personalized=True,
-      client_end=lambda rows, trained: trained, client_init=client_init)
+      client=ClientSide(start=lambda server, rows, ids: rows, loss=loss,
+                        optimizer=optimizer,
+                        end=ClientEnd(end, reads_data=False),
+                        init_rows=client_init),
+      server=ServerSide(update=lambda server, result, key: (server, {}),
+                        eval_params=lambda server, clients: clients,
+                        personalized=True))

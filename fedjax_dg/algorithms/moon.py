@@ -28,7 +28,6 @@ amplify into steps of the projection head.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import NamedTuple
 
 import jax
@@ -36,7 +35,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_dg import tree
-from fedjax_dg.algorithms.base import Algorithm, ClientContext
+from fedjax_dg.algorithms.base import Algorithm, ClientContext, ClientEnd
 from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.client.objectives import masked_mean, row_norms
 from fedjax_dg.client.update import Batch
@@ -135,7 +134,7 @@ def build(model, optimizer, *, num_clients: int,
     server, _ = base.init(key)
     return server, client_init(key, jnp.arange(num_clients))
 
-  def client_ctx(start, rows: Previous, ids):
+  def extra(start, rows: Previous, ids):
     del ids
     prev = rows.params
     if prev_init == "global":
@@ -144,9 +143,11 @@ def build(model, optimizer, *, num_clients: int,
     on = 1.0 - _rows_equal(prev, start).astype(jnp.float32)
     return Negative(prev, on)
 
-  def client_end(rows: Previous, trained):
-    return Previous(trained, jnp.ones_like(rows.trained))
+  def end(ctx, trained, data, key):  # the previous model is its state
+    del data, key
+    return Previous(trained, jnp.ones_like(ctx.state.trained)), None
 
-  return dataclasses.replace(
-      base, init=init, client_ctx=client_ctx, client_end=client_end,
-      client_init=client_init, eval_params=lambda server, clients: cm.to_model_params(server.params))
+  return base.replace(
+      init=init, extra=extra, end=ClientEnd(end, reads_data=False),
+      init_rows=client_init,
+      eval_params=lambda server, clients: cm.to_model_params(server.params))

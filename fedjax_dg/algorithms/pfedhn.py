@@ -20,7 +20,8 @@ from typing import NamedTuple
 
 import optax
 
-from fedjax_dg.algorithms.base import Algorithm, ClientResult
+from fedjax_dg.algorithms.base import (Algorithm, ClientResult, ClientSide,
+                                       ServerSide)
 from fedjax_dg.errors import ConfigError
 from fedjax_dg.server.hypernetwork import (HyperParams, HypernetworkState,
                                           hypernetwork_server)
@@ -85,10 +86,13 @@ def build(model, optimizer, loss, *, num_clients: int,
     return PFedHNState(*hn.step(server.hp, server.opt, result.start,
                                 result.params, result.ids)), {}
 
-  return Algorithm(name="pfedhn", init=init, client_start=client_start,
-                   loss=loss, optimizer=optimizer,
-                   server_update=server_update,
-                   eval_params=lambda server, clients: hn.all_models(server.hp),
-                   eval_clients=lambda server, rows, ids: client_start(
-                       server, rows, ids),
-                   personalized=True, local_steps=local_steps)
+  return Algorithm(
+      name="pfedhn", init=init,
+      client=ClientSide(start=client_start, loss=loss, optimizer=optimizer,
+                        local_steps=local_steps),
+      server=ServerSide(
+          update=server_update,
+          eval_params=lambda server, clients: hn.all_models(server.hp),
+          personalized=True,
+          eval_clients=lambda server, rows, ids: client_start(server, rows,
+                                                              ids)))

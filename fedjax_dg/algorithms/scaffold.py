@@ -18,10 +18,12 @@ given to its objective as `ctx.state` (c as `ctx.shared`). The correction
 enters the local objective as <c - c_i, w - stop_gradient(w)>: its value is 0
 (the reported loss is the plain one) and its gradient is exactly c - c_i, so
 the client optimizer sees g_i(y) + c - c_i and plain SGD (`CLIENT`) takes
-Algorithm 1's step. `client_aux` measures c_i+ - c_i after the local steps (K
-= the client's own step count, `ClientData.steps`; option I is a full pass
-over its n examples at x, `grad_chunk` at a time), `client_end` adds it to the
-client's row, the server adds |S|/N times its cohort mean to c. c stays the
+Algorithm 1's step. Its end of round (`ClientEnd`) measures c_i+ - c_i
+after the local steps (K = the client's own step count, `ClientData.steps`;
+option I is a full pass over its n examples at x, `grad_chunk` at a time),
+adds it to the client's row and sends it to the server, which adds |S|/N
+times its cohort mean to c. Option II reads no examples there (only K), so
+the "host" placement may gather only the rows the local steps read. c stays the
 mean of all N c_i (tested).
 
 eta_l in option II is the client optimizer's step size, measured once from
@@ -43,7 +45,6 @@ docs/faithfulness.md, "SCAFFOLD".
 
 from __future__ import annotations
 
-import dataclasses
 from typing import NamedTuple
 
 import jax
@@ -51,7 +52,8 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_dg import tree
-from fedjax_dg.algorithms.base import Algorithm, ClientResult, with_frozen
+from fedjax_dg.algorithms.base import (Algorithm, ClientEnd, ClientResult,
+                                       with_frozen)
 from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.client import objectives
 from fedjax_dg.client.passes import sum_over_chunks
@@ -163,8 +165,9 @@ def build(model, optimizer, loss, *, num_clients: int, variant: str = "II",
     return (ScaffoldState(params, zeros),
             client_init(key, jnp.arange(num_clients)))
 
-  def client_aux(ctx, trained, data_i, key):
-    """c_i+ - c_i (0 for a client without examples: it took no step)."""
+  def end(ctx, trained, data_i, key):
+    """Its new c_i = c_i+, and c_i+ - c_i as its message (0 for a client
+    without examples: it took no step)."""
     x, c, c_i = ctx.start, ctx.shared, ctx.state
     if variant == "I":
       c_plus = full_gradient(loss, x, data_i.x, data_i.y, data_i.n, key, ctx,
@@ -174,12 +177,9 @@ def build(model, optimizer, loss, *, num_clients: int, variant: str = "II",
       drift = optax.tree.scale(1.0 / (k * eta_l), optax.tree.sub(x, trained))
       c_plus = optax.tree.add(optax.tree.sub(c_i, c), drift)
     delta = optax.tree.sub(c_plus, c_i)
-    return optax.tree.where(data_i.steps > 0, delta,
-                            optax.tree.zeros_like(delta))
-
-  def client_end(rows, trained, delta):
-    del trained
-    return optax.tree.add(rows, delta)
+    delta = optax.tree.where(data_i.steps > 0, delta,
+                             optax.tree.zeros_like(delta))
+    return optax.tree.add(c_i, delta), delta
 
   def server_update(server, result: ClientResult, key):
     del key
@@ -192,13 +192,13 @@ def build(model, optimizer, loss, *, num_clients: int, variant: str = "II",
     params = optax.tree.add(server.params, optax.tree.scale(server_lr, step))
     # c + |S|/N * mean_S(delta) = c + sum_S(delta) / N.
     control = optax.tree.add(
-        server.control, tree.weighted_sum(result.aux,
+        server.control, tree.weighted_sum(result.message,
                                           jnp.full((m,), 1.0 / num_clients)))
     return ScaffoldState(params, control), dict(
         scaffold_control_norm=optax.tree.norm(control))
 
-  return dataclasses.replace(
-      base, init=init, server_update=server_update,
-      client_shared=lambda server: server.control,
-      client_aux=client_aux, client_end=client_end, client_end_takes_aux=True,
-      client_init=client_init, frozen=frozen, model=model if adapters else None)
+  # Option II reads only the client's step count; option I its examples.
+  return base.replace(
+      init=init, update=server_update, shared=lambda server: server.control,
+      end=ClientEnd(end, reads_data=variant == "I"), init_rows=client_init,
+      frozen=frozen, model=model if adapters else None)

@@ -3,11 +3,12 @@
 Round body (inside the scan, nothing crosses to the host):
 
     ids    = the cohort (all N clients, or m drawn without replacement)
-    start  = algorithm.client_start(server, client_state[ids], ids)   [m, ...]
+    start  = algorithm.client.start(server, client_state[ids], ids)  [m, ...]
     local  = the cohort's local training (client.update: each client its
-             own steps), each client with its ClientContext   [m, ...]
-             (+ algorithm.client_aux)
-    server = algorithm.server_update(server, ClientResult(...), key)
+             own steps), each client with its ClientContext   [m, ...],
+             then its end of round (algorithm.client.end: new state row,
+             message to the server)
+    server = algorithm.server.update(server, ClientResult(...), key)
 
 (the full contract: `algorithms.base`). Between chunks of `eval_every` rounds
 (and only there) the host evaluates, logs, moves the progress bar and writes an

@@ -96,13 +96,13 @@ def make_eval(alg: Algorithm, model, eval_batch_size: int):
   client without id-validation examples is None in id_acc_per_client and left
   out of id_acc (the mean over clients).
   """
-  eval_params = jax.jit(alg.eval_params)
+  eval_params = jax.jit(alg.server.eval_params)
   eval_rows = jax.jit(alg.eval_rows)
 
   def client_scores(frozen, params, val, ood, bs_val, bs_ood):
     # One copy of the frozen parameters, merged per model inside the maps.
     apply_fn = lambda p, x: model.apply(with_frozen(frozen, p), x, train=False)
-    stacked, shared = (params, None) if alg.personalized else (None, params)
+    stacked, shared = (params, None) if alg.server.personalized else (None, params)
     out = {}
     if val is not None:
       vx, vy, vm = val
@@ -110,7 +110,7 @@ def make_eval(alg: Algorithm, model, eval_batch_size: int):
                                              bs_val)
     if ood is not None:
       ox, oy, om = ood
-      if alg.personalized:
+      if alg.server.personalized:
         out["ood"] = evaluate.models_on_shared_data(apply_fn, params, ox, oy, om,
                                                     bs_ood)
       else:
@@ -120,13 +120,13 @@ def make_eval(alg: Algorithm, model, eval_batch_size: int):
   @functools.partial(jax.jit, static_argnums=(3, 4))
   def scores(carry, frozen, arrays, bs_val, bs_ood):
     server, clients = carry
-    return client_scores(frozen, alg.eval_params(server, clients), *arrays,
+    return client_scores(frozen, alg.server.eval_params(server, clients), *arrays,
                          bs_val, bs_ood)
 
   @functools.partial(jax.jit, static_argnums=(5, 6))
   def block_scores(server, rows, ids, frozen, arrays, bs_val, bs_ood):
-    params = (alg.eval_rows(server, rows, ids) if alg.personalized
-              else alg.eval_params(server, None))
+    params = (alg.eval_rows(server, rows, ids) if alg.server.personalized
+              else alg.server.eval_params(server, None))
     return client_scores(frozen, params, *arrays, bs_val, bs_ood)
 
   batch = lambda arrays, axis: (None if arrays is None else
@@ -161,7 +161,7 @@ def make_eval(alg: Algorithm, model, eval_batch_size: int):
       bins = lambda b: np.asarray(b).reshape(-1, *np.asarray(b).shape[-2:]).sum(0)
       out["calibration"] = {k: evaluate.calibration_summary(bins(v.bins))
                             for k, v in s.items()}
-      if alg.personalized:
+      if alg.server.personalized:
         out["weight_divergence"] = evaluate.weight_divergence(personal())
       out["extras"] = jax.tree.map(lambda a: np.asarray(a).tolist(),
                                    jax.device_get(extras()))
@@ -177,7 +177,7 @@ def make_eval(alg: Algorithm, model, eval_batch_size: int):
       pick = divergence_ids(jax.tree.leaves(models)[0].shape[0])
       return jax.tree.map(lambda a: a[pick], models)
 
-    return summary(s, details, personal, lambda: alg.extras(server, clients))
+    return summary(s, details, personal, lambda: alg.server.extras(server, clients))
 
   def blocks_of(num_clients, size):
     """The ids of each block, the last padded to `size` with the last id."""
@@ -186,7 +186,7 @@ def make_eval(alg: Algorithm, model, eval_batch_size: int):
 
   def run_eval_blocks(state, frozen, blocks: EvalBlocks, ood, details=False):
     server, clients = state
-    per_client_ood = ood if alg.personalized else None
+    per_client_ood = ood if alg.server.personalized else None
     parts = []
     if blocks.val is not None or per_client_ood is not None:
       for ids in blocks_of(blocks.num_clients, blocks.size):
@@ -198,7 +198,7 @@ def make_eval(alg: Algorithm, model, eval_batch_size: int):
                                  val, per_client_ood))
     n = blocks.num_clients
     s = jax.tree.map(lambda *a: np.concatenate(a)[:n], *parts) if parts else {}
-    if ood is not None and not alg.personalized:
+    if ood is not None and not alg.server.personalized:
       s["ood"] = over_blocks(lambda v, o, bs: jax.device_get(scores(
           (server, None), frozen, (v, o), None, bs)), None, ood)["ood"]
 
@@ -209,7 +209,7 @@ def make_eval(alg: Algorithm, model, eval_batch_size: int):
              for ids in blocks_of(len(pick), blocks.size)]
       return jax.tree.map(lambda *a: np.concatenate(a)[:len(pick)], *got)
 
-    return summary(s, details, personal, lambda: alg.extras(server, clients))
+    return summary(s, details, personal, lambda: alg.server.extras(server, clients))
 
   return run_eval, run_eval_blocks
 
@@ -226,7 +226,7 @@ def target_features(alg: Algorithm, model, carry, frozen, data,
   """Features of up to `cfg.features_max` target examples (a seeded pick) under
   the evaluated model: `RunResult.features`."""
   tx, ty = data.target_x, np.asarray(data.target_y)  # tx: read at `pick`
-  if cfg.features_max == 0 or tx.shape[0] == 0 or alg.personalized:
+  if cfg.features_max == 0 or tx.shape[0] == 0 or alg.server.personalized:
     return None
   n = min(cfg.features_max, tx.shape[0])
   pick = np.sort(np.random.default_rng(cfg.seed).choice(tx.shape[0], n,
@@ -234,6 +234,6 @@ def target_features(alg: Algorithm, model, carry, frozen, data,
   batch = eval_batch(cfg, n)
   x, y, _ = evaluate.pad_to_multiple(tx[pick], ty[pick], batch)
   server, clients = carry
-  params = with_frozen(frozen, jax.jit(alg.eval_params)(server, clients))
+  params = with_frozen(frozen, jax.jit(alg.server.eval_params)(server, clients))
   feats = np.asarray(_features(model, params, jnp.asarray(x), batch))[:n]
   return dict(features=feats.astype(np.float32), labels=np.asarray(y[:n]))

@@ -248,7 +248,7 @@ def resolve_lanes(cfg: EngineConfig, alg: Algorithm, counts) -> EngineConfig:
   layout = Layout.of(cfg, num_clients)
   if cfg.vmap_lanes or not cfg.skip_idle_steps or not layout.vmapped:
     return cfg
-  steps = alg.local_steps or cfg.local_steps
+  steps = alg.client.local_steps or cfg.local_steps
   work = np.asarray(local_steps(np.asarray(counts), cfg.batch_size,
                                 cfg.epochs, steps))
   g = layout.group(cfg.cohort_size or num_clients)

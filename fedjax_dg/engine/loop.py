@@ -85,8 +85,8 @@ def run(alg: Algorithm, data, model, cfg: EngineConfig, *,
   (`placement.DeviceStore`, `placement.HostStore`); both give the same
   numbers.
   """
-  train = data.pooled().packed_train if alg.pooled else data.packed_train
-  if alg.pooled:  # one pooled "client" trains every round
+  train = data.pooled().packed_train if alg.client.pooled else data.packed_train
+  if alg.client.pooled:  # one pooled "client" trains every round
     cfg = dataclasses.replace(cfg, cohort_size=0)
   num_clients = train.num_clients
   cfg.validate(num_clients)
@@ -117,7 +117,7 @@ def run(alg: Algorithm, data, model, cfg: EngineConfig, *,
     feed = HostStore(progs, train, data.packed_val, cfg, root_key, r0)
   else:
     feed = DeviceStore(progs,
-                       data.pooled().train if alg.pooled else data.train,
+                       data.pooled().train if alg.client.pooled else data.train,
                        data.val, cfg)
   state = feed.initial(init_key) if restored is None else feed.placed(restored)
 
@@ -129,7 +129,7 @@ def run(alg: Algorithm, data, model, cfg: EngineConfig, *,
       length = min(cfg.eval_every, cfg.rounds - r0)
       carry, inputs = feed.begin(state, r0, length)
       carry, metrics = run_chunk(carry, jnp.int32(r0), inputs, root_key,
-                                 frozen, length)
+                                 frozen, length, jnp.int32(cfg.rounds))
       feed.prefetch(r0 + length, min(cfg.eval_every, cfg.rounds - r0 - length))
       chunk_metrics = _to_host(metrics)
       # Before anything is recorded or saved: the last good checkpoint stays.

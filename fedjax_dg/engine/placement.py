@@ -72,7 +72,7 @@ def resolve_placement(placement: str, alg: Algorithm, train, val) -> str:
           "(data.streaming: read per chunk of rounds, never all at once): use "
           "train.placement='host' (or 'auto'), or data.streaming='off' if "
           "the data fit in memory")
-    if alg.pooled:
+    if alg.client.pooled:
       raise ConfigError(
           f"{alg.name} trains one client holding every training example, so "
           "each of its rounds would read the whole streamed dataset "
@@ -94,10 +94,10 @@ def resolve_gather(cfg: EngineConfig, alg: Algorithm, placement: str,
   `width`).
 
   A round reads only its batches' rows when the steps are fixed
-  (`alg.local_steps` or `train.local_steps`) and nothing else reads the
-  client's examples: the loss sees batches, `client_aux` (SCAFFOLD,
-  FedDG-GA, FedIIR, FedSDAF's GA, FedCCRL's CCDT, CCST's and ELCFS's bank
-  refresh) the whole client (`round.batch_reader`). "auto": "rows" there, on the
+  (`alg.client.local_steps` or `train.local_steps`) and nothing else reads the
+  client's examples: the loss sees batches, a `ClientEnd` that reads data
+  (SCAFFOLD's option I, FedDG-GA, FedIIR, FedSDAF's GA, FedCCRL's CCDT,
+  CCST's and ELCFS's bank refresh) the whole client (`round.batch_reader`). "auto": "rows" there, on the
   host, where steps x B < `width` (fewer rows); else "clients". "rows"
   where a round reads more: a ConfigError. The "device" placement gathers
   nothing on the host: "clients"."""
@@ -106,7 +106,7 @@ def resolve_gather(cfg: EngineConfig, alg: Algorithm, placement: str,
     raise ConfigError(
         f"train.host_gather='rows' gathers only the rows a round's local "
         f"steps read, but {why}: use train.host_gather='auto' or 'clients'")
-  steps = alg.local_steps or cfg.local_steps
+  steps = alg.client.local_steps or cfg.local_steps
   rows = placement == "host" and why is None and (
       cfg.host_gather == "rows" or (cfg.host_gather == "auto"
                                     and steps * cfg.batch_size < width))

@@ -23,9 +23,10 @@ from fedjax_dg.engine.settings import EngineConfig
 
 
 def program_key(cfg: EngineConfig, alg: Algorithm) -> EngineConfig:
-  """The fields of `cfg` that shape the compiled programs (not the seed, ...;
-  the rounds only where `alg.needs_rounds`)."""
-  return EngineConfig(rounds=cfg.rounds if alg.needs_rounds else 1,
+  """The fields of `cfg` that shape the compiled programs (not the seed, not
+  the rounds: the chunk takes the run's length as a traced argument, ...)."""
+  del alg  # every algorithm's programs are keyed alike
+  return EngineConfig(rounds=1,
                       epochs=cfg.epochs, local_steps=cfg.local_steps,
                       batch_size=cfg.batch_size,
                       cohort_size=cfg.cohort_size, client_mapping=cfg.client_mapping,
@@ -44,8 +45,9 @@ class Programs(NamedTuple):
   layout: Layout
   init: Callable      # init(key) -> carry, placed on the layout
   frozen: Callable    # frozen(key) -> the shared-frozen parameters (or None)
-  chunk: Callable     # chunk(carry, r0, train, root_key, frozen, length)
-                      #   -> (carry, metrics); `train`: ClientArrays [N, ...]
+  chunk: Callable     # chunk(carry, r0, train, root_key, frozen, length,
+                      #   rounds) -> (carry, metrics); `rounds`: the run's
+                      #   length; `train`: ClientArrays [N, ...]
                       #   or Cohort [length, m, ...] (`round.make_round`)
   eval: Callable      # eval(carry, frozen, val, ood, details=False) -> dict
   # The "host" placement's pieces (`placement.HostStore`):
@@ -84,14 +86,16 @@ def _programs(alg: Algorithm, model, cfg: EngineConfig,
             else dict(out_shardings=NamedSharding(layout.mesh, P())))
 
   @functools.partial(jax.jit, static_argnums=(5,), donate_argnums=(0,), **placed)
-  def run_chunk(carry, r0, train, root_key, frozen, length):
-    rounds = r0 + jnp.arange(length)
+  def run_chunk(carry, r0, train, root_key, frozen, length, rounds):
+    indices = r0 + jnp.arange(length)
+    rounds = jnp.asarray(rounds, jnp.int32)
     if isinstance(train, Cohort):  # one cohort per round: the scan's input
       return jax.lax.scan(
-          lambda c, xs: round_fn(c, xs[0], xs[1], root_key, frozen), carry,
-          (rounds, train))
-    return jax.lax.scan(lambda c, r: round_fn(c, r, train, root_key, frozen),
-                        carry, rounds)
+          lambda c, xs: round_fn(c, xs[0], xs[1], root_key, frozen, rounds),
+          carry, (indices, train))
+    return jax.lax.scan(
+        lambda c, r: round_fn(c, r, train, root_key, frozen, rounds), carry,
+        indices)
 
   # One compiled program (not dozens of eager ops), and distinct output buffers
   # even where init aliases (EMA copy = params): the chunk donates its carry.
@@ -109,7 +113,7 @@ def _programs(alg: Algorithm, model, cfg: EngineConfig,
       eval=lambda carry, frozen, *a, **kw: evaluate_(
           layout.to_one_device(carry), layout.to_one_device(frozen), *a, **kw),
       server_init=lambda key: layout.put_carry(server_init(key)),
-      init_rows=jax.jit(alg.init_rows), step_rows=step_rows(alg, cfg),
+      init_rows=jax.jit(alg.initial_rows), step_rows=step_rows(alg, cfg),
       eval_blocks=lambda state, frozen, *a, **kw: eval_blocks(
           (layout.to_one_device(state[0]), state[1]),
           layout.to_one_device(frozen), *a, **kw))

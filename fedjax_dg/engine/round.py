@@ -4,11 +4,12 @@ draws, computed ahead on the host where the "host" placement needs them.
 Round body (inside the scan, nothing crosses to the host):
 
     ids    = the cohort (all N clients, or m drawn without replacement)
-    start  = algorithm.client_start(server, client_state[ids], ids)   [m, ...]
+    start  = algorithm.client.start(server, client_state[ids], ids)  [m, ...]
     local  = the cohort's local training (client.update: each client its
-             own steps), each client with its ClientContext   [m, ...]
-             (+ algorithm.client_aux)
-    server = algorithm.server_update(server, ClientResult(...), key)
+             own steps), each client with its ClientContext   [m, ...],
+             then its end of round (algorithm.client.end: new state row,
+             message)
+    server = algorithm.server.update(server, ClientResult(...), key)
 
 (the full contract: `algorithms.base`). How the client axis is mapped is
 `layout`'s; where the round's input comes from (the whole federation, or a
@@ -41,9 +42,10 @@ from fedjax_dg.client.update import local_steps, local_training, train_client
 from fedjax_dg.engine.layout import Layout, group_trainer, sequential
 from fedjax_dg.engine.settings import EngineConfig
 
-# `client_aux`'s key: fold_in(client key, AUX_STREAM), a stream the local
-# update (split(client key)) never uses.
-AUX_STREAM = 0x617578
+# The key of a client's end of round (`ClientEnd`): fold_in(client key,
+# END_STREAM), a stream the local update (split(client key)) never uses (the
+# bytes of "aux", the hook's old name: the keys stay as they were).
+END_STREAM = 0x617578
 
 
 class Cohort(NamedTuple):
@@ -100,22 +102,23 @@ def batch_reader(alg: Algorithm, cfg: EngineConfig) -> str | None:
   """Why a round of `alg` under `cfg` reads more of a client than its local
   steps' batches (a sentence), or None: it reads only those, steps x B rows
   (`placement.resolve_gather`)."""
-  if not (alg.local_steps or cfg.local_steps):
+  if not (alg.client.local_steps or cfg.local_steps):
     return ("its clients train epochs (train.local_steps=0): every example, "
             "E times")
-  if alg.client_aux is not None:
-    return (f"{alg.name}'s client_aux reads each cohort member's whole "
-            "training data after its local steps")
+  if alg.client.end is not None and alg.client.end.reads_data:
+    return (f"{alg.name}'s client end of round reads each cohort member's "
+            "whole training data after its local steps")
   return None
 
 
 def training_of(alg: Algorithm, cfg: EngineConfig) -> Callable:
   """local_training(n_max=..., in_order=...) -> the clients' `LocalTraining`
   under `alg` and `cfg`."""
-  return functools.partial(local_training, alg.loss, alg.optimizer,
-                           batch_size=cfg.batch_size, epochs=cfg.epochs,
-                           steps=alg.local_steps or cfg.local_steps,
-                           rounds=cfg.rounds, shuffle=cfg.shuffle)
+  return functools.partial(local_training, alg.client.loss,
+                           alg.client.optimizer, batch_size=cfg.batch_size,
+                           epochs=cfg.epochs,
+                           steps=alg.client.local_steps or cfg.local_steps,
+                           shuffle=cfg.shuffle)
 
 
 def step_rows(alg: Algorithm, cfg: EngineConfig) -> Callable:
@@ -136,8 +139,10 @@ def step_rows(alg: Algorithm, cfg: EngineConfig) -> Callable:
 
 def make_round(alg: Algorithm, cfg: EngineConfig, num_clients: int,
                layout: Layout | None = None):
-  """round(carry, r, train, root_key, frozen) -> (carry, metrics);
-  carry = (server, clients); `frozen` = the algorithm's shared-frozen params.
+  """round(carry, r, train, root_key, frozen, rounds=None) -> (carry,
+  metrics); carry = (server, clients); `frozen` = the algorithm's
+  shared-frozen params; `rounds` = the run's length (traced by the chunk
+  program, so one compile serves every length; None: `cfg.rounds`).
 
   `train` is the whole federation (ClientArrays [N, ...], the "device"
   placement: the round draws its cohort and gathers it, `clients` is the
@@ -148,21 +153,26 @@ def make_round(alg: Algorithm, cfg: EngineConfig, num_clients: int,
   (`step_rows`) and its local training reads them so (`in_order`)."""
   m = cfg.cohort_size or num_clients
   layout = layout or Layout.of(cfg, num_clients)
-  steps = alg.local_steps or cfg.local_steps
+  steps = alg.client.local_steps or cfg.local_steps
   in_order = cfg.host_gather == "rows"
   training = functools.partial(training_of(alg, cfg), in_order=in_order)
 
   def context(shared, cid, start, row, extra):
-    r, common, frozen = shared
+    r, rounds, common, frozen = shared
     return ClientContext(id=cid, round=r, start=start, state=row, extra=extra,
-                         shared=common, frozen=frozen)
+                         shared=common, frozen=frozen, rounds=rounds)
 
-  def aux_one(shared, data, p, trained, n, key, cid, start, row, extra):
-    x, y = data
-    return alg.client_aux(context(shared, cid, start, row, extra), trained,
-                          ClientData(x[p], y[p], n, local_steps(
-                              n, cfg.batch_size, cfg.epochs, steps)),
-                          jax.random.fold_in(key, AUX_STREAM))
+  end = alg.client.end
+
+  def end_one(shared, data, p, trained, n, key, cid, start, row, extra):
+    """(row, message) of one client (`ClientEnd`); its examples only where
+    the hook reads them."""
+    x, y = data if end.reads_data else (None, None)
+    client_data = ClientData(None if x is None else x[p],
+                             None if y is None else y[p], n,
+                             local_steps(n, cfg.batch_size, cfg.epochs, steps))
+    return end.fn(context(shared, cid, start, row, extra), trained,
+                  client_data, jax.random.fold_in(key, END_STREAM))
 
   def train_one(shared, data, p, start, n, key, cid, row, extra):
     x, y = data
@@ -170,9 +180,9 @@ def make_round(alg: Algorithm, cfg: EngineConfig, num_clients: int,
         training(n_max=x.shape[1]), start, lambda idx: (x[p, idx], y[p, idx]),
         n, key, context(shared, cid, start, row, extra),
         own_steps=cfg.skip_idle_steps)
-    aux = (None if alg.client_aux is None else
-           aux_one(shared, data, p, trained, n, key, cid, start, row, extra))
-    return trained, loss, aux
+    row, message = (None, None) if end is None else end_one(
+        shared, data, p, trained, n, key, cid, start, row, extra)
+    return trained, loss, row, message
 
   def packed(lanes):
     def train(shared, data, pos, start, n, key, cid, row, extra):
@@ -181,9 +191,10 @@ def make_round(alg: Algorithm, cfg: EngineConfig, num_clients: int,
           training(n_max=x.shape[1]), lanes, start,
           lambda c, idx: (x[pos[c], idx], y[pos[c], idx]), n, key,
           (cid, start, row, extra), lambda r: context(shared, *r))
-      aux = None if alg.client_aux is None else sequential(aux_one, lanes)(
-          shared, data, pos, trained, n, key, cid, start, row, extra)
-      return trained, losses, aux
+      row, message = (None, None) if end is None else sequential(
+          end_one, lanes)(shared, data, pos, trained, n, key, cid, start,
+                          row, extra)
+      return trained, losses, row, message
     return train
 
   mapped = layout.mapper()(group_trainer(
@@ -191,8 +202,9 @@ def make_round(alg: Algorithm, cfg: EngineConfig, num_clients: int,
       skip_idle=cfg.skip_idle_steps, map_batch_size=cfg.map_batch_size,
       lanes=cfg.vmap_lanes or layout.group(m)))
 
-  def round_fn(carry, r, train, root_key, frozen):
+  def round_fn(carry, r, train, root_key, frozen, rounds=None):
     server, clients = carry
+    rounds = cfg.rounds if rounds is None else rounds
     cohort_key, client_key, server_key = round_keys(root_key, r)
     # Client i of the cohort reads its examples at arrays[pos[i]] (in place:
     # no copy of the cohort's padded examples) and has n[i] of them.
@@ -211,22 +223,22 @@ def make_round(alg: Algorithm, cfg: EngineConfig, num_clients: int,
         ids = jnp.arange(num_clients)
       pos, n = ids, jnp.take(train.n, ids)
     rows = clients if slots is None else tree.take(clients, slots)
-    start = alg.client_start(server, rows, ids)
+    start = alg.client.start(server, rows, ids)
     chex.assert_tree_shape_prefix(
-        start, (m,), custom_message=f"{alg.name}.client_start must give the "
+        start, (m,), custom_message=f"{alg.name}'s client.start must give the "
         f"cohort's {m} clients their parameters stacked as [{m}, ...]")
-    extra = alg.client_ctx(start, rows, ids)
-    shared = (r, alg.client_shared(server), frozen)
+    extra = alg.client.extra(start, rows, ids)
+    shared = (r, rounds, alg.client.shared(server), frozen)
     keys = client_keys(client_key, ids)
-    trained, losses, aux = mapped(shared, arrays, pos, start, n, keys, ids,
-                                  rows, extra)
-    new_rows = (alg.client_end(rows, trained, aux) if alg.client_end_takes_aux
-                else alg.client_end(rows, trained))
+    trained, losses, new_rows, message = mapped(shared, arrays, pos, start, n,
+                                                keys, ids, rows, extra)
+    if end is None:  # the rows stay as they are
+      new_rows = rows
     clients = new_rows if slots is None else tree.put(clients, slots, new_rows)
     result = ClientResult(ids=ids, round=r, start=start, params=trained,
-                          num_examples=n, loss=losses, aux=aux,
-                          rounds=cfg.rounds if alg.needs_rounds else None)
-    server, metrics = alg.server_update(server, result, server_key)
+                          num_examples=n, loss=losses, message=message,
+                          rounds=rounds)
+    server, metrics = alg.server.update(server, result, server_key)
     w = n.astype(jnp.float32)
     metrics = dict(metrics, loss=jnp.sum(losses * w) / jnp.sum(w), cohort=ids)
     return (server, clients), metrics

@@ -122,7 +122,7 @@ def check_streaming(cfg: ConfigDict, probes: dict | None = None) -> None:
     why.append(f"{', '.join(readers)} read(s) every client's examples when "
                "built (style pools, amplitude bank or autoencoder embeddings; "
                "leave them out)")
-  pooled = [a for a, alg in probes.items() if alg is not None and alg.pooled]
+  pooled = [a for a, alg in probes.items() if alg is not None and alg.client.pooled]
   if pooled:
     why.append(f"{', '.join(pooled)} train(s) one client holding every "
                "example (leave it out)")

@@ -58,7 +58,7 @@ SIGNS = {"loss": 1.0, "acc": -1.0}
 
 
 class GapMetrics(NamedTuple):
-  """What a client reports (its `client_aux`): E_k of the model it received
+  """What a client reports (its message, `ClientEnd`): E_k of the model it received
   and of the model it trained, on its fixed slice (`client.passes.
   slice_metrics`). Stacked over the cohort: [m] each."""
   received: jax.Array
@@ -180,7 +180,7 @@ def ga_server_update(aggregator: ServerTransform, server, stacked, result,
   `ga_weights`, `ga_gaps`, `ga_step`."""
   params, opt = aggregator.update(
       stacked, server.opt, server.params, ids=result.ids,
-      received=result.aux.received, trained=result.aux.trained,
+      received=result.message.received, trained=result.message.trained,
       progress=result.round / result.rounds,
       weights=result.num_examples, key=key)
   cohort = lambda v: jnp.take(v, result.ids)
