@@ -3,7 +3,7 @@ what the other Table 1 methods cost (not a test).
 
 FedCCRL's local step trains on three views of each batch (the original, and
 two CCDT + AugMix views, Eq. 15) and adds SupCon and JS terms; its clients
-also compute style statistics for the pool (`client_aux`). The paper calls the
+also compute style statistics for the pool (their end of round). The paper calls the
 module's overhead negligible. This measures, side by side in one process, one
 round of each variant on the same federation (same model, clients, batch,
 epochs and optimizer: Adam lr 1e-3 with the cosine over the run), timed
@@ -137,7 +137,7 @@ def main(argv=None):
 
     def one_round(progs=progs, train=train, state=state, frozen=frozen):
       carry, metrics = progs.chunk(state["carry"], jnp.int32(state["r"]), train,
-                                   root, frozen, 1)
+                                   root, frozen, 1, jnp.int32(cfg.rounds))
       jax.block_until_ready((carry, metrics))
       state["carry"], state["r"] = carry, state["r"] + 1
 

@@ -88,7 +88,7 @@ def jax_runner(name, model, fed, cfg, rounds):
 
   def one_round():
     carry, metrics = progs.chunk(state["carry"], jnp.int32(state["r"] % rounds),
-                                 train, key, frozen, 1)
+                                 train, key, frozen, 1, jnp.int32(rounds))
     jax.block_until_ready((carry, metrics))
     state["carry"], state["r"] = carry, state["r"] + 1
 

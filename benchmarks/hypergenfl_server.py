@@ -61,13 +61,13 @@ def worker(variant: str, m: int, model_name: str, reps: int) -> dict:
                            model, n, cfg)
   server, _ = jax.jit(alg.init)(jax.random.key(0))
   ids = jax.random.choice(jax.random.key(1), n, (m,), replace=False)
-  start = jax.jit(alg.client_start)(server, None, ids)
+  start = jax.jit(alg.client.start)(server, None, ids)
   trained = jax.jit(lambda s: jax.tree.map(
       lambda x: x + 1e-2 * jax.random.normal(jax.random.key(2), x.shape), s))(
           start)
   result = ClientResult(ids, jnp.int32(3), start, trained, jnp.full((m,), 500),
                         jnp.ones(m))
-  step = jax.jit(lambda s, r: alg.server_update(s, r, None))
+  step = jax.jit(lambda s, r: alg.server.update(s, r, None))
   call = lambda: step(server, result)
 
   t = time.perf_counter()

@@ -166,7 +166,8 @@ def main(argv=None):
 
     def one_round(progs=progs, train=train, carry0=carry0, name=name):
       carry, metrics = progs.chunk(jax.tree.map(jnp.copy, carry0),
-                                   jnp.int32(0), train, key, None, 1)
+                                   jnp.int32(0), train, key, None, 1,
+                                   jnp.int32(cfg.rounds))
       jax.block_until_ready(carry)
       finals[name] = (carry, np.asarray(metrics["cohort"])[0])
 

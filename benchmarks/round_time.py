@@ -159,7 +159,7 @@ def worker_engine(spec, x, y):
 
   def one_round():
     carry, metrics = run_chunk(state["carry"], jnp.int32(state["r"]), train, root,
-                               None, 1)
+                               None, 1, jnp.int32(cfg.rounds))
     jax.block_until_ready((carry, metrics))
     state["carry"], state["r"] = carry, state["r"] + 1
     return {}
@@ -174,13 +174,13 @@ def worker_engine(spec, x, y):
     from fedjax_dg.algorithms.base import ClientResult
     server = state["carry"][0]
     ids = jnp.arange(c)
-    start = jax.jit(alg.client_start)(server, None, ids)
+    start = jax.jit(alg.client.start)(server, None, ids)
     trained = jax.tree.map(lambda a: a * 0.999, start)
     res = ClientResult(ids=ids, round=jnp.int32(1), start=start, params=trained,
                        num_examples=jnp.full((c,), x.shape[1], jnp.int32),
                        loss=jnp.zeros((c,)))
-    step = jax.jit(lambda s, r: alg.server_update(s, r, root))
-    gen = jax.jit(lambda s: alg.client_start(s, None, ids))
+    step = jax.jit(lambda s, r: alg.server.update(s, r, root))
+    gen = jax.jit(lambda s: alg.client.start(s, None, ids))
     out = {}
     for key, fn in (("server_s", lambda: step(server, res)),
                     ("client_start_s", lambda: gen(server))):

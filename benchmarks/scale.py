@@ -156,7 +156,7 @@ def chunk_temp_bytes(alg, model, cfg, fed, placement: str) -> int:
         sds(lm + (width,) + image, jnp.uint8),
         sds(lm + (width,), jnp.int32), sds(lm, jnp.int32)))
   compiled = progs.chunk.lower(carry, jnp.int32(0), train, key, None,
-                               cfg.eval_every).compile()
+                               cfg.eval_every, jnp.int32(cfg.rounds)).compile()
   return int(compiled.memory_analysis().temp_size_in_bytes)
 
 

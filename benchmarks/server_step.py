@@ -55,7 +55,7 @@ def worker(variant: str, c: int, reps: int) -> dict:
   alg = assemble.algorithm("hfedf", model, c, cfg)
   server, _ = jax.jit(alg.init)(jax.random.key(0))
   ids = jnp.arange(c)
-  start = jax.jit(alg.client_start)(server, None, ids)
+  start = jax.jit(alg.client.start)(server, None, ids)
   noise = jax.jit(lambda s: jax.tree.map(
       lambda x: x + 1e-3 * jax.random.normal(jax.random.key(1), x.shape), s))
   trained = noise(start)
@@ -66,7 +66,7 @@ def worker(variant: str, c: int, reps: int) -> dict:
   p_hyper = tree.num_params(server.hp.theta)
 
   if variant in ("engine", "engine_vjp"):
-    step = jax.jit(lambda s, r: alg.server_update(s, r, None))
+    step = jax.jit(lambda s, r: alg.server.update(s, r, None))
     call = lambda: step(server, result)
   else:
     hp = server.hp

@@ -90,7 +90,7 @@ def main(argv=None):
                                 cohort_size=0)
   res = engine.run(alg, fed, model, run_cfg)
   print(f"held-out accuracy on {args.domain}: {res.final['id_acc']:.3f}")
-  params = alg.eval_params(res.server, res.clients)
+  params = alg.server.eval_params(res.server, res.clients)
   os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
   np.savez(args.out, **vit_weights.to_layout(params, "augreg"))
   print(f"wrote {args.out}")
