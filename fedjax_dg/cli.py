@@ -55,7 +55,7 @@ def _resume_config(run_dir: str, overrides: list[str],
   import importlib
   import json
   from fedjax_dg.run import config as config_lib
-  from fedjax_dg.run import directory, sweep
+  from fedjax_dg.run import directory
   path = os.path.join(run_dir, "config.json")
   if not os.path.isdir(run_dir):
     raise ConfigError(f"--resume {run_dir}: no such run directory")

@@ -385,7 +385,9 @@ def local_training(loss_fn: LossFn, optimizer: optax.GradientTransformation,
       # With fixed steps a round counts as one epoch.
       e = 1 if fixed_steps else epochs
       epoch = 0 if fixed_steps else jnp.minimum(s // per_pass, e - 1)
-      kw["progress"] = (ctx.round * e + epoch) / (ctx.rounds * e)
+      # x * (1 / (R E)), what XLA makes of a division by a constant: the
+      # same numbers whether the run's length is traced or a constant.
+      kw["progress"] = (ctx.round * e + epoch) * (1.0 / (ctx.rounds * e))
     updates, opt_state = optimizer.update(grads, local.opt_state, local.params,
                                           **kw)
     # Under shard_map a state field the update rebuilds from constants

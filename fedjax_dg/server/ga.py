@@ -175,13 +175,17 @@ def ga_server_update(aggregator: ServerTransform, server, stacked, result,
   """The server step of GA aggregation (FedDG-GA's and FedSDAF's) over the
   cohort's `stacked` models: `server` a (params, opt) NamedTuple with the
   aggregator's `GAState` as `opt`, `result` the round's `ClientResult`
-  (`GapMetrics` as its `aux`; `rounds`, the run's length, set). Returns the
+  (`GapMetrics` as its `message`; `rounds`, the run's length, a traced
+  scalar). Returns the
   new server (`server._replace`) and the round metrics in cohort order:
   `ga_weights`, `ga_gaps`, `ga_step`."""
   params, opt = aggregator.update(
       stacked, server.opt, server.params, ids=result.ids,
       received=result.message.received, trained=result.message.trained,
-      progress=result.round / result.rounds,
+      # r * (1 / R), not r / R: what XLA makes of a division by a constant
+      # R, so the numbers do not depend on R being traced (one compile for
+      # every run length) or a constant.
+      progress=result.round * (1.0 / result.rounds),
       weights=result.num_examples, key=key)
   cohort = lambda v: jnp.take(v, result.ids)
   return server._replace(params=params, opt=opt), {
