@@ -1,7 +1,6 @@
 """The run's length reaches what depends on it: a schedule over the run
-(`RunProgress`, through `ClientContext.rounds`) and a server update that
-decays over the rounds (`ClientResult.rounds`), while one compile serves
-every length."""
+(`RunProgress`: its programs are compiled per length) and every server update
+(`ClientResult.rounds`, a traced scalar: one compile serves every length)."""
 
 import dataclasses
 
@@ -62,8 +61,10 @@ def test_every_server_sees_the_rounds_and_one_compile_serves_every_length(
     return server, dict(metrics, rounds=result.rounds)
 
   alg = base.replace(update=server_update)
-  key = lambda r: program_key(dataclasses.replace(CFG, rounds=r), alg)
+  key = lambda r, a=alg: program_key(dataclasses.replace(CFG, rounds=r), a)
   assert key(3) == key(7)
+  scheduled = base.replace(optimizer=_progress_adder())  # a RunProgress
+  assert key(3, scheduled) != key(7, scheduled)
   for rounds in (3, 5):
     cfg = dataclasses.replace(CFG, rounds=rounds, eval_every=1)
     got = engine.run(alg, fed3, model, cfg)

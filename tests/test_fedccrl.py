@@ -239,18 +239,16 @@ def test_cosine_over_run_scales_each_epoch_of_each_round():
   R, E, B, n = 4, 2, 2, 5  # 3 steps per epoch
   run = jax.jit(lambda ctx: local_update(   # one program for the rounds
       loss, opt, {"w": jnp.zeros(())}, x, y, jnp.int32(n), jax.random.key(0),
-      ctx, batch_size=B, epochs=E)[0])
+      ctx, batch_size=B, epochs=E, rounds=R)[0])
   for r in range(R):
-    ctx = ClientContext(id=jnp.int32(0), round=jnp.int32(r), start=None,
-                        rounds=jnp.int32(R))
+    ctx = ClientContext(id=jnp.int32(0), round=jnp.int32(r), start=None)
     params = run(ctx)
     want = -sum(3 * 0.5 * (1 + np.cos(np.pi * (r * E + e) / (R * E)))
                 for e in range(E))
     np.testing.assert_allclose(params["w"], want, rtol=1e-5)
-  with pytest.raises(ValueError, match="rounds"):  # a context without them
+  with pytest.raises(ValueError, match="rounds"):
     local_update(loss, opt, {"w": jnp.zeros(())}, x, y, jnp.int32(n),
-                 jax.random.key(0), ctx._replace(rounds=None), batch_size=B,
-                 epochs=E)
+                 jax.random.key(0), ctx, batch_size=B, epochs=E)
 
 
 # --------------------------------------------------------------------------

@@ -10,9 +10,8 @@ it (`engine.round.make_round`; m = the cohort size):
     start  = client.start(server, rows, ids)                         [m, ...]
     extra  = client.extra(start, rows, ids)                          [m, ...]
     shared = client.shared(server)                    one copy for the cohort
-    per client i (mapped; `ctx` = ClientContext(ids[i], r, R, start[i],
-                                                 rows[i], extra[i], shared,
-                                                 frozen)):
+    per client i (mapped; `ctx` = ClientContext(ids[i], r, start[i], rows[i],
+                                                 extra[i], shared, frozen)):
       trained_i, loss_i = local training of `client.loss(params, batch, rng,
                           ctx)` with `client.optimizer`, from start[i]
       row_i, message_i  = client.end(ctx, trained_i, ClientData_i, key_i)

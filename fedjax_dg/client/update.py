@@ -46,8 +46,6 @@ class ClientContext(NamedTuple):
   extra: PyTree = None   # its row of `ClientSide.extra`
   shared: PyTree = None  # `ClientSide.shared(server)`: one copy for the cohort
   frozen: PyTree = None  # the shared-frozen parameters
-  rounds: Any = None     # scalar: the run's number of rounds (a `RunProgress`
-                         # optimizer's schedule spans them)
   epoch: Any = 0         # the local epoch of the current step (0-based; filled
                          # by `local_update`, 0 elsewhere, e.g. at its end)
 
@@ -67,7 +65,7 @@ class RunProgress(optax.GradientTransformationExtraArgs):
   run's local epochs done before the current one, (round * E + epoch) /
   (rounds * E), so a schedule can span the run although the optimizer state
   starts fresh every round (`optim.cosine_over_run`). `local_update` passes it
-  (and needs a `ClientContext` with `rounds`)."""
+  (and needs `rounds`)."""
 
 
 # loss_fn(params, batch, rng, ctx: ClientContext) -> scalar loss.
@@ -303,7 +301,7 @@ class LocalTraining(NamedTuple):
 
 def local_training(loss_fn: LossFn, optimizer: optax.GradientTransformation,
                    *, n_max: int, batch_size: int, epochs: int, steps: int = 0,
-                   in_order: bool = False,
+                   rounds: int = 0, in_order: bool = False,
                    shuffle: str = "sort") -> LocalTraining:
   """The pieces of `local_update` for clients padded to `n_max` examples
   (arguments as there).
@@ -325,6 +323,9 @@ def local_training(loss_fn: LossFn, optimizer: optax.GradientTransformation,
   scheduled = isinstance(optimizer, RunProgress)
   if shuffle not in SHUFFLES:
     raise ValueError(f"shuffle={shuffle!r}: one of {SHUFFLES}")
+  if scheduled and rounds < 1:
+    raise ValueError("a RunProgress optimizer (a schedule over the run) needs "
+                     "local_update(..., rounds=R)")
   fixed_steps = steps > 0
   # With fixed steps at most one pass per step: `steps` permutations suffice.
   passes = steps if fixed_steps else epochs
@@ -378,16 +379,10 @@ def local_training(loss_fn: LossFn, optimizer: optax.GradientTransformation,
     if extra_args:
       kw["grad_fn"] = lambda q, _: jax.grad(loss_fn)(q, batch, rng, step_ctx)
     if scheduled:
-      if getattr(ctx, "rounds", None) is None:
-        raise ValueError("a RunProgress optimizer (a schedule over the run) "
-                         "needs a ClientContext with `round` and `rounds` "
-                         "(the engine gives one)")
       # With fixed steps a round counts as one epoch.
       e = 1 if fixed_steps else epochs
       epoch = 0 if fixed_steps else jnp.minimum(s // per_pass, e - 1)
-      # x * (1 / (R E)), what XLA makes of a division by a constant: the
-      # same numbers whether the run's length is traced or a constant.
-      kw["progress"] = (ctx.round * e + epoch) * (1.0 / (ctx.rounds * e))
+      kw["progress"] = (getattr(ctx, "round", 0) * e + epoch) / (rounds * e)
     updates, opt_state = optimizer.update(grads, local.opt_state, local.params,
                                           **kw)
     # Under shard_map a state field the update rebuilds from constants
@@ -426,7 +421,8 @@ def rows_of(x: jax.Array, y: jax.Array) -> Callable:
 def local_update(loss_fn: LossFn, optimizer: optax.GradientTransformation,
                  params: PyTree, x: jax.Array, y: jax.Array, n: jax.Array,
                  key: jax.Array, ctx: Any = None, *, batch_size: int,
-                 epochs: int, steps: int = 0, own_steps: bool = False,
+                 epochs: int, steps: int = 0, rounds: int = 0,
+                 own_steps: bool = False,
                  shuffle: str = "sort") -> tuple[PyTree, jax.Array]:
   """Trains one client; returns (params, mean loss over its steps).
 
@@ -434,8 +430,8 @@ def local_update(loss_fn: LossFn, optimizer: optax.GradientTransformation,
   exactly `steps` steps for every client (pFedHN's "inner steps"), cycling through
   fresh permutations. The optimizer state starts fresh every call (every round),
   as in the papers' reference code. `x`: uint8 [n_max, ...], `y`: [n_max], `n`:
-  scalar count. A `RunProgress` optimizer needs `ctx`: a `ClientContext`
-  with `round` and `rounds`.
+  scalar count. `rounds`: the run's rounds, for a `RunProgress` optimizer
+  (a static int: the engine compiles such clients per run length).
   `shuffle`: how each pass orders the examples (`local_training`).
   `own_steps`: a loop of the client's own count of steps (a `lax.while_loop`:
   under vmap JAX runs it to the batch's largest count and masks the rest);
@@ -448,7 +444,7 @@ def local_update(loss_fn: LossFn, optimizer: optax.GradientTransformation,
   """
   lt = local_training(loss_fn, optimizer, n_max=x.shape[0],
                       batch_size=batch_size, epochs=epochs, steps=steps,
-                      shuffle=shuffle)
+                      rounds=rounds, shuffle=shuffle)
   return train_client(lt, params, rows_of(x, y), n, key, ctx,
                       own_steps=own_steps)
 

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from fedjax_dg.algorithms.base import Algorithm
+from fedjax_dg.client.update import RunProgress
 from fedjax_dg.engine.evaluation import make_eval
 from fedjax_dg.engine.layout import Layout
 from fedjax_dg.engine.round import Cohort, make_round, step_rows
@@ -23,10 +24,12 @@ from fedjax_dg.engine.settings import EngineConfig
 
 
 def program_key(cfg: EngineConfig, alg: Algorithm) -> EngineConfig:
-  """The fields of `cfg` that shape the compiled programs (not the seed, not
-  the rounds: the chunk takes the run's length as a traced argument, ...)."""
-  del alg  # every algorithm's programs are keyed alike
-  return EngineConfig(rounds=1,
+  """The fields of `cfg` that shape the compiled programs (not the seed, ...;
+  the rounds only where the clients' optimizer is a `RunProgress`, a
+  schedule over the run: the server sees the run's length as a traced
+  argument of the chunk)."""
+  scheduled = isinstance(alg.client.optimizer, RunProgress)
+  return EngineConfig(rounds=cfg.rounds if scheduled else 1,
                       epochs=cfg.epochs, local_steps=cfg.local_steps,
                       batch_size=cfg.batch_size,
                       cohort_size=cfg.cohort_size, client_mapping=cfg.client_mapping,

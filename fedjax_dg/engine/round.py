@@ -118,7 +118,7 @@ def training_of(alg: Algorithm, cfg: EngineConfig) -> Callable:
                            alg.client.optimizer, batch_size=cfg.batch_size,
                            epochs=cfg.epochs,
                            steps=alg.client.local_steps or cfg.local_steps,
-                           shuffle=cfg.shuffle)
+                           rounds=cfg.rounds, shuffle=cfg.shuffle)
 
 
 def step_rows(alg: Algorithm, cfg: EngineConfig) -> Callable:
@@ -158,9 +158,9 @@ def make_round(alg: Algorithm, cfg: EngineConfig, num_clients: int,
   training = functools.partial(training_of(alg, cfg), in_order=in_order)
 
   def context(shared, cid, start, row, extra):
-    r, rounds, common, frozen = shared
+    r, common, frozen = shared
     return ClientContext(id=cid, round=r, start=start, state=row, extra=extra,
-                         shared=common, frozen=frozen, rounds=rounds)
+                         shared=common, frozen=frozen)
 
   end = alg.client.end
 
@@ -228,7 +228,7 @@ def make_round(alg: Algorithm, cfg: EngineConfig, num_clients: int,
         start, (m,), custom_message=f"{alg.name}'s client.start must give the "
         f"cohort's {m} clients their parameters stacked as [{m}, ...]")
     extra = alg.client.extra(start, rows, ids)
-    shared = (r, rounds, alg.client.shared(server), frozen)
+    shared = (r, alg.client.shared(server), frozen)
     keys = client_keys(client_key, ids)
     trained, losses, new_rows, message = mapped(shared, arrays, pos, start, n,
                                                 keys, ids, rows, extra)
