@@ -1,4 +1,5 @@
-"""The package's import graph: no cycles, and imports point down.
+"""The package's import graph: no cycles, imports point down, and between
+packages only the arrows of ALLOWED (drawn in docs/architecture.md).
 
 Every module of fedjax_dg/ is parsed (module- and function-level imports): an
 edge A -> B for `import fedjax_dg.B`, `from fedjax_dg import B`, `from
@@ -124,6 +125,89 @@ def test_imports_point_down():
       assert not [d for d in deps if _under(d, ("fedjax_dg.models",))], mod
     if _under(mod, ("fedjax_dg.models",)):
       assert not [d for d in deps if _under(d, ("fedjax_dg.data",))], mod
+
+
+# The package-level arrows (docs/architecture.md, "Packages and the arrows
+# between them", draws this dict): each fedjax_dg package or top-level module
+# -> the ones it may import. `fedjax_dg` is the package's own __init__. Every
+# package may import the bottom, `tree` and `errors`, which import nothing. A
+# new arrow that points down goes here and into the diagram together.
+BOTTOM = frozenset({"tree", "errors"})
+ALLOWED = {
+    "fedjax_dg": frozenset(),
+    "tree": frozenset(),
+    "errors": frozenset(),
+    "evaluate": BOTTOM,
+    "distributed": BOTTOM,
+    "data": BOTTOM,
+    "models": BOTTOM,
+    "client": BOTTOM,
+    "optim": BOTTOM | {"client"},
+    "server": BOTTOM | {"models", "optim"},
+    "algorithms": BOTTOM | {"client", "models", "optim", "server"},
+    "engine": BOTTOM | {"algorithms", "client", "evaluate"},
+    "report": BOTTOM | {"algorithms", "data"},
+    "run": BOTTOM | {"algorithms", "data", "distributed", "engine", "models",
+                     "report"},
+    "doctor": BOTTOM | {"data", "engine"},
+    "federation_view": BOTTOM | {"report", "run"},
+    "cli": BOTTOM | {"algorithms", "data", "distributed", "doctor", "engine",
+                     "federation_view", "report", "run"},
+}
+
+
+def package(mod: str) -> str:
+  """The top-level package or module of a fedjax_dg module:
+  fedjax_dg.engine.round -> engine, fedjax_dg.tree -> tree."""
+  parts = mod.split(".")
+  return parts[1] if len(parts) > 1 else parts[0]
+
+
+def package_arrows(edges) -> dict[tuple[str, str], list[tuple[str, str]]]:
+  """(package, package it imports) -> the module imports behind it, for every
+  arrow between two packages of `edges` (a module graph)."""
+  arrows = {}
+  for mod, deps in edges.items():
+    for dep in deps:
+      a, b = package(mod), package(dep)
+      if a != b:
+        arrows.setdefault((a, b), []).append((mod, dep))
+  return arrows
+
+
+def forbidden_arrows(edges) -> list[str]:
+  """Every package arrow of `edges` that ALLOWED does not hold, with the module
+  imports behind it; a package missing from ALLOWED is named too."""
+  out = [f"{p} is not in ALLOWED (tests/test_imports.py): place it in the "
+         "diagram of docs/architecture.md and here"
+         for p in sorted({package(m) for m in edges} - set(ALLOWED))]
+  for (a, b), why in sorted(package_arrows(edges).items()):
+    if a in ALLOWED and b not in ALLOWED[a]:
+      out.append(f"{a} -> {b} ({', '.join(f'{m} imports {d}' for m, d in sorted(why))})")
+  return out
+
+
+def test_packages_import_only_the_allowed_arrows():
+  bad = forbidden_arrows(graph())
+  assert not bad, "package imports outside ALLOWED: " + "; ".join(bad)
+
+
+def test_the_allowed_arrows_have_no_cycle():
+  assert find_cycle({a: set(bs) for a, bs in ALLOWED.items()}) is None
+
+
+def test_a_planted_forbidden_package_arrow_is_found():
+  edges = graph()
+  edges["fedjax_dg.engine.placement"] = (edges["fedjax_dg.engine.placement"]
+                                         | {"fedjax_dg.data.images"})
+  edges["fedjax_dg.client.update"] = (edges["fedjax_dg.client.update"]
+                                      | {"fedjax_dg.tree"})  # allowed: down
+  edges["fedjax_dg.newpkg.mod"] = {"fedjax_dg.tree"}
+  bad = forbidden_arrows(edges)
+  assert bad == [
+      "newpkg is not in ALLOWED (tests/test_imports.py): place it in the "
+      "diagram of docs/architecture.md and here",
+      "engine -> data (fedjax_dg.engine.placement imports fedjax_dg.data.images)"]
 
 
 def engine_data_imports(edges) -> list[tuple[str, str]]:
