@@ -182,7 +182,7 @@ def _lanes_steps(work, lanes):
 
 
 def test_scaffold_same_numbers_only_real_steps(unequal):
-  """SCAFFOLD (client_aux, per-client control variates; a cohort of 3 of 4
+  """SCAFFOLD (client.end, per-client control variates; a cohort of 3 of 4
   clients of 14, 4, 8, 6 local steps): one loop of its own steps per client
   (the CPU path, `skip_idle_steps`) equals the masked scan to float rounding,
   lanes under vmap to float tolerance. Steps computed: masked, the padded count per

@@ -66,8 +66,8 @@ def assert_same_run(a, b):
                                   "local_only", "scaffold"])
 def test_host_placement_equals_device_resumed_midway(setup, name, tmp_path):
   """FedAvg; Local-only (a model per client: per-client state, personalized
-  evaluation); SCAFFOLD (per-client control variates updated from
-  client_aux). The host run stops after 2 rounds and resumes from its
+  evaluation); SCAFFOLD (per-client control variates updated by
+  its client.end). The host run stops after 2 rounds and resumes from its
   checkpoint; every client state row, metric and evaluation is the device
   run's."""
   fed, model, algs = setup

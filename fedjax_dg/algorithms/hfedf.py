@@ -1,6 +1,6 @@
 """hFedF (hypernetwork-based federated fusion): Algorithm 1 of the paper.
 
-    phi_i   = h(theta, v[i])                  client_start: generate each model
+    phi_i   = h(theta, v[i])                  client.start: generate each model
     local   : E epochs of cross-entropy       (Alg. 2)
     delta_i = phi_i - phi_i^trained           (pFedHN sign, old minus new)
     g_i     = J_i^T delta_i                   VJP through the generator

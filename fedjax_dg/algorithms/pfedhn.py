@@ -1,6 +1,6 @@
 """pFedHN (Shamsian et al. 2021): a hypernetwork generates each client's model.
 
-    phi_i   = h(theta, v_i)                  client_start: generate each model
+    phi_i   = h(theta, v_i)                  client.start: generate each model
     local   : inner steps of the client      (reference code: 50 SGD steps)
     delta_i = phi_i - phi_i^trained          (old minus new, the reference code)
     g       = (1/m) sum_i J_i^T delta_i      one VJP of the batched generator
