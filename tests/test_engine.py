@@ -397,13 +397,13 @@ def test_shared_frozen_parameters_are_held_once(fed3, mapping):
   def init(key):
     return ServerState({"fc2": model.init(key)["fc2"]}), None
 
-  frozen_alg = dataclasses.replace(
-      base, init=init, frozen=lambda key: {"fc1": model.init(key)["fc1"]},
+  frozen_alg = base.replace(
+      init=init, frozen=lambda key: {"fc1": model.init(key)["fc1"]},
       loss=lambda p, batch, rng, ctx: ce(with_frozen(ctx.frozen, p), batch, rng,
                                          ctx))
   # The independent computation: the whole model, fc1's updates set to zero.
   labels = lambda p: {k: "frozen" if k == "fc1" else "trained" for k in p}
-  masked = dataclasses.replace(base, optimizer=optax.multi_transform(
+  masked = base.replace(optimizer=optax.multi_transform(
       {"trained": opt, "frozen": optax.set_to_zero()}, labels))
   cfg = dataclasses.replace(CFG, client_mapping=mapping)
   a = engine.run(frozen_alg, fed3, model, cfg)

@@ -22,7 +22,7 @@ from fedjax_dg import algorithms, engine, models
 from fedjax_dg.run import assemble, checks, config
 from fedjax_dg.report.records import display_name
 from fedjax_dg.client.update import Batch
-from fedjax_dg.engine.round import AUX_STREAM
+from fedjax_dg.engine.round import END_STREAM
 
 DOC = os.path.join(os.path.dirname(__file__), "..", "docs", "extending.md")
 
@@ -103,7 +103,7 @@ def test_the_server_weighs_clients_by_the_statistic_they_send(fedfit):
   start = alg.init(jax.random.fold_in(root, 2**31 - 1))[0].params
   _, client_key, _ = jax.random.split(jax.random.fold_in(root, 0), 3)
   for i in range(fed.num_clients):
-    key = jax.random.fold_in(jax.random.fold_in(client_key, i), AUX_STREAM)
+    key = jax.random.fold_in(jax.random.fold_in(client_key, i), END_STREAM)
     idx = np.asarray(jax.random.randint(key, (16,), 0, int(fed.train.n[i])))
     logits = np.asarray(model.apply(start, fed.train.x[i][idx]), np.float64)
     logp = logits - np.log(np.exp(logits).sum(1, keepdims=True))

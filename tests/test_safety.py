@@ -44,8 +44,7 @@ def test_nan_loss_stops_the_run_naming_round_and_keeping_the_last_checkpoint(
   ce = objectives.cross_entropy(model)
   # The loss turns NaN from round 3 on (the second chunk of two rounds).
   loss = lambda p, b, rng, ctx: jnp.where(ctx.round >= 3, jnp.nan, ce(p, b, rng, ctx))
-  alg = dataclasses.replace(fedavg(model, make_optimizer("adam", 1e-2), ce),
-                            loss=loss)
+  alg = fedavg(model, make_optimizer("adam", 1e-2), ce).replace(loss=loss)
   ckpt = str(tmp_path / "ckpt")
   with pytest.raises(NonFiniteError) as e:
     engine.run(alg, fed3, model, CFG, checkpoint_dir=ckpt)
@@ -66,7 +65,7 @@ def test_non_finite_server_state_is_named(fed3):
                                     "bias": server.params["fc2"]["bias"] / 0.0}}
     return ServerState(bad, server.opt), metrics
 
-  alg = dataclasses.replace(base, server_update=server_update)
+  alg = base.replace(update=server_update)
   with pytest.raises(NonFiniteError, match=r"fedavg: the server state \.params\["):
     engine.run(alg, fed3, model, CFG)
 
