@@ -34,6 +34,8 @@ def own_builder(entry: OwnEntry, data_dir: str, manual_dir: str | None,
                 name: str, prepare: bool):
   """Constructs the builder and prepares it if needed (recording the source
   folder it was built from); validates inputs first."""
+  # Imported here: tensorflow_datasets (and the builders, which import it)
+  # take seconds to import, and only preparing needs them.
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   from fedjax_dg.data import builders  # pylint: disable=g-import-not-at-top
   if entry.builder == "Folder":

@@ -217,7 +217,9 @@ def _user_folder(dataset_name: str | None, manual_dir: str | None,
   """(name, entry, why its prepared data must go: None if they may stay) of
   `prepare folder`. Its images are stored with one channel when every one of
   them is grayscale (`domainbed_folder.folder_channels`), else as RGB."""
-  from fedjax_dg.data.builders.domainbed_folder import folder_builder, folder_channels, folder_domains  # pylint: disable=g-import-not-at-top
+  # Imported here: the builders import tensorflow_datasets (seconds).
+  from fedjax_dg.data.builders.domainbed_folder import (  # pylint: disable=g-import-not-at-top
+      folder_builder, folder_channels, folder_domains)
   if not dataset_name or not manual_dir:
     raise ConfigError("prepare folder needs --manual-dir DIR (the folder: "
                       "<root>/<domain>/<class>/<image>) and --name NAME (how "
