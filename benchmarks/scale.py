@@ -148,7 +148,7 @@ def chunk_temp_bytes(alg, model, cfg, fed, placement: str) -> int:
   else:
     table = min(n, cfg.eval_every * m)
     carry = (jax.eval_shape(lambda k: alg.init(k)[0], key),
-             jax.eval_shape(alg.init_rows, key, jnp.arange(table)))
+             jax.eval_shape(alg.initial_rows, key, jnp.arange(table)))
     lm = (cfg.eval_every, m)
     width = (cfg.local_steps * cfg.batch_size if cfg.host_gather == "rows"
              else packed.width)
