@@ -296,6 +296,7 @@ EVERY_ALGORITHM_SHARDED = textwrap.dedent("""
     import jax, numpy as np
     from conftest import every_algorithm_setup, model_for
     from fedjax_dg import algorithms, engine
+    from fedjax_dg.run import assemble
     fed, cfg = every_algorithm_setup()
     for name in algorithms.available():
       model = model_for(name, fed, hidden=8)
