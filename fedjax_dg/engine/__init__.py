@@ -36,9 +36,12 @@ Where each question is answered:
                    `program_key`)
     checkpoint.py  the orbax checkpoints and what they cost on disk
     loop.py        `run`: the chunks, the NaN guard, the progress bar, resume
+    replicas.py    `run_replicas`: R runs of one algorithm (seeds, targets,
+                   splits of equal shapes) as one program with a leading
+                   [R] axis, each replica equal to its separate run
 
 Imports inside the package point one way: settings <- layout <- round <-
-placement <- evaluation <- programs <- loop; checkpoint imports no engine
+placement <- evaluation <- programs <- loop <- replicas; checkpoint imports no engine
 module. The engine imports no data module: it asks the data objects
 (`PackedClients.streamed`, `FederatedData.target_streamed`).
 
@@ -49,7 +52,8 @@ imported from its module.
 from fedjax_dg.engine.checkpoint import checkpoint_bytes, checkpoints_held
 from fedjax_dg.engine.layout import use_cpu_devices
 from fedjax_dg.engine.loop import run
+from fedjax_dg.engine.replicas import run_replicas
 from fedjax_dg.engine.settings import EngineConfig, RunResult
 
 __all__ = ["EngineConfig", "RunResult", "checkpoint_bytes", "checkpoints_held",
-           "run", "use_cpu_devices"]
+           "run", "run_replicas", "use_cpu_devices"]

@@ -69,7 +69,8 @@ def check_finite(name: str, r0: int, metrics: dict[str, list], carry,
       f"is stopped.{kept} Likely: {LIKELY_CAUSES}.")
 
 
-def _to_host(metrics: dict) -> dict[str, list]:
+def metrics_to_host(metrics: dict) -> dict[str, list]:
+  """A chunk's round metrics as host lists."""
   return {k: np.asarray(v).tolist() for k, v in metrics.items()}
 
 
@@ -121,7 +122,7 @@ def run(alg: Algorithm, data, model, cfg: EngineConfig, *,
                        data.val, cfg)
   state = feed.initial(init_key) if restored is None else feed.placed(restored)
 
-  bar = _progress(cfg, alg.name, r0)
+  bar = progress_bar(cfg, alg.name, r0)
   t0 = time.perf_counter()
   failing = False
   try:
@@ -131,7 +132,7 @@ def run(alg: Algorithm, data, model, cfg: EngineConfig, *,
       carry, metrics = run_chunk(carry, jnp.int32(r0), inputs, root_key,
                                  frozen, length, jnp.int32(cfg.rounds))
       feed.prefetch(r0 + length, min(cfg.eval_every, cfg.rounds - r0 - length))
-      chunk_metrics = _to_host(metrics)
+      chunk_metrics = metrics_to_host(metrics)
       # Before anything is recorded or saved: the last good checkpoint stays.
       check_finite(alg.name, r0, chunk_metrics, carry,
                    ckpt.latest() if ckpt is not None else None, checkpoint_dir)
@@ -171,7 +172,9 @@ def run(alg: Algorithm, data, model, cfg: EngineConfig, *,
                    spent + time.perf_counter() - t0, feats)
 
 
-def _progress(cfg: EngineConfig, desc: str, initial: int):
+def progress_bar(cfg: EngineConfig, desc: str, initial: int):
+  """A tqdm bar over the run's rounds (None without `cfg.progress`, or
+  off process 0)."""
   if not cfg.progress or jax.process_index() != 0:  # one bar: process 0's
     return None
   from tqdm.auto import tqdm

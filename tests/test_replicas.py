@@ -1,0 +1,220 @@
+"""Replicas (`engine.replicas.run_replicas`): R runs of one algorithm as one
+program equal the R separate runs (`engine.run`), resumed or not; a replica
+that goes non-finite stops alone; replicas that cannot share a program are
+refused with the reason."""
+
+import dataclasses
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import numpy as np
+import pytest
+
+from conftest import every_algorithm_setup, model_for, synthetic_federation
+from fedjax_dg import algorithms, engine, models
+from fedjax_dg.algorithms import local_only, scaffold
+from fedjax_dg.algorithms.fedavg import fedavg
+from fedjax_dg.client import objectives
+from fedjax_dg.data.federated import pack_padded
+from fedjax_dg.engine.replicas import replica_mapping, run_replicas
+from fedjax_dg.errors import ConfigError, NonFiniteError
+from fedjax_dg.optim import make_optimizer
+
+N = 3
+CFG = engine.EngineConfig(rounds=4, eval_every=2, epochs=1, batch_size=8,
+                          cohort_size=2, client_mapping="map", progress=False,
+                          eval_batch_size=16)
+
+
+@pytest.fixture(scope="module")
+def setup():
+  # Two held-out targets of equal shapes: replicas over seeds x targets.
+  feds = [synthetic_federation(num_clients=N, target=t, per_domain=30)
+          for t in (0, 1)]
+  fed = feds[0]
+  model = models.get_model("mlp", input_shape=fed.image_shape,
+                           num_classes=fed.num_classes, mean=(0.5,),
+                           std=(0.25,), hidden=8)
+  loss, opt = objectives.cross_entropy(model), make_optimizer("sgd", 0.1)
+  algs = {"fedavg": fedavg(model, opt, loss),
+          "local_only": local_only.build(model, opt, loss, num_clients=N),
+          "scaffold": scaffold.build(model, opt, loss, num_clients=N)}
+  return feds, model, algs
+
+
+def state(result):
+  return [np.asarray(a) for a in jax.tree.leaves((result.server,
+                                                  result.clients))]
+
+
+def assert_same_run(a, b, atol=0.0):
+  for x, y in zip(state(a), state(b), strict=True):
+    if atol:
+      np.testing.assert_allclose(x.astype(np.float64), y.astype(np.float64),
+                                 atol=atol)
+    else:
+      np.testing.assert_array_equal(x, y)
+  if not atol:
+    assert a.round_metrics == b.round_metrics
+    assert a.history == b.history
+    assert a.final == b.final
+
+
+SEEDS = (3, 7, 3)  # seed 3 twice: on both targets
+
+
+def batch(feds):
+  return [feds[0], feds[0], feds[1]]
+
+
+@pytest.mark.parametrize("name", ["fedavg", "local_only", "scaffold"])
+def test_each_replica_is_its_separate_run(setup, name):
+  """FedAvg (a global model), Local-only (client state, personalized
+  evaluation), SCAFFOLD (client state written by its client.end), a cohort
+  of 2 of 3 over chunks of 2 rounds: three replicas (two seeds on one
+  target, one on another) mapped one after another ("map") are, bit for
+  bit, the three runs engine.run makes: every state leaf, round metric,
+  evaluation and the final scores."""
+  feds, model, algs = setup
+  alg = algs[name]
+  datas = batch(feds)
+  together = run_replicas(alg, datas, model, CFG, SEEDS, mapping="map")
+  for data, seed, got in zip(datas, SEEDS, together, strict=True):
+    alone = engine.run(alg, data, model, dataclasses.replace(CFG, seed=seed))
+    assert_same_run(got, alone)
+  # The replicas are not copies of one another.
+  assert not np.array_equal(state(together[0])[0], state(together[1])[0])
+
+
+def test_vmapped_replicas_match_to_float_order(setup):
+  """Replicas batched ("vmap", the accelerators' choice) give the separate
+  runs within the tolerance tests/test_placement.py states for vmapped vs
+  mapped clients (1e-4)."""
+  feds, model, algs = setup
+  datas = batch(feds)
+  together = run_replicas(algs["scaffold"], datas, model, CFG, SEEDS,
+                          mapping="vmap")
+  for data, seed, got in zip(datas, SEEDS, together, strict=True):
+    alone = engine.run(algs["scaffold"], data, model,
+                       dataclasses.replace(CFG, seed=seed))
+    assert_same_run(got, alone, atol=1e-4)
+
+
+def test_a_resumed_batch_equals_the_uninterrupted_one(setup, tmp_path):
+  """A batch stopped after 2 of 4 rounds resumes from its replicas'
+  checkpoints; one replica's checkpoint of round 4 (written before the
+  stop reached the others) is dropped and recomputed: every replica ends
+  as in the uninterrupted batch, history included."""
+  feds, model, algs = setup
+  alg = algs["local_only"]
+  datas = batch(feds)
+  dirs = [str(tmp_path / f"r{r}") for r in range(3)]
+  whole = run_replicas(alg, datas, model, CFG, SEEDS, mapping="map")
+  run_replicas(alg, datas, model, dataclasses.replace(CFG, rounds=2), SEEDS,
+               checkpoint_dirs=dirs, mapping="map")
+  # Replica 0 alone got further (its round 4 written, the others' not).
+  run_replicas(alg, datas[:1], model, CFG, SEEDS[:1],
+               checkpoint_dirs=dirs[:1], mapping="map")
+  seen = []
+  resumed = run_replicas(alg, datas, model, CFG, SEEDS, checkpoint_dirs=dirs,
+                         mapping="map",
+                         on_eval=[seen.append, None, None])
+  assert [e["round"] for e in seen] == [4]  # only the rounds after the resume
+  for a, b in zip(resumed, whole, strict=True):
+    assert_same_run(a, b)
+
+
+def test_a_replica_that_goes_non_finite_stops_alone(setup):
+  """One replica's data hold an infinite pixel: it ends as a NonFiniteError
+  naming its seed; the other replica finishes as its separate run."""
+  feds, model, algs = setup
+  good = feds[0]
+  x = np.asarray(good.train.x, np.float32) / 255.0  # [0, 1] floats
+  bad_x = x.copy()
+  bad_x[0, 0, 0, 0, 0] = np.inf
+  as_float = lambda xs: dataclasses.replace(good, packed_train=pack_padded(
+      good.train.replace(x=xs)))
+  fine, broken = as_float(x), as_float(bad_x)
+  out = run_replicas(algs["fedavg"], [fine, broken], model, CFG, (1, 2),
+                     mapping="map")
+  assert isinstance(out[1], NonFiniteError)
+  assert "seed 2" in str(out[1])
+  assert_same_run(out[0], engine.run(algs["fedavg"], fine, model,
+                                     dataclasses.replace(CFG, seed=1)))
+
+
+def test_replicas_of_other_shapes_or_the_host_placement_are_refused(setup):
+  feds, model, algs = setup
+  other = synthetic_federation(num_clients=N, target=0, per_domain=40)
+  with pytest.raises(ConfigError, match="other shapes"):
+    run_replicas(algs["fedavg"], [feds[0], other], model, CFG, (0, 1))
+  with pytest.raises(ConfigError, match="'device' placement"):
+    run_replicas(algs["fedavg"], feds, model,
+                 dataclasses.replace(CFG, placement="host"), (0, 1))
+  with pytest.raises(ConfigError, match="one seed per replica"):
+    run_replicas(algs["fedavg"], feds, model, CFG, (0,))
+
+
+def test_replica_mapping_auto_rules():
+  on_cpu = jax.default_backend() == "cpu"
+  if jax.device_count() == 1:
+    assert replica_mapping("auto", 4) == ("map" if on_cpu else "vmap")
+  assert replica_mapping("auto", 1) in ("map", "vmap")
+  assert replica_mapping("vmap", 4) == "vmap"
+  with pytest.raises(ConfigError, match="allowed values"):
+    replica_mapping("pmap", 4)
+
+
+SHARDED = textwrap.dedent("""
+    import dataclasses, sys
+    from fedjax_dg import engine
+    engine.use_cpu_devices(2)
+    import jax, numpy as np
+    from conftest import every_algorithm_setup, model_for
+    from fedjax_dg import algorithms
+    from fedjax_dg.engine.replicas import run_replicas
+    from fedjax_dg.run import assemble
+    assert jax.device_count() == 2
+    fed, cfg = every_algorithm_setup()
+    base = engine.EngineConfig(rounds=2, eval_every=1, epochs=1, batch_size=8,
+                               cohort_size=3, progress=False,
+                               eval_batch_size=16)
+    worst = {}
+    for name in algorithms.available():
+      model = model_for(name, fed, hidden=8)
+      alg = assemble.algorithm(name, model, 4, cfg, data=fed)
+      seeds = (0, 1, 2)
+      together = run_replicas(alg, [fed] * 3, model, base, seeds)
+      for seed, got in zip(seeds, together):
+        alone = engine.run(alg, fed, model, dataclasses.replace(base, seed=seed))
+        for a, b in zip(jax.tree.leaves((got.server, got.clients)),
+                        jax.tree.leaves((alone.server, alone.clients)),
+                        strict=True):
+          err = float(np.max(np.abs(np.asarray(a, np.float64)
+                                    - np.asarray(b, np.float64)), initial=0))
+          worst[name] = max(worst.get(name, 0.0), err)
+    bad = {k: v for k, v in worst.items()
+           if v > (5e-2 if k == "hypergenfl" else 1e-4)}
+    print("WORST", worst)
+    print("BAD" if bad else "SAME", bad)
+""")
+
+
+@pytest.mark.slow
+def test_every_algorithm_sharded_replicas_match_separate_runs():
+  """Every registered algorithm, 3 seeds as replicas sharded over 2 CPU
+  devices ("auto"; each device maps its replicas and their clients) against
+  the separate runs (their clients sharded over the 2 devices): within 1e-4,
+  HyperGenFL within 5e-2 (its hypernetwork moves with the float summation
+  order, as tests/test_placement.py states for vmap vs map)."""
+  tests = os.path.dirname(__file__)
+  env = dict(os.environ, PYTHONPATH=tests + os.pathsep
+             + os.environ.get("PYTHONPATH", ""))
+  env.pop("XLA_FLAGS", None)
+  out = subprocess.run([sys.executable, "-c", SHARDED], env=env, cwd=tests,
+                       capture_output=True, text=True, timeout=1800)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "SAME" in out.stdout, out.stdout[-3000:]
