@@ -11,11 +11,14 @@ a run directory) and `disk` (the checkpoints' disk).
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
 import shutil
 import time
 import warnings
+from typing import Callable
 
 import numpy as np
 
@@ -47,15 +50,117 @@ def stand_ins(call, where: str, echo=None):
   return out, said
 
 
-def run(cfg: ConfigDict, run_dir: str | None = None, *, resume: bool = False,
-        echo=print) -> dict:
-  """Runs every (target domain, algorithm) of `cfg`; returns the results dict.
+@dataclasses.dataclass
+class OpenRun:
+  """A run directory opened for a config (`open_run`): every check passed,
+  the directory written, the runs it already holds read back. `run` trains
+  its runs one after another; a sweep's replica batches (`run.batches`)
+  train runs of several open directories together and `record` each."""
+  cfg: ConfigDict
+  dataset: object
+  targets: list
+  feds: list
+  ecfg: engine.EngineConfig
+  run_dir: str
+  results: dict
+  done: set           # (algorithm, target) runs finished
+  echo: Callable
+  resume: bool
+  log: object = dataclasses.field(default_factory=metrics_log.NoLog)
+  t0: float = dataclasses.field(default_factory=time.perf_counter)
+  before: float = 0.0   # results.json's seconds when this part began
+  _models: dict = dataclasses.field(default_factory=dict)
 
-  `run_dir` (a sweep's cell, or `resume`: an earlier run to continue) is
-  continued if it holds a run: only with the same settings and data. A run
-  directory this call made is removed again when the run fails before
-  leaving anything to continue (no finished run, no checkpoint).
-  """
+  @property
+  def main(self) -> bool:
+    return distributed.is_main()
+
+  def model(self, i: int):
+    """The model of target `i`: one for every target (one compiled program
+    for all of them) unless data.normalization='train'."""
+    key = i if self.cfg.data.normalization == "train" else 0
+    if key not in self._models:
+      fed = self.feds[i]
+      self._models[key] = assemble.make_model(
+          self.cfg, fed, *assemble.normalization(self.cfg, self.dataset, fed))
+    return self._models[key]
+
+  def pending(self) -> list[tuple[int, str]]:
+    """(target index, algorithm) of every run not finished yet, in order."""
+    return [(i, name) for i, target in enumerate(self.targets)
+            for name in self.cfg.algorithms
+            if (name, str(target)) not in self.done]
+
+  def checkpoint_dir(self, name: str, target) -> str:
+    return os.path.join(self.run_dir, "checkpoints", f"{name}--{target}")
+
+  def note(self, said: list[str]) -> None:
+    """Stand-in warnings (already echoed) into results.json's `warnings`."""
+    self.results["warnings"] += [w for w in said
+                                 if w not in self.results["warnings"]]
+
+  def write(self) -> None:
+    """results.json, its `seconds` counting every part up to now (an
+    interrupted run and its resumes; `seconds_this_part`: this call's)."""
+    self.results["seconds_this_part"] = time.perf_counter() - self.t0
+    self.results["seconds"] = self.before + self.results["seconds_this_part"]
+    if self.main:
+      directory.write_results(self.run_dir, self.results)
+
+  def record(self, name: str, i: int, res: engine.RunResult,
+             replicas: int = 1) -> None:
+    """A finished run of algorithm `name` on target `i`: its log lines,
+    features and diagnostics, its entry in results.json (written);
+    `replicas`: the size of the batch it ran in (1: alone)."""
+    target, fed = self.targets[i], self.feds[i]
+    self.log.sync(name, target, res.history)
+    distributed.barrier("fedjax_dg: checkpoints closed")
+    if self.main and not self.cfg.train.keep_checkpoints:
+      shutil.rmtree(self.checkpoint_dir(name, target), ignore_errors=True)
+    if self.main and res.features is not None:
+      directory.save_features(self.run_dir, name, target, res.features)
+    warnings_ = algorithms.spec(name).diagnose(res.round_metrics)
+    for w in warnings_:
+      self.echo(f"WARNING ({target}): {w}")
+    self.results["runs"].append(dict(
+        algorithm=name, target=str(target), seconds=res.seconds,
+        warnings=warnings_, server_examples=fed.server_size,
+        **({"replicas": replicas} if replicas > 1 else {}),
+        final=res.final, history=res.history,
+        round_metrics={k: v for k, v in res.round_metrics.items()
+                       if k != "cohort"}))
+    self.done.add((name, str(target)))
+    self.write()
+
+  @contextlib.contextmanager
+  def guard(self):
+    """Errors inside said as `run` says them: Ctrl-C -> `Stopped` (which
+    directory `--resume` continues), a full disk -> `DiskFull`; a directory
+    this call made is removed again when it holds nothing to continue."""
+    try:
+      yield
+    except KeyboardInterrupt as e:
+      raise Stopped(self.run_dir) from e
+    except DiskFull as e:  # the checkpointer's: names its folder
+      e.run_dir = self.run_dir
+      raise
+    except Exception as e:
+      if is_disk_full(e):  # results.json, metrics, features: one message
+        raise DiskFull(
+            f"writing into {self.run_dir} failed: no space left on device "
+            f"({type(e).__name__}). Free space on that disk",
+            self.run_dir) from None
+      if self.main and not self.resume:
+        self.log.close()
+        directory.remove_if_empty(self.run_dir, self.echo)
+      raise
+
+
+def open_run(cfg: ConfigDict, run_dir: str | None = None, *,
+             resume: bool = False, echo=print) -> OpenRun:
+  """Checks `cfg` (data, federations, engine settings) and opens its run
+  directory (`run_dir`, continued if it holds a run with the same settings
+  and data, else a new one under `cfg.output_dir`)."""
   cfg = assemble.resolve(cfg)
   checks.validate(cfg)
   if run_dir is None:
@@ -99,130 +204,111 @@ def run(cfg: ConfigDict, run_dir: str | None = None, *, resume: bool = False,
                  domains=list(dataset.domain_names), targets=[str(t) for t in targets],
                  algorithms=list(cfg.algorithms), environment=env, runs=[],
                  warnings=[], seconds=0.0)
-  log = metrics_log.NoLog()
+  opened = OpenRun(cfg, dataset, targets, feds, ecfg, run_dir, results, set(),
+                   echo, resume)
+  with opened.guard():
+    try:
+      if main:
+        directory.write_start(run_dir, cfg, data, env, env_path)
+      if resume and os.path.exists(os.path.join(run_dir, "results.json")):
+        with open(os.path.join(run_dir, "results.json")) as f:
+          before = json.load(f)
+        results["runs"] = before["runs"]
+        results["warnings"] = list(before.get("warnings", []))
+        results["seconds"] = opened.before = float(before.get("seconds") or 0.0)
+      for line in said:
+        echo(f"WARNING: {line}")
+      opened.note(said)
+      opened.done = {(r["algorithm"], r["target"]) for r in results["runs"]}
+      echo(f"run directory: {run_dir}" + (" (resuming)" if resume else ""))
+      opened.log = metrics_log.RunLog(run_dir) if main else metrics_log.NoLog()
+      for r in results["runs"]:  # kept from results.json: their lines as well
+        opened.log.sync(r["algorithm"], r["target"], r["history"])
+    except BaseException:
+      opened.log.close()
+      raise
+  return opened
+
+
+def run(cfg: ConfigDict, run_dir: str | None = None, *, resume: bool = False,
+        echo=print) -> dict:
+  """Runs every (target domain, algorithm) of `cfg`; returns the results dict.
+
+  `run_dir` (a sweep's cell, or `resume`: an earlier run to continue) is
+  continued if it holds a run: only with the same settings and data. A run
+  directory this call made is removed again when the run fails before
+  leaving anything to continue (no finished run, no checkpoint).
+  """
+  opened = open_run(cfg, run_dir, resume=resume, echo=echo)
+  with opened.guard():
+    try:
+      _run_all(opened)
+    finally:  # a stopped run keeps its metrics up to its last evaluation
+      opened.log.close()
+  return opened.results
+
+
+def _run_all(opened: OpenRun) -> None:
+  """`run`'s runs, one after another, after every check and with the run
+  directory made; results.json after each run, at the end and at Ctrl-C (a
+  killed process loses the time since its last write; each run's own
+  `seconds` also counts its parts, up to its last checkpoint: `engine.run`)."""
   try:
-    if main:
-      directory.write_start(run_dir, cfg, data, env, env_path)
-    if resume and os.path.exists(os.path.join(run_dir, "results.json")):
-      with open(os.path.join(run_dir, "results.json")) as f:
-        before = json.load(f)
-      results["runs"] = before["runs"]
-      results["warnings"] = list(before.get("warnings", []))
-      results["seconds"] = float(before.get("seconds") or 0.0)
-    for line in said:
-      echo(f"WARNING: {line}")
-      if line not in results["warnings"]:
-        results["warnings"].append(line)
-    done = {(r["algorithm"], r["target"]) for r in results["runs"]}
-    echo(f"run directory: {run_dir}" + (" (resuming)" if resume else ""))
-    log = metrics_log.RunLog(run_dir) if main else metrics_log.NoLog()
-    for r in results["runs"]:  # kept from results.json: their lines as well
-      log.sync(r["algorithm"], r["target"], r["history"])
-    _run_all(cfg, dataset, targets, feds, ecfg, run_dir, results, done, log,
-             echo)
-  except KeyboardInterrupt as e:  # says which directory --resume continues
-    raise Stopped(run_dir) from e
-  except DiskFull as e:  # the checkpointer's: names its folder
-    e.run_dir = run_dir
-    raise
-  except Exception as e:
-    if is_disk_full(e):  # results.json, metrics, features: one message
-      raise DiskFull(
-          f"writing into {run_dir} failed: no space left on device "
-          f"({type(e).__name__}). Free space on that disk", run_dir) from None
-    if main and not resume:
-      log.close()
-      directory.remove_if_empty(run_dir, echo)
-    raise
-  finally:  # a stopped run keeps its metrics up to its last evaluation
-    log.close()
-  return results
-
-
-def _run_all(cfg, dataset, targets, feds, ecfg, run_dir, results, done, log,
-             echo) -> None:
-  """`run`'s loop over (target, algorithm), after every check and with the run
-  directory made; fills `results` and writes results.json after each run.
-
-  results.json's `seconds` is the wall time of every part of the run (an
-  interrupted run and its resumes), `seconds_this_part` that of this call
-  alone. Each part counts up to its last write of results.json: after every
-  finished run, at the end and at Ctrl-C (a killed process loses the time
-  since its last write; each run's own `seconds` also counts its parts, up
-  to its last checkpoint: `engine.run`)."""
-  t0, before = time.perf_counter(), results["seconds"]
-  main = distributed.is_main()
-
-  def write():
-    results["seconds_this_part"] = time.perf_counter() - t0
-    results["seconds"] = before + results["seconds_this_part"]
-    if main:
-      directory.write_results(run_dir, results)
-
-  try:
-    _run_each(cfg, dataset, targets, feds, ecfg, run_dir, results, done, log,
-              echo, write)
+    _run_each(opened)
   except KeyboardInterrupt:  # the time so far counts in the total
-    write()
+    opened.write()
     raise
-  write()
+  opened.write()
 
 
-def _run_each(cfg, dataset, targets, feds, ecfg, run_dir, results, done, log,
-              echo, write) -> None:
-  """`_run_all`'s loop; `write()` after each finished run."""
-  main = distributed.is_main()
-  # One model and one Algorithm object per client count: runs with equal shapes
-  # (other target domains, seeds) reuse the same traced and compiled programs.
-  model, built = None, {}
-  for i, (target, fed) in enumerate(zip(targets, feds)):
-    if model is None:
-      model = assemble.make_model(cfg, fed, *assemble.normalization(cfg, dataset, fed))
-    elif cfg.data.normalization == "train":
-      model = assemble.make_model(cfg, fed, fed.mean, fed.std)
-    holding = " | ".join("+".join(str(d) for d in c)
-                         for c in fed.client_domains[:12])
-    echo(f"target {target}: {fed.num_clients} clients (domains {holding}"
-         f"{' | ...' if fed.num_clients > 12 else ''}), "
-         f"{int(np.sum(fed.packed_train.n))} training examples"
-         + (f", server split {fed.server_size}" if fed.server_size else ""))
+def build_algorithm(opened: OpenRun, name: str, i: int, runs: int):
+  """Algorithm `name` for target `i`'s federation and model (its stand-in
+  warnings echoed and noted), after the disk check for `runs` runs' checkpoints."""
+  fed = opened.feds[i]
+  alg, said = stand_ins(
+      lambda: assemble.algorithm(name, opened.model(i), fed.num_clients,
+                                 opened.cfg, data=fed), name, opened.echo)
+  opened.note(said)
+  # Finished runs keep their checkpoints (keep_checkpoints): every run of
+  # this algorithm still to do adds its own.
+  disk.check_disk(name, alg, opened.run_dir, opened.echo,
+                  keep=opened.ecfg.checkpoints_to_keep,
+                  runs=runs if opened.cfg.train.keep_checkpoints else 1)
+  return alg
+
+
+def describe_target(opened: OpenRun, i: int) -> str:
+  """One line: target `i`'s clients, their domains and examples."""
+  fed = opened.feds[i]
+  holding = " | ".join("+".join(str(d) for d in c)
+                       for c in fed.client_domains[:12])
+  return (f"target {opened.targets[i]}: {fed.num_clients} clients (domains "
+          f"{holding}{' | ...' if fed.num_clients > 12 else ''}), "
+          f"{int(np.sum(fed.packed_train.n))} training examples"
+          + (f", server split {fed.server_size}" if fed.server_size else ""))
+
+
+def _run_each(opened: OpenRun) -> None:
+  """`_run_all`'s loop over (target, algorithm)."""
+  # One Algorithm object per client count and model: runs with equal shapes
+  # (other target domains) reuse the same traced and compiled programs.
+  cfg, built = opened.cfg, {}
+  pending = opened.pending()
+  for i, target in enumerate(opened.targets):
+    model = opened.model(i)
+    opened.echo(describe_target(opened, i))
+    fed = opened.feds[i]
     for name in cfg.algorithms:
-      if (name, str(target)) in done:
-        echo(f"{name} / {target}: already finished, kept from results.json")
+      if (name, str(target)) in opened.done:
+        opened.echo(f"{name} / {target}: already finished, kept from "
+                    "results.json")
         continue
       key = (name, fed.num_clients, model,
              id(fed) if assemble.uses_data(name, cfg) else None)
       if key not in built:
-        built[key], said = stand_ins(
-            lambda: assemble.algorithm(name, model, fed.num_clients, cfg,
-                                       data=fed), name, echo)
-        results["warnings"] += [w for w in said if w not in results["warnings"]]
-        # Finished runs keep their checkpoints (keep_checkpoints): every run
-        # of this algorithm still to do adds its own.
-        later = [t for t in targets[i:] if (name, str(t)) not in done]
-        disk.check_disk(name, built[key], run_dir, echo,
-                   keep=ecfg.checkpoints_to_keep,
-                   runs=len(later) if cfg.train.keep_checkpoints else 1)
-      alg = built[key]
-      ckpt = os.path.join(run_dir, "checkpoints", f"{name}--{target}")
-      res = engine.run(alg, fed, model, ecfg, checkpoint_dir=ckpt,
-                       on_eval=log.callback(name, target))
-      log.sync(name, target, res.history)
-      distributed.barrier("fedjax_dg: checkpoints closed")
-      if main and not cfg.train.keep_checkpoints:
-        shutil.rmtree(ckpt, ignore_errors=True)
-      if main and res.features is not None:
-        directory.save_features(run_dir, name, target, res.features)
-      warnings_ = algorithms.spec(name).diagnose(res.round_metrics)
-      for w in warnings_:
-        echo(f"WARNING ({target}): {w}")
-      results["runs"].append(dict(
-          algorithm=name, target=str(target), seconds=res.seconds,
-          warnings=warnings_,
-          server_examples=fed.server_size,
-          final=res.final, history=res.history,
-          round_metrics={k: v for k, v in res.round_metrics.items()
-                         if k != "cohort"}))
-      write()
-
-
+        later = sum(1 for j, n in pending if n == name and j >= i)
+        built[key] = build_algorithm(opened, name, i, later)
+      res = engine.run(built[key], fed, model, opened.ecfg,
+                       checkpoint_dir=opened.checkpoint_dir(name, target),
+                       on_eval=opened.log.callback(name, target))
+      opened.record(name, i, res)
