@@ -177,6 +177,11 @@ def main(argv: list[str] | None = None) -> int:
                        "under output_dir)")
   p_sweep.add_argument("--resume", metavar="DIR",
                        help="continue a sweep: skip finished cells")
+  p_sweep.add_argument("--replicas", type=int, default=0, metavar="R",
+                       help="runs trained together as one program (replica "
+                       "batches of seeds, targets, splits that share shapes): "
+                       "at most R per batch; 0 (default): as many as fit in "
+                       "memory; 1: one run after another")
   p_sweep.add_argument("--dry-run", action="store_true",
                        help="validate and list the cells, compute nothing")
   p_report = sub.add_parser(

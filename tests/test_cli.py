@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from conftest import tiny_experiment
-from fedjax_dg import cli
+from fedjax_dg import cli, engine
 from fedjax_dg.run import config
 from fedjax_dg.report import metrics_log
 
@@ -256,14 +256,18 @@ def test_ctrl_c_says_how_to_continue(tiny_config, monkeypatch, capsys):
   assert resumed == [(run_dir, True, [])]
   capsys.readouterr()
 
-  # A sweep is continued as a whole: `fedjax-dg sweep --resume SWEEP_DIR`.
+  # A sweep is continued as a whole: `fedjax-dg sweep --resume SWEEP_DIR`,
+  # stopped in a replica batch or (--replicas 1) in a cell's run.
   monkeypatch.setattr(experiment, "run", interrupted)
-  sweep_dir = os.path.join(os.path.dirname(out), "sweep")
-  assert cli.main(["sweep", "--config", path, "--out", sweep_dir]) == 130
-  err = capsys.readouterr().err
-  assert err.strip().splitlines()[-1].strip() == shlex.join(
-      ["fedjax-dg", "sweep", "--resume", sweep_dir])
-  assert os.path.exists(os.path.join(sweep_dir, directory.MANIFEST))
+  monkeypatch.setattr(engine, "run_replicas", interrupted)
+  for replicas in ("0", "1"):
+    sweep_dir = os.path.join(os.path.dirname(out), f"sweep{replicas}")
+    assert cli.main(["sweep", "--config", path, "--out", sweep_dir,
+                     "--replicas", replicas]) == 130
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1].strip() == shlex.join(
+        ["fedjax-dg", "sweep", "--resume", sweep_dir])
+    assert os.path.exists(os.path.join(sweep_dir, directory.MANIFEST))
 
 
 # ------------------------------------------- issue 23: runs that end badly

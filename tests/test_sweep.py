@@ -700,3 +700,60 @@ def test_report_of_a_sweep_missing_a_seed_counts_and_marks_it(tmp_path,
   cells = [c.strip() for c in line.strip().strip("|").split("|")]
   assert all("†" in c for c in cells[1:4]) and not any("†" in c
                                                        for c in cells[4:])
+
+
+# ------------------------------------------ issue 25: replica batches
+
+
+def test_a_batched_sweep_equals_one_run_at_a_time(tiny, swept, monkeypatch):
+  """The sweep above trained its runs in replica batches (FedAvg's and
+  Local-only's runs of both cells and targets together: `replicas` in
+  results.json); the same sweep with --replicas 1 (each cell an
+  experiment.run, one run after another) gives every run's history, round
+  metrics and final scores bit for bit (one CPU device: both map)."""
+  path, d = tiny
+  _no_run_figures(monkeypatch)
+  out = os.path.join(d, "one_by_one")
+  assert cli.main(["sweep", "--config", path, "--grid", "data.d=1,2",
+                   "--seeds", "0", "--out", out, "--replicas", "1"]) == 0
+  for name in CELLS:
+    batched = {(r["algorithm"], r["target"]): r
+               for r in _json(os.path.join(swept, name, "results.json"))["runs"]}
+    alone = {(r["algorithm"], r["target"]): r
+             for r in _json(os.path.join(out, name, "results.json"))["runs"]}
+    assert batched.keys() == alone.keys()
+    for key, run in batched.items():
+      assert run["replicas"] == 4, key  # 2 cells x 2 targets
+      assert "replicas" not in alone[key]
+      for field in ("final", "history", "round_metrics"):
+        assert run[field] == alone[key][field], (key, field)
+
+
+def test_batches_group_what_shares_a_program_and_say_why_not(tiny, tmp_path):
+  """Two seeds x two targets: each seed's max_per_domain subsample gives
+  its own input normalization, a constant of the program, so the seeds'
+  runs are apart and the printed reason names the model; within a seed both
+  targets share one batch; --replicas caps a batch."""
+  from fedjax_dg.run import batches, experiment
+  path, _ = tiny
+  p = sweep.plan(path, seeds=[0, 1])
+  loaded = {}
+  sweep.check(p, loaded=loaded)
+  cells = [experiment.open_run(cfg, run_dir=str(tmp_path / c.name),
+                               echo=lambda *a: None, dataset=loaded[k])
+           for k, (c, cfg) in enumerate(zip(p.cells, p.configs))]
+  planned, built = batches.plan(cells)
+  assert sorted(len(b.jobs) for b in planned) == [2, 2, 2, 2]
+  for b in planned:
+    assert len({j.cell for j in b.jobs}) == 1        # one seed each
+    assert len({j.target for j in b.jobs}) == 2      # both targets
+    assert len({j.name for j in b.jobs}) == 1
+  assert len(built) == 4  # (algorithm, seed) keys
+  lines = batches.explain(planned, cells)
+  assert any(line.startswith("  fedavg: 4 runs in 2 batches of 2; apart "
+                             "because of the model") for line in lines), lines
+  capped, _ = batches.plan(cells, max_replicas=1)
+  assert len(capped) == 8
+  assert "the batch cap" in " ".join(batches.explain(capped, cells))
+  for opened in cells:
+    opened.log.close()

@@ -91,6 +91,12 @@ class OpenRun:
             for name in self.cfg.algorithms
             if (name, str(target)) not in self.done]
 
+  def finished(self) -> list[tuple[int, str]]:
+    """(target index, algorithm) of every run finished before."""
+    return [(i, name) for i, target in enumerate(self.targets)
+            for name in self.cfg.algorithms
+            if (name, str(target)) in self.done]
+
   def checkpoint_dir(self, name: str, target) -> str:
     return os.path.join(self.run_dir, "checkpoints", f"{name}--{target}")
 
@@ -157,17 +163,18 @@ class OpenRun:
 
 
 def open_run(cfg: ConfigDict, run_dir: str | None = None, *,
-             resume: bool = False, echo=print) -> OpenRun:
+             resume: bool = False, echo=print, dataset=None) -> OpenRun:
   """Checks `cfg` (data, federations, engine settings) and opens its run
   directory (`run_dir`, continued if it holds a run with the same settings
-  and data, else a new one under `cfg.output_dir`)."""
+  and data, else a new one under `cfg.output_dir`). `dataset`: `cfg`'s
+  dataset, already loaded (a sweep's cells share them)."""
   cfg = assemble.resolve(cfg)
   checks.validate(cfg)
   if run_dir is None:
     directory.check_output_dir(cfg.output_dir)
   # Data, federations and engine settings are all checked before a run directory
   # is created or anything is computed.
-  dataset = assemble.load_dataset(cfg)
+  dataset = dataset or assemble.load_dataset(cfg)
   targets = assemble.target_domains(cfg, dataset.domain_names)
   feds, said = [], []
   for target in targets:

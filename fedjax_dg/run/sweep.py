@@ -1,9 +1,13 @@
 """`fedjax-dg sweep`: grids of experiments, one run directory per cell.
 
 A sweep is the cartesian product of grid values x seeds over one experiment
-config. Each product element (a *cell*) is one `experiment.run` (which itself loops
-over the config's algorithms and held-out target domains) in its own
-subdirectory, named from its settings (`data.d=2__seed=1`). `sweep.json` in the
+config. Each product element (a *cell*) is one run directory (what
+`experiment.run` makes: the config's algorithms x held-out target domains) in
+its own subdirectory, named from its settings (`data.d=2__seed=1`). The runs
+of every cell are trained in replica batches (`batches`: runs of one
+algorithm that share a program, e.g. seeds x targets x splits, as one
+`engine.run_replicas`), each recorded in its own cell; `--replicas 1` runs
+one cell after another, each an `experiment.run`. `sweep.json` in the
 sweep directory lists the config, the overrides, the grid, the seeds and every
 cell with its status (pending / running / done / failed), so `--resume DIR` skips
 finished cells and continues an interrupted one (experiment.run resumes a run
@@ -36,7 +40,8 @@ import time
 from fedjax_dg import distributed
 from fedjax_dg.errors import ConfigError, DiskFull, Stopped
 from fedjax_dg.report import run_summary
-from fedjax_dg.run import assemble, checks, directory, experiment, presets, reports
+from fedjax_dg.run import (assemble, batches, checks, directory, experiment,
+                           presets, reports)
 from fedjax_dg.run import config as config_lib
 
 
@@ -183,11 +188,13 @@ def plan(config_path: str, sets=(), grid=(), seeds=None, *,
               configs)
 
 
-def check(p: Plan, *, data: bool = True) -> list[int]:
+def check(p: Plan, *, data: bool = True, loaded: dict | None = None
+          ) -> list[int]:
   """Validates every cell before any compute, as `experiment.run` would: names,
   engine settings and (with `data`) every federation on the real dataset.
 
-  Returns each cell's number of held-out targets (for the ETA).
+  Returns each cell's number of held-out targets (for the ETA); `loaded`
+  (optional) gets each cell's dataset, by cell index (cells share them).
   """
   for cell, cfg in zip(p.cells, p.configs):
     try:
@@ -208,6 +215,8 @@ def check(p: Plan, *, data: bool = True) -> list[int]:
     if load_key not in datasets:
       datasets[load_key] = assemble.load_dataset(cfg)
     dataset = datasets[load_key]
+    if loaded is not None:
+      loaded[len(num_targets)] = dataset
     fed_key = (load_key, d.to_json(), cfg.seed, cfg.train.to_json())
     try:
       targets = assemble.target_domains(cfg, dataset.domain_names)
@@ -236,23 +245,21 @@ def _config_json(cfg) -> dict:
   return json.loads(cfg.to_json())
 
 
-def _hms(seconds: float) -> str:
-  s = int(round(seconds))
-  if s >= 3600:
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
-  if s >= 60:
-    return f"{s // 60}m{s % 60:02d}s"
-  return f"{s}s"
-
-
 # ----------------------------------------------------------------------- run
 
 
 def run_sweep(config_path: str | None = None, sets=(), grid=(), seeds=None, *,
               out: str | None = None, resume: str | None = None,
               dry_run: bool = False, report: bool = True,
+              max_replicas: int = 0,
               echo=print) -> tuple[str | None, int]:
-  """Runs (or resumes) a sweep; returns (sweep directory, number of failed cells)."""
+  """Runs (or resumes) a sweep; returns (sweep directory, number of failed
+  cells). `max_replicas`: runs per replica batch (`batches`; 0: as many as
+  fit in memory; 1: one run after another, each cell an `experiment.run`)."""
+  if max_replicas < 0:
+    raise ConfigError(f"--replicas {max_replicas}: allowed values are 0 (as "
+                      "many as fit in memory), 1 (one run at a time) or a "
+                      "larger batch cap")
   echo = distributed.main_only(echo)
   if resume:
     manifest = directory.read_manifest(resume)
@@ -278,7 +285,8 @@ def run_sweep(config_path: str | None = None, sets=(), grid=(), seeds=None, *,
       directory.check_output_dir(out, "--out")
     else:
       directory.check_output_dir(p.base.output_dir)
-  num_targets = check(p)
+  loaded: dict = {}
+  num_targets = check(p, loaded=loaded)
   work = [_work(cfg, n) for cfg, n in zip(p.configs, num_targets)]
   runs = sum(len(cfg.algorithms) * n for cfg, n in zip(p.configs, num_targets))
   echo(f"[sweep] {len(p.cells)} cells ({len(p.seeds)} seeds x "
@@ -311,6 +319,27 @@ def run_sweep(config_path: str | None = None, sets=(), grid=(), seeds=None, *,
     directory.write_manifest(sweep_dir, manifest)
   echo(f"[sweep] directory: {sweep_dir}" + (" (resuming)" if resume else ""))
 
+  n, t_start = len(p.cells), time.perf_counter()
+  if max_replicas == 1:
+    failures = _cells_one_by_one(p, manifest, sweep_dir, work, echo)
+  else:
+    failures = _cells_in_batches(p, manifest, sweep_dir, loaded, max_replicas,
+                                 echo)
+  echo(f"[sweep] {sum(c['status'] == 'done' for c in manifest['cells'])}/{n} cells "
+       f"done, {failures} failed, {batches.hms(time.perf_counter() - t_start)}; "
+       f"manifest {os.path.join(sweep_dir, directory.MANIFEST)}")
+  if (report and distributed.is_main()
+      and any(c["status"] == "done" for c in manifest["cells"])):
+    paths = reports.write_report(sweep_dir)
+    echo(f"[sweep] report: {os.path.dirname(paths[0])} "
+         f"(fedjax-dg report {sweep_dir} rewrites it)")
+  return sweep_dir, failures
+
+
+def _cells_one_by_one(p: Plan, manifest: dict, sweep_dir: str, work: list,
+                      echo) -> int:
+  """Each pending cell an `experiment.run`, one after another; returns the
+  failed cells."""
   n, failures = len(p.cells), 0
   spent, spent_work = 0.0, 0.0
   t_start = time.perf_counter()
@@ -322,15 +351,13 @@ def run_sweep(config_path: str | None = None, sets=(), grid=(), seeds=None, *,
       continue
     left = sum(w for w, e in zip(work[k - 1:], manifest["cells"][k - 1:])
                if e["status"] != "done")
-    eta = _hms(spent / spent_work * left) if spent_work else "after the first cell"
+    eta = (batches.hms(spent / spent_work * left) if spent_work
+           else "after the first cell")
     state = ("resuming" if os.path.exists(os.path.join(cell_dir, "config.json"))
              else "starting")
     echo(f"[sweep] cell {k}/{n} {cell.name}: {state} ({describe(cell)}); "
-         f"elapsed {_hms(time.perf_counter() - t_start)}, ETA {eta}")
-    entry.update(status="running",
-                 started=datetime.datetime.now().isoformat(timespec="seconds"))
-    entry.pop("error", None)
-    directory.write_manifest(sweep_dir, manifest)
+         f"elapsed {batches.hms(time.perf_counter() - t_start)}, ETA {eta}")
+    _mark(sweep_dir, manifest, entry, "running")
     t0 = time.perf_counter()
     try:
       results = experiment.run(cfg, run_dir=cell_dir, echo=echo)
@@ -341,27 +368,105 @@ def run_sweep(config_path: str | None = None, sets=(), grid=(), seeds=None, *,
       raise
     except Exception as e:  # noqa: BLE001 -- recorded; the next cell still runs
       failures += 1
-      entry.update(status="failed", error=f"{type(e).__name__}: {e}")
-      directory.write_manifest(sweep_dir, manifest)
+      _mark(sweep_dir, manifest, entry, "failed",
+            error=f"{type(e).__name__}: {e}")
       echo(f"[sweep] cell {k}/{n} {cell.name}: FAILED: {entry['error']}")
       continue
     dt = time.perf_counter() - t0
     if distributed.is_main():
       _cell_outputs(results, cell_dir, echo)
     spent, spent_work = spent + dt, spent_work + work[k - 1]
-    entry.update(status="done", seconds=dt,
-                 finished=datetime.datetime.now().isoformat(timespec="seconds"))
-    directory.write_manifest(sweep_dir, manifest)
-    echo(f"[sweep] cell {k}/{n} {cell.name}: done in {_hms(dt)}")
-  echo(f"[sweep] {sum(c['status'] == 'done' for c in manifest['cells'])}/{n} cells "
-       f"done, {failures} failed, {_hms(time.perf_counter() - t_start)}; "
-       f"manifest {os.path.join(sweep_dir, directory.MANIFEST)}")
-  if (report and distributed.is_main()
-      and any(c["status"] == "done" for c in manifest["cells"])):
-    paths = reports.write_report(sweep_dir)
-    echo(f"[sweep] report: {os.path.dirname(paths[0])} "
-         f"(fedjax-dg report {sweep_dir} rewrites it)")
-  return sweep_dir, failures
+    _mark(sweep_dir, manifest, entry, "done", seconds=dt)
+    echo(f"[sweep] cell {k}/{n} {cell.name}: done in {batches.hms(dt)}")
+  return failures
+
+
+def _cells_in_batches(p: Plan, manifest: dict, sweep_dir: str, loaded: dict,
+                      max_replicas: int, echo) -> int:
+  """Every pending cell's run directory opened, their runs trained in
+  replica batches (`batches`); a cell is finished when its last run is
+  recorded. Returns the failed cells."""
+  n, cells, index, failures = len(p.cells), [], [], 0
+  for k, (cell, cfg, entry) in enumerate(zip(p.cells, p.configs,
+                                             manifest["cells"])):
+    cell_dir = os.path.join(sweep_dir, cell.name)
+    if entry["status"] == "done" and directory.cell_complete(cell_dir):
+      echo(f"[sweep] cell {k + 1}/{n} {cell.name}: finished earlier, skipped")
+      continue
+    try:
+      cells.append(experiment.open_run(cfg, run_dir=cell_dir, echo=echo,
+                                       dataset=loaded.get(k)))
+    except KeyboardInterrupt as e:
+      raise Stopped(sweep_dir) from e
+    except DiskFull as e:
+      e.run_dir = sweep_dir
+      raise
+    except Exception as e:  # noqa: BLE001 -- recorded; the other cells run
+      failures += 1
+      _mark(sweep_dir, manifest, entry, "failed",
+            error=f"{type(e).__name__}: {e}")
+      echo(f"[sweep] cell {k + 1}/{n} {cell.name}: FAILED: {entry['error']}")
+      continue
+    index.append(k)
+    opened = cells[-1]
+    echo(f"[sweep] cell {k + 1}/{n} {cell.name}: "
+         f"{'resuming' if opened.resume else 'starting'} ({describe(cell)}); "
+         f"{len(opened.pending())} runs to do")
+    for i, name in opened.finished():
+      echo(f"{name} / {opened.targets[i]}: already finished, kept from "
+           "results.json")
+    _mark(sweep_dir, manifest, entry, "running")
+  started = {c: time.perf_counter() for c in range(len(cells))}
+
+  def cell_done(c: int, errors: list[str]) -> None:
+    nonlocal failures
+    opened, entry = cells[c], manifest["cells"][index[c]]
+    opened.write()
+    opened.log.close()
+    name = p.cells[index[c]].name
+    if errors:
+      failures += 1
+      _mark(sweep_dir, manifest, entry, "failed", error="; ".join(errors))
+      echo(f"[sweep] cell {index[c] + 1}/{n} {name}: FAILED: {entry['error']}")
+      return
+    if distributed.is_main():
+      _cell_outputs(opened.results, opened.run_dir, echo)
+    _mark(sweep_dir, manifest, entry, "done",
+          seconds=time.perf_counter() - started[c])
+    echo(f"[sweep] cell {index[c] + 1}/{n} {name}: done")
+
+  planned, built = batches.plan(cells, max_replicas)
+  runs = sum(len(b.jobs) for b in planned)
+  echo(f"[sweep] {runs} runs to do in {len(planned)} replica batches "
+       f"({'at most ' + str(max_replicas) if max_replicas else 'sized by memory'}"
+       " each; --replicas 1 runs one at a time):")
+  for line in batches.explain(planned, cells):
+    echo(line)
+  try:
+    batches.run(planned, built, cells, echo=echo, on_cell_done=cell_done)
+  except KeyboardInterrupt as e:
+    for opened in cells:
+      opened.write()
+      opened.log.close()
+    raise Stopped(sweep_dir) from e
+  except DiskFull as e:
+    e.run_dir = sweep_dir
+    raise
+  return failures
+
+
+def _mark(sweep_dir: str, manifest: dict, entry: dict, status: str,
+          **fields) -> None:
+  """A cell's status (and `fields`) in the manifest, written."""
+  now = datetime.datetime.now().isoformat(timespec="seconds")
+  if status == "running":
+    entry.update(status=status, started=now)
+    entry.pop("error", None)
+  elif status == "done":
+    entry.update(status=status, finished=now, **fields)
+  else:
+    entry.update(status=status, **fields)
+  directory.write_manifest(sweep_dir, manifest)
 
 
 def _cell_outputs(results: dict, cell_dir: str, echo) -> None:
@@ -387,7 +492,8 @@ def main_sweep(args) -> int:
                      f"{directory.MANIFEST}; give no --config/--set/--grid/--seeds/--out")
   _, failures = run_sweep(args.config, args.set, parse_grid(args.grid),
                           parse_seeds(args.seeds), out=args.out,
-                          resume=args.resume, dry_run=args.dry_run)
+                          resume=args.resume, dry_run=args.dry_run,
+                          max_replicas=args.replicas)
   return 1 if failures else 0
 
 

@@ -1,0 +1,271 @@
+"""A sweep's runs in replica batches: which (cell, target, algorithm) runs
+share one compiled program (`plan`), and the batches trained with
+`engine.run_replicas`, each run recorded in its own cell's run directory
+(`run`).
+
+Runs share a program when everything the program is built from is equal
+(`batch_key`): the algorithm and its hyperparameters, its clients'
+optimizer, the model (architecture and input normalization, a constant of
+the program), the engine settings other than the seed, and the data's shapes
+(clients, the largest client's examples, image shape). They may differ in
+the seed, the held-out target and the split (`data.d`, partitions of equal
+shapes). An algorithm built from the run's data (`assemble.uses_data`:
+FedCCRL's, CCST's and ELCFS's style pools, hFedF's autoencoder embeddings,
+a server split) runs alone: its Algorithm object belongs to one federation.
+
+A batch holds at most `max_replicas` runs; 0 chooses from memory: as many
+as fit in `placement.AUTO_DEVICE_SHARE` of one device's memory, each
+replica holding its padded data and carry (`engine.replicas.replica_bytes`)
+for the whole batch. What is shared and why the rest is apart is printed at
+the start (`explain`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from typing import Callable
+
+import numpy as np
+
+from fedjax_dg import engine
+from fedjax_dg.engine.placement import AUTO_DEVICE_SHARE, device_capacity
+from fedjax_dg.engine.replicas import replica_bytes
+from fedjax_dg.errors import DiskFull, NonFiniteError
+from fedjax_dg.run import assemble, disk, experiment
+
+# The parts of `batch_key`, named for `explain`.
+KEY_PARTS = ("the algorithm", "the model (its architecture or its input "
+             "normalization: data.normalization='dataset' statistics are those"
+             " of each seed's data.max_per_domain subsample)",
+             "the number of clients", "the algorithm's hyperparameters",
+             "the clients' optimizer", "the engine settings (train.*)",
+             "train.keep_checkpoints",
+             "the data's shapes (the largest client's examples)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+  """One run of a sweep: algorithm `name` on target `target` (an index into
+  the cell's `OpenRun.targets`) of cell `cell` (an index into the open
+  cells)."""
+  cell: int
+  target: int
+  name: str
+
+
+@dataclasses.dataclass
+class Batch:
+  jobs: list[Job]
+  key: tuple | None      # None: runs alone (`alone` says why)
+  alone: str | None
+  bytes_each: int        # one replica's device bytes (data + carry)
+
+
+def batch_key(opened: experiment.OpenRun, job: Job, alg) -> tuple:
+  """What must be equal for runs to share one program (`KEY_PARTS`)."""
+  cfg, fed = opened.cfg, opened.feds[job.target]
+  train = (fed.pooled() if alg.client.pooled else fed).packed_train
+  shapes = (train.num_clients, train.width, tuple(np.shape(train.x)[1:]),
+            np.dtype(train.x.dtype).str)
+  return (job.name, opened.model(job.target), fed.num_clients,
+          json.dumps(assemble.hyperparameters(cfg, job.name), sort_keys=True),
+          json.dumps(assemble.client_settings(cfg, job.name), sort_keys=True),
+          dataclasses.replace(opened.ecfg, seed=0),
+          bool(cfg.train.keep_checkpoints), shapes)
+
+
+def auto_cap(bytes_each: int) -> int:
+  """Replicas that fit in AUTO_DEVICE_SHARE of one device's memory."""
+  return max(1, int(AUTO_DEVICE_SHARE * device_capacity()) // max(bytes_each, 1))
+
+
+def plan(cells: list[experiment.OpenRun], max_replicas: int = 0
+         ) -> tuple[list[Batch], dict]:
+  """The batches of every pending run of the open `cells` (at most
+  `max_replicas` each; 0: `auto_cap`), in the order of their first cell;
+  and the (Algorithm, its stand-in warnings) built for each batch key (one
+  per key: every batch of a key reuses its compiled programs)."""
+  groups: dict = {}
+  algs: dict = {}
+  alone = []
+  for c, opened in enumerate(cells):
+    for i, name in opened.pending():
+      job = Job(c, i, name)
+      if assemble.uses_data(name, opened.cfg):
+        alone.append(Batch([job], None, "it is built from its run's data "
+                           "(assemble.uses_data)", 0))
+        continue
+      probe = (name, opened.model(i), opened.feds[i].num_clients,
+               json.dumps(assemble.hyperparameters(opened.cfg, name),
+                          sort_keys=True),
+               json.dumps(assemble.client_settings(opened.cfg, name),
+                          sort_keys=True))
+      if probe not in algs:  # (Algorithm, its stand-in warnings)
+        algs[probe] = experiment.stand_ins(
+            lambda: assemble.algorithm(name, opened.model(i),
+                                       opened.feds[i].num_clients,
+                                       opened.cfg), name)
+      key = batch_key(opened, job, algs[probe][0])
+      groups.setdefault(key, (algs[probe], []))[1].append(job)
+  batches = []
+  built = {}
+  for key, ((alg, said), jobs) in groups.items():
+    first = cells[jobs[0].cell]
+    each = replica_bytes(alg, first.feds[jobs[0].target])
+    cap = max_replicas or auto_cap(each)
+    built[key] = (alg, said)
+    for k in range(0, len(jobs), cap):
+      batches.append(Batch(jobs[k:k + cap], key, None, each))
+  batches += alone
+  batches.sort(key=lambda b: min((j.cell, j.target) for j in b.jobs))
+  return batches, built
+
+
+def _differs(a: tuple, b: tuple) -> str:
+  """The first part (`KEY_PARTS`) in which two batch keys differ."""
+  return next(part for part, x, y in zip(KEY_PARTS, a, b) if x != y)
+
+
+def explain(batches: list[Batch], cells: list[experiment.OpenRun]) -> list[str]:
+  """Lines: per algorithm, its runs, its batches and their sizes, and why
+  its runs are not all in one batch."""
+  lines = []
+  names = list(dict.fromkeys(j.name for b in batches for j in b.jobs))
+  for name in names:
+    mine = [b for b in batches if b.jobs[0].name == name]
+    runs = sum(len(b.jobs) for b in mine)
+    sizes = sorted({len(b.jobs) for b in mine})
+    line = (f"  {name}: {runs} runs in {len(mine)} batch"
+            f"{'es' if len(mine) > 1 else ''} of {'/'.join(map(str, sizes))}")
+    if mine[0].key is None:
+      line += f"; each run alone: {mine[0].alone}"
+    elif len(mine) > 1:
+      keys = list(dict.fromkeys(b.key for b in mine))
+      why = list(dict.fromkeys(_differs(keys[0], k) for k in keys[1:]))
+      if len(keys) < len(mine):
+        why.append("the batch cap (--replicas or the memory estimate)")
+      line += f"; apart because of {' and '.join(why)}"
+      shared = _shared(mine, cells)
+      if shared:
+        line += f"; a batch spans {shared}"
+    else:
+      shared = _shared(mine, cells)
+      if shared:
+        line += f"; it spans {shared}"
+    if mine[0].bytes_each:
+      largest = max(len(b.jobs) for b in mine)
+      line += (f"; device memory ~{_mb(mine[0].bytes_each * largest)} per "
+               f"batch of {largest} (data + state; activations extra)")
+    lines.append(line)
+  return lines
+
+
+def _mb(n: int) -> str:
+  return f"{n / 2**20:.0f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB"
+
+
+def _shared(batches: list[Batch], cells) -> str:
+  b = max(batches, key=lambda b: len(b.jobs))
+  seeds = sorted({int(cells[j.cell].cfg.seed) for j in b.jobs})
+  targets = list(dict.fromkeys(str(cells[j.cell].targets[j.target])
+                               for j in b.jobs))
+  cell_names = {j.cell for j in b.jobs}
+  parts = []
+  if len(seeds) > 1:
+    parts.append(f"seeds {','.join(map(str, seeds))}")
+  if len(targets) > 1:
+    parts.append(f"targets {','.join(targets)}")
+  if len(cell_names) > len(seeds):
+    parts.append(f"{len(cell_names)} cells")
+  return " x ".join(parts)
+
+
+def run(batches: list[Batch], built: dict, cells: list[experiment.OpenRun],
+        *, echo=print, on_cell_done: Callable[[int, list[str]], None],
+        mapping: str = "auto") -> None:
+  """Trains every batch and records each run in its cell; a cell whose last
+  run is recorded (or failed) is handed to `on_cell_done(cell, errors)`.
+  A run that went non-finite, or a batch that failed, is an error of its
+  cells; the other batches go on. Ctrl-C and a full disk stop the sweep."""
+  left = {c: sum(1 for b in batches for j in b.jobs if j.cell == c)
+          for c in range(len(cells))}
+  errors: dict[int, list[str]] = {c: [] for c in range(len(cells))}
+  for c, n in left.items():
+    if n == 0:
+      on_cell_done(c, errors[c])
+  total = sum(len(b.jobs) for b in batches)
+  done, t_start = 0, time.perf_counter()
+
+  def finished(job: Job, error: str | None):
+    if error is not None:
+      errors[job.cell].append(error)
+    left[job.cell] -= 1
+    if left[job.cell] == 0:
+      on_cell_done(job.cell, errors[job.cell])
+
+  for k, b in enumerate(batches, 1):
+    elapsed = time.perf_counter() - t_start
+    eta = (f"ETA {hms(elapsed / done * (total - done))}" if done
+           else "ETA after the first batch")
+    where = "; ".join(dict.fromkeys(
+        f"{cells[j.cell].run_dir.rsplit('/', 1)[-1]}" for j in b.jobs))
+    echo(f"[sweep] batch {k}/{len(batches)}: {b.jobs[0].name} x{len(b.jobs)} "
+         f"({where}); runs {done}/{total} done, elapsed {hms(elapsed)}, {eta}")
+    try:
+      results = _train(b, built, cells, mapping)
+    except (KeyboardInterrupt, DiskFull):
+      raise
+    except Exception as e:  # noqa: BLE001 -- recorded; the next batch runs
+      message = f"{type(e).__name__}: {e}"
+      echo(f"[sweep] batch {k}: FAILED: {message}")
+      for j in b.jobs:
+        finished(j, f"{j.name} / {cells[j.cell].targets[j.target]}: {message}")
+      done += len(b.jobs)
+      continue
+    for j, res in zip(b.jobs, results):
+      opened = cells[j.cell]
+      if isinstance(res, NonFiniteError):
+        echo(f"[sweep] {opened.run_dir}: {res}")
+        finished(j, f"{j.name} / {opened.targets[j.target]}: "
+                 f"NonFiniteError: {res}")
+        continue
+      with opened.guard():
+        opened.record(j.name, j.target, res, replicas=len(b.jobs))
+      finished(j, None)
+    done += len(b.jobs)
+
+
+def _train(b: Batch, built: dict, cells, mapping: str) -> list:
+  """One batch's results (RunResult or NonFiniteError, in job order)."""
+  first, j0 = cells[b.jobs[0].cell], b.jobs[0]
+  if b.key is None:  # alone: built from its own data
+    alg = experiment.build_algorithm(first, j0.name, j0.target, 1)
+  else:
+    alg, said = built[b.key]
+    for c in {j.cell for j in b.jobs}:
+      cells[c].note(said)
+    # Each replica keeps two checkpoints (engine.replicas); the sweep's
+    # cells share one disk.
+    disk.check_disk(j0.name, alg, first.run_dir, first.echo,
+                    keep=max(first.ecfg.checkpoints_to_keep, 2),
+                    runs=len(b.jobs))
+  at = lambda j: (cells[j.cell], cells[j.cell].targets[j.target])
+  return engine.run_replicas(
+      alg, [cells[j.cell].feds[j.target] for j in b.jobs],
+      first.model(j0.target), first.ecfg,
+      [int(cells[j.cell].cfg.seed) for j in b.jobs],
+      checkpoint_dirs=[at(j)[0].checkpoint_dir(j.name, at(j)[1])
+                       for j in b.jobs],
+      on_eval=[at(j)[0].log.callback(j.name, at(j)[1]) for j in b.jobs],
+      mapping=mapping)
+
+
+def hms(seconds: float) -> str:
+  s = int(round(seconds))
+  if s >= 3600:
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+  if s >= 60:
+    return f"{s // 60}m{s % 60:02d}s"
+  return f"{s}s"
