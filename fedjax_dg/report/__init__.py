@@ -2,6 +2,7 @@
 
     run_summary   a run's table.md and its terminal summary
     records       records of finished runs, aggregated over seeds and targets
+    stats         paired differences with the reference and their intervals
     tables        the papers' table shapes over records
     plots         the figures (learning curves, GradAlign weights, t-SNE, ...)
     metrics_log   metrics.jsonl and TensorBoard events, written at every evaluation

@@ -20,9 +20,11 @@ of `label` outside the algorithm's own section: rows with equal `extra` are
 compared (with the reference algorithm, and within an ablation table).
 
 Aggregation: per (variant, d, target) the runs of each seed are averaged
-(identical duplicates from irrelevant grid keys collapse), then the mean and
-sample standard deviation (`ddof=1`) over seeds are taken per target, and μ
-is the mean over target domains of those per-target means (the papers' μ).
+(identical duplicates from irrelevant grid keys collapse: `seed_values`),
+then the mean and sample standard deviation (`ddof=1`) over seeds are taken
+per target, and μ is the mean over target domains of those per-target means
+(the papers' μ). The same per-seed values, paired by seed, give the
+differences with the reference (`stats.paired_difference`).
 
 A run planned and not finished is a *missing* record (`missing=True`, no
 metrics: `missing_run`); the aggregates count them (`absent`) so that the
@@ -230,32 +232,48 @@ def _std(values, ddof: int) -> float | None:
   return float(np.std(values, ddof=ddof))
 
 
+def seed_values(records: list[dict], metric: str, *, rows: str = "variant",
+                columns: str = "d") -> dict[tuple, dict[tuple[int, str], float]]:
+  """{(variant, d): {(seed, target): value}} of `metric` over the finished
+  runs, the runs of one seed averaged (identical duplicates from irrelevant
+  grid keys collapse), keys in first-seen order; other record fields as the
+  row / column keys. The values `aggregate` and the paired differences
+  (`stats.paired_difference`) start from."""
+  runs: dict[tuple, dict[tuple[int, str], list[float]]] = {}
+  for r in records:
+    if r.get("missing") or r.get(metric) is None:
+      continue
+    runs.setdefault((r[rows], r[columns]), {}).setdefault(
+        (r["seed"], r["target"]), []).append(float(r[metric]))
+  return {key: {k: float(np.mean(v)) for k, v in cells.items()}
+          for key, cells in runs.items()}
+
+
 def aggregate(records: list[dict], metric: str, ddof: int = 1, *,
               rows: str = "variant", columns: str = "d"
               ) -> dict[tuple[str, Any], Agg]:
   """{(variant, d): Agg} of `metric` (a record field such as "ood_acc"); other
   record fields as the row / column keys: {(row, scenario): Agg}."""
-  by_seed: dict[tuple, dict[int, list[float]]] = {}
   runs: dict[tuple, int] = {}
   absent: dict[tuple, int] = {}
   for r in records:
     if r.get("missing"):
       key = (r[rows], r[columns], r["target"])
       absent[key] = absent.get(key, 0) + 1
-      continue
-    if r.get(metric) is None:
-      continue
-    key = (r[rows], r[columns], r["target"])
-    by_seed.setdefault(key, {}).setdefault(r["seed"], []).append(float(r[metric]))
-    runs[key[:2]] = runs.get(key[:2], 0) + 1
+    elif r.get(metric) is not None:
+      runs[(r[rows], r[columns])] = runs.get((r[rows], r[columns]), 0) + 1
   out: dict[tuple, Agg] = {}
-  for (variant, d, target), seeds in by_seed.items():
-    values = [float(np.mean(v)) for _, v in sorted(seeds.items())]
-    agg = out.setdefault((variant, d), Agg({}, None, runs[(variant, d)]))
-    agg.per_target[target] = Stat(float(np.mean(values)), _std(values, ddof),
-                                  len(values),
-                                  absent.get((variant, d, target), 0))
-  for agg in out.values():
+  for (variant, d), cells in seed_values(records, metric, rows=rows,
+                                         columns=columns).items():
+    by_target: dict[str, dict[int, float]] = {}
+    for (seed, target), value in cells.items():
+      by_target.setdefault(target, {})[seed] = value
+    agg = out[(variant, d)] = Agg({}, None, runs[(variant, d)])
+    for target, seeds in by_target.items():
+      values = [v for _, v in sorted(seeds.items())]
+      agg.per_target[target] = Stat(float(np.mean(values)), _std(values, ddof),
+                                    len(values),
+                                    absent.get((variant, d, target), 0))
     agg.mu = float(np.mean([s.mean for s in agg.per_target.values()]))
   for (variant, d, _), n in absent.items():  # the μ over what finished
     if (variant, d) in out:

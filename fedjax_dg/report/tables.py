@@ -6,6 +6,13 @@ variants (`records.run_record`) in display order, columns the shape's (d x
 {μ_id, μ_ood}, per-domain, scenarios, directories...); accuracies in
 percent, the long CSV keeps fractions.
 
+Differences with the reference (FedAvg, `records.is_reference`, run with
+the same other settings) are paired over seeds with a 95 % confidence
+interval (`stats.paired_difference`): a value is marked ↑ / ↓ only where
+the interval excludes zero, `SIMILAR` ("≈") where it holds zero, and not
+at all with fewer than two paired seeds; `differences` lists every interval,
+`paired` the per-(seed, target) values behind them.
+
 Partial results: a value over fewer runs than planned (a *missing* record,
 `records.missing_run`: a stopped run, a pending or failed cell) is marked
 `PARTIAL` ("†") in every table, the notes say so, and the CSVs count them
@@ -19,11 +26,12 @@ import csv
 import dataclasses
 import io
 
+from fedjax_dg.report import stats
 from fedjax_dg.report.records import (ablation_rank, ablation_table_name,
                                       aggregate, display_name, eval_label,
                                       federated, finished, first_seen,
                                       is_reference, missing_count, section_of,
-                                      sorted_ds, table_rank)
+                                      seed_values, sorted_ds, table_rank)
 
 METRICS = {"final": ("id_acc", "ood_acc"),
            "best": ("best_id_acc", "best_ood_acc")}
@@ -78,10 +86,50 @@ def _reference(rows: list[dict], row: dict) -> str | None:
   return None
 
 
-def arrow(value: float | None, reference: float | None) -> str:
-  if value is None or reference is None:
+# Marks a difference with the reference whose interval holds zero.
+SIMILAR = "≈"
+NO_INTERVAL = "n<2"
+
+
+def significance(diff: stats.Difference | None) -> str:
+  """"↑" / "↓" when the paired difference's interval lies above / below
+  zero, `SIMILAR` when it holds zero; '' without an interval (no reference,
+  fewer than two paired seeds)."""
+  if diff is None or diff.excludes_zero is None:
     return ""
-  return "↑" if value > reference else "↓" if value < reference else "="
+  if not diff.excludes_zero:
+    return SIMILAR
+  return "↑" if diff.mean > 0 else "↓"
+
+
+def _difference(values: dict, variant: str, ref: str | None, d,
+                target: str | None = None) -> stats.Difference | None:
+  """The paired difference `variant` − `ref` at `d` (`values`:
+  `records.seed_values`), over every target or over `target` only; None
+  without a reference."""
+  if ref is None:
+    return None
+  x, r = values.get((variant, d), {}), values.get((ref, d), {})
+  if target is not None:
+    x = {k: v for k, v in x.items() if k[1] == target}
+    r = {k: v for k, v in r.items() if k[1] == target}
+  return stats.paired_difference(x, r)
+
+
+def _significance_note(diffs: list) -> str:
+  """The notes' sentence on the marks that `diffs` (the differences behind a
+  table's marks) produce."""
+  diffs = [x for x in diffs if x is not None and x.mean is not None]
+  if not diffs:
+    return ""
+  note = (" ↑ / ↓ = above / below FedAvg run with the same other settings: "
+          "the 95 % confidence interval of the paired difference over seeds "
+          "excludes zero (μ: differences.md; the per-seed values: paired.csv); "
+          f"{SIMILAR} = the interval holds "
+          "zero, no difference established.")
+  if any(x.excludes_zero is None for x in diffs):
+    note += " No mark: fewer than 2 seeds paired with FedAvg, no interval."
+  return note
 
 
 def pct(value: float | None, digits: int = 1) -> str:
@@ -144,10 +192,13 @@ def _bold_best(rows: list[list[str]], values: list[list[float | None]],
 
 def table2(records: list[dict], which: str = "final") -> Table:
   """Table 2 shape: rows = algorithms, columns = d x {μ_id, μ_ood}; μ over target
-  domains and seeds; ↑/↓ vs FedAvg (same other settings) when FedAvg is present."""
+  domains and seeds; ↑ / ↓ / ≈ vs FedAvg (same other settings) by the paired
+  difference's interval (`significance`) when FedAvg is present."""
   id_key, ood_key = METRICS[which]
   ds = sorted_ds(records)
-  agg_id, agg_ood = aggregate(records, id_key), aggregate(records, ood_key)
+  # (aggregate, per-seed values) of id, then ood.
+  metrics = [(aggregate(records, k), seed_values(records, k))
+             for k in (id_key, ood_key)]
   mu = lambda agg, v, d: agg[(v, d)].mu if (v, d) in agg else None
   rows_meta = _variants(records)
   lab = eval_label(records)
@@ -156,17 +207,19 @@ def table2(records: list[dict], which: str = "final") -> Table:
   csv_header = ["variant", "algorithm", "settings"] + [
       f"d{d}_{m}{s}" for d in ds for m in ("id", "ood")
       for s in ("", "_vs_fedavg")] + ["missing_runs"]
-  rows, csv_rows, values = [], [], []
+  rows, csv_rows, values, diffs = [], [], [], []
   for row in rows_meta:
     ref = _reference(rows_meta, row)
     v, line, nums = row["variant"], [row["variant"]], []
     out = [v, row["algorithm"], row["label"]]
     for d in ds:
-      for agg in (agg_id, agg_ood):
+      for agg, per_seed in metrics:
         x = mu(agg, v, d)
         r = mu(agg, ref, d) if ref else None
+        diff = _difference(per_seed, v, ref, d)
+        diffs.append(diff)
         line.append((pct(x) + mark(agg.get((v, d))) + " "
-                     + arrow(x, r)).strip())
+                     + significance(diff)).strip())
         nums.append(x)
         out += [_num(x), "" if x is None or r is None else 100 * (x - r)]
     rows.append(line)
@@ -180,8 +233,8 @@ def table2(records: list[dict], which: str = "final") -> Table:
                    "the evaluation data; the hFedF papers report the final "
                    "round, HyperGenFL the best)"}[which]
   notes = (f"Accuracy (%), {label}; μ = mean over held-out target domains of the "
-           "mean over seeds. Arrows compare with FedAvg; bold = best federated "
-           "method per column.")
+           "mean over seeds; bold = best federated method per column."
+           + _significance_note(diffs))
   return Table(f"Table 2 shape ({which})", header, rows, csv_header, csv_rows,
                _notes(notes, rows))
 
@@ -240,11 +293,13 @@ def scenario_table(records: list[dict]) -> Table | None:
 
 def per_domain(records: list[dict], d: int, which: str = "final") -> Table:
   """Tables 4/5 (and 11-17) shape at one d: per held-out domain mean ± std over
-  seeds, id then ood, μ = mean over domains; arrows vs FedAvg."""
+  seeds, id then ood, μ = mean over domains; ↑ / ↓ / ≈ vs FedAvg by the
+  paired difference's interval, per domain over its seeds (`significance`)."""
   id_key, ood_key = METRICS[which]
   sub = [r for r in records if r["d"] == d]
   targets = first_seen(r["target"] for r in sub)
   agg = {"id": aggregate(sub, id_key), "ood": aggregate(sub, ood_key)}
+  per_seed = {"id": seed_values(sub, id_key), "ood": seed_values(sub, ood_key)}
   rows_meta = _variants(sub)
   lab = eval_label(sub)
   header = (["algorithm"] + [f"id {t}" for t in targets] + ["id μ"]
@@ -255,17 +310,15 @@ def per_domain(records: list[dict], d: int, which: str = "final") -> Table:
       csv_header += [f"{m}_{t}_mean", f"{m}_{t}_std", f"{m}_{t}_seeds"]
     csv_header += [f"{m}_mu"]
   csv_header.append("missing_runs")
-  rows, csv_rows, values = [], [], []
+  rows, csv_rows, values, diffs = [], [], [], []
   for row in rows_meta:
     ref = _reference(rows_meta, row)
     v, line, out, nums = row["variant"], [row["variant"]], [
         row["variant"], row["algorithm"], row["label"]], []
     for m in ("id", "ood"):
       a = agg[m].get((v, d))
-      ra = agg[m].get((ref, d)) if ref else None
       for t in targets:
         s = a.per_target.get(t) if a else None
-        rs = ra.per_target.get(t) if ra else None
         if s is None:
           line.append("-")
           out += ["", "", 0]
@@ -273,12 +326,13 @@ def per_domain(records: list[dict], d: int, which: str = "final") -> Table:
           continue
         text = (pct(s.mean) + ("" if s.std is None else f" ± {pct(s.std)}")
                 + mark(s))
-        line.append((text + " " + arrow(s.mean, rs.mean if rs else None)).strip())
+        diffs.append(_difference(per_seed[m], v, ref, d, t))
+        line.append((text + " " + significance(diffs[-1])).strip())
         out += [100 * s.mean, "" if s.std is None else 100 * s.std, s.seeds]
         nums.append(s.mean)
       x = a.mu if a else None
-      line.append((pct(x) + mark(a) + " "
-                   + arrow(x, ra.mu if ra else None)).strip())
+      diffs.append(_difference(per_seed[m], v, ref, d))
+      line.append((pct(x) + mark(a) + " " + significance(diffs[-1])).strip())
       out.append(_num(x))
       nums.append(x)
     rows.append(line)
@@ -287,8 +341,8 @@ def per_domain(records: list[dict], d: int, which: str = "final") -> Table:
   _bold_best(rows, values, [federated(r["algorithm"]) for r in rows_meta],
              [r["extra"] for r in rows_meta])
   notes = (f"Accuracy (%) per held-out target domain, d = {d}, {which} evaluation: "
-           "mean ± sample std over seeds; μ = mean over domains. Arrows compare "
-           "with FedAvg.")
+           "mean ± sample std over seeds; μ = mean over domains."
+           + _significance_note(diffs))
   return Table(f"Per-domain accuracy, d = {d} (Tables 4/5 shape, {which})", header,
                rows, csv_header, csv_rows, _notes(notes, rows))
 
@@ -396,6 +450,119 @@ def comparison(groups: list[tuple[str, list[dict]]],
            "mean over targets.")
   return Table(f"Comparison: {what} accuracy", header, rows, csv_header,
                csv_rows, _notes(notes, rows))
+
+
+# The differences' columns: (evaluation, metric) -> record field (`METRICS`).
+COMPARED_METRICS = tuple((w, m) for w in ("final", "best") for m in ("id", "ood"))
+
+
+def _compared(records: list[dict]):
+  """(row, reference variant, d) of every variant with a reference
+  (`_reference`: not FedAvg itself, not Central / Local-only) that has a
+  finished run at d, in the tables' row order."""
+  rows_meta = _variants(records)
+  done = {(r["variant"], r["d"]) for r in finished(records)}
+  for row in rows_meta:
+    ref = _reference(rows_meta, row)
+    for d in sorted_ds(records):
+      if ref is not None and (row["variant"], d) in done:
+        yield row, ref, d
+
+
+def _compared_values(records: list[dict]) -> dict[tuple[str, str], dict]:
+  """{(evaluation, metric): `records.seed_values`} of `COMPARED_METRICS`."""
+  return {(w, m): seed_values(records, METRICS[w][("id", "ood").index(m)])
+          for w, m in COMPARED_METRICS}
+
+
+def _interval_text(diff: stats.Difference, partial: str = "",
+                   seeds: int | None = None) -> str:
+  """'+1.2 [-0.4, +2.8] ≈' in points ('+1.2† ...' when `partial`; '(n=2)'
+  after it when the difference has other than the row's `seeds`);
+  '+1.2 (n<2)' without an interval."""
+  if diff.mean is None:
+    return "-"
+  text = f"{100 * diff.mean:+.1f}{partial}"
+  if diff.excludes_zero is None:
+    return f"{text} ({NO_INTERVAL})"
+  return (f"{text} [{100 * diff.low:+.1f}, {100 * diff.high:+.1f}] "
+          + significance(diff)
+          + (f" (n={diff.n})" if seeds is not None and diff.n != seeds else ""))
+
+
+def differences(records: list[dict]) -> Table:
+  """Every algorithm against the reference (FedAvg run with the same other
+  settings) per d: the paired difference over seeds of μ in points with its
+  95 % interval (`stats.paired_difference`), final and best over rounds, id
+  and ood. Markdown: one row per (variant, d); CSV: one row per (variant, d,
+  evaluation, metric) with the interval, the counts and the per-seed
+  differences."""
+  per_seed = _compared_values(records)
+  lab = eval_label(records)
+  csv_header = ["variant", "algorithm", "settings", "reference", "d",
+                "evaluation", "metric", "difference", "ci_low", "ci_high",
+                "seeds", "pairs", "unpaired", "missing_runs", "significant",
+                "per_seed"]
+  found, csv_rows = [], []
+  for row, ref, d in _compared(records):
+    missing = (missing_count(records, row["variant"], d)
+               + missing_count(records, ref, d))
+    diffs = [_difference(per_seed[c], row["variant"], ref, d)
+             for c in COMPARED_METRICS]
+    found.append((row, d, diffs, missing))
+    for (w, m), x in zip(COMPARED_METRICS, diffs):
+      if x.mean is None:
+        continue
+      sig = "" if x.excludes_zero is None else "yes" if x.excludes_zero else "no"
+      csv_rows.append([
+          row["variant"], row["algorithm"], row["label"], ref, d, w, m,
+          100 * x.mean, _num(x.low), _num(x.high), x.n, x.pairs, x.unpaired,
+          missing, sig or NO_INTERVAL,
+          ";".join(f"{s}:{100 * v!r}" for s, v in x.per_seed.items())])
+  # Only the columns some difference fills (no id without an id split).
+  cols = [j for j, _ in enumerate(COMPARED_METRICS)
+          if any(diffs[j].mean is not None for _, _, diffs, _ in found)]
+  header = ["algorithm", "d", "seeds"] + [
+      f"μ_{lab if m == 'ood' else m} {w}"
+      for w, m in (COMPARED_METRICS[j] for j in cols)]
+  rows = []
+  for row, d, diffs, missing in found:
+    partial = PARTIAL if missing or any(x.unpaired for x in diffs) else ""
+    seeds = max(x.n for x in diffs)
+    rows.append([row["variant"], str(d), str(seeds)]
+                + [_interval_text(diffs[j], partial, seeds) for j in cols])
+  notes = ("Difference with FedAvg run with the same other settings, in "
+           "accuracy points (μ over held-out targets): per seed the mean over "
+           "targets of (algorithm − FedAvg), then the mean over seeds and its "
+           "95 % Student-t confidence interval [low, high] (paired by seed; "
+           f"fedjax_dg/report/stats.py). ↑ / ↓ = the interval excludes zero, "
+           f"{SIMILAR} = it holds zero (no difference established), "
+           f"{NO_INTERVAL} = one seed, no interval. paired.csv lists the "
+           "per-(seed, target) values behind each difference.")
+  return Table("Differences with FedAvg (paired over seeds, 95 % CI)", header,
+               rows, csv_header, csv_rows, _notes(notes, rows))
+
+
+def paired(records: list[dict]) -> Table:
+  """The values behind `differences`: per (variant, d, evaluation, metric,
+  seed, target) the algorithm's and the reference's accuracy (percent) and
+  their difference (points); a (seed, target) that one side has not
+  finished has the other side's value and no difference. CSV only."""
+  per_seed = _compared_values(records)
+  csv_header = ["variant", "algorithm", "reference", "d", "evaluation",
+                "metric", "seed", "target", "value", "reference_value",
+                "difference"]
+  csv_rows = []
+  for row, ref, d in _compared(records):
+    for (w, m), values in per_seed.items():
+      x = values.get((row["variant"], d), {})
+      r = values.get((ref, d), {})
+      for seed, target in sorted(set(x) | set(r)):
+        a, b = x.get((seed, target)), r.get((seed, target))
+        csv_rows.append([row["variant"], row["algorithm"], ref, d, w, m, seed,
+                         target, _num(a), _num(b),
+                         "" if a is None or b is None else 100 * (a - b)])
+  return Table("Paired values", csv_header, [], csv_header, csv_rows)
 
 
 SUMMARY_METRICS = ("id_acc", "ood_acc", "best_id_acc", "best_ood_acc",

@@ -22,6 +22,7 @@ from fedjax_dg.run import directory
 from fedjax_dg.run.directory import MANIFEST, read_manifest
 
 REPORT_DIR = "report"
+DIFFERENCES = "differences"   # the table of paired differences with FedAvg
 
 
 def _json_override(config: dict, item: str) -> None:
@@ -143,6 +144,9 @@ def report_tables(records: list[dict], ds=None) -> list[tuple[str, tables.Table]
     raise ConfigError(f"--d {missing}: no finished run has those d; present: {present}")
   out = [("table2", tables.table2(records)),
          ("table2_best", tables.table2(records, "best"))]
+  differences = tables.differences(records)
+  if differences.rows:   # some algorithm has a reference (FedAvg) to face
+    out.append((DIFFERENCES, differences))
   scenarios = tables.scenario_table(records)
   if scenarios is not None:
     out.insert(0, ("scenarios", scenarios))
@@ -157,7 +161,8 @@ def report_tables(records: list[dict], ds=None) -> list[tuple[str, tables.Table]
 
 
 def write_report(sweep_dir: str, out: str | None = None, ds=None) -> list[str]:
-  """Writes report.md, one .md and .csv per table, runs.csv and curves.png."""
+  """Writes report.md, one .md and .csv per table, paired.csv (the values
+  behind the differences with FedAvg), runs.csv and curves.png."""
   manifest, records = load_records(sweep_dir)
   if not finished(records):
     raise ConfigError(f"{sweep_dir}: no finished run yet, nothing to report")
@@ -176,6 +181,9 @@ def write_report(sweep_dir: str, out: str | None = None, ds=None) -> list[str]:
     write(f"{stem}.md", table.markdown())
     write(f"{stem}.csv", table.csv())
   write("runs.csv", tables.long_table(records).csv())
+  compared = any(stem == DIFFERENCES for stem, _ in parts)
+  if compared:
+    write("paired.csv", tables.paired(records).csv())
   cells = manifest["cells"]
   done, absent = len(finished(records)), len(records) - len(
       finished(records))
@@ -204,7 +212,12 @@ def write_report(sweep_dir: str, out: str | None = None, ds=None) -> list[str]:
            "evaluation after the last round (the papers' protocol); best = the "
            "highest value of the evaluation history (every train.eval_every rounds; "
            "its ood uses at most train.ood_eval_max target images). Every number "
-           "is computed from the cells' results.json; runs.csv lists each run.", ""]
+           "is computed from the cells' results.json; runs.csv lists each run."]
+  if compared:
+    head += ["", "Differences with FedAvg are paired over seeds with a 95 % "
+             "Student-t confidence interval (differences.md / .csv); paired.csv "
+             "lists the per-(seed, target) values behind them."]
+  head.append("")
   write("report.md", "\n".join(head + [t.markdown() for _, t in parts]))
   paths.append(plots.sweep_curves(records, os.path.join(out, "curves.png")))
   return paths
@@ -297,11 +310,17 @@ def main_report(args) -> int:
     paths = compare(args.dirs, args.out)       # report.md first
     with open(paths[0]) as f:
       print(f.read())
-  else:  # report.md's head (what finished, what is missing) and first table
+  else:  # report.md's head (what finished, what is missing), first table
+    # and the confidence intervals of the differences with FedAvg
     paths = write_report(args.dirs[0], args.out, args.d)
     with open(next(p for p in paths if p.endswith("report.md"))) as f:
       text = f.read()
     second = text.find("\n### ", text.find("### ") + 1)
     print(text if second < 0 else text[:second])
+    differences = next((p for p in paths
+                        if os.path.basename(p) == f"{DIFFERENCES}.md"), None)
+    if differences and second >= 0:
+      with open(differences) as f:
+        print(f.read())
   print("wrote " + ", ".join(paths))
   return 0
