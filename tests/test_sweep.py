@@ -710,7 +710,8 @@ def test_a_batched_sweep_equals_one_run_at_a_time(tiny, swept, monkeypatch):
   Local-only's runs of both cells and targets together: `replicas` in
   results.json); the same sweep with --replicas 1 (each cell an
   experiment.run, one run after another) gives every run's history, round
-  metrics and final scores bit for bit (one CPU device: both map)."""
+  metrics, final scores and metrics.jsonl lines bit for bit (one CPU
+  device: both map)."""
   path, d = tiny
   _no_run_figures(monkeypatch)
   out = os.path.join(d, "one_by_one")
@@ -729,6 +730,10 @@ def test_a_batched_sweep_equals_one_run_at_a_time(tiny, swept, monkeypatch):
       assert "replicas" not in alone[key]
       for field in ("final", "history", "round_metrics"):
         assert run[field] == alone[key][field], (key, field)
+    # Each replica's evaluations went to its own cell's metrics log.
+    lines = lambda root: sorted(open(os.path.join(root, name,
+                                                  "metrics.jsonl")).readlines())
+    assert lines(swept) == lines(out) and len(lines(out)) == 8
 
 
 def test_batches_group_what_shares_a_program_and_say_why_not(tiny, tmp_path):
