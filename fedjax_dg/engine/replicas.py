@@ -52,7 +52,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from fedjax_dg.algorithms.base import Algorithm
-from fedjax_dg.engine.checkpoint import Checkpointer
+from fedjax_dg.engine.checkpoint import Checkpointer, checkpoint_bytes
 from fedjax_dg.engine.evaluation import ood_sets, target_features
 from fedjax_dg.engine.layout import Layout, mesh_size, resolve_lanes
 from fedjax_dg.engine.loop import check_finite, metrics_to_host, progress_bar
@@ -79,13 +79,21 @@ def replica_mapping(mapping: str, replicas: int) -> str:
   return "map" if jax.default_backend() == "cpu" else "vmap"
 
 
+# Copies of a replica's carry a batch holds at its peak: the carry, the
+# chunk's output while its donated input is still being read, and the host
+# copy an asynchronous checkpoint write keeps (measured: docs/benchmarks.md,
+# "Replica batches").
+CARRY_COPIES = 3
+
+
 def replica_bytes(alg: Algorithm, data) -> int:
-  """Bytes one replica holds on the device for its whole run: its padded
-  training and id-validation examples and its scan carry
-  (`placement.device_placement_bytes`). A batch of R holds R times this,
-  plus the round's activations."""
+  """Bytes one replica of a batch holds for the batch's whole run: its
+  padded training and id-validation examples and CARRY_COPIES of its scan
+  carry (`placement.device_placement_bytes`, `checkpoint_bytes`). A batch
+  of R holds R times this, plus the round's activations."""
   train = data.pooled().packed_train if alg.client.pooled else data.packed_train
-  return device_placement_bytes(alg, train, data.packed_val)
+  return (device_placement_bytes(alg, train, data.packed_val)
+          + (CARRY_COPIES - 1) * checkpoint_bytes(alg))
 
 
 def _mesh(replicas: int) -> jax.sharding.Mesh:
@@ -158,14 +166,37 @@ def _replica_programs(alg, model, cfg, num_clients, replicas, mapping):
   def chunk(carry, r0, train, keys, frozen, length, rounds):
     rounds = jnp.asarray(rounds, jnp.int32)
     body = lambda c, r0_, t, k, fz, n: over(inner, c, r0_, t, k, fz, length, n)
+    # Every value a replica differs in is sharded (its carry, data, key and
+    # frozen parameters); no collective is needed, so the varying-axes
+    # check is off: the algorithms' own scans start from constants (zeros)
+    # that it would have to be told vary over the replicas.
     return jax.shard_map(
         body, mesh=mesh,
         in_specs=(P("replicas"), P(), P("replicas"), P("replicas"),
                   P("replicas"), P()),
-        out_specs=P("replicas"))(carry, r0, train, keys, frozen, rounds)
+        out_specs=P("replicas"), check_vma=False)(carry, r0, train, keys,
+                                                   frozen, rounds)
 
   return ReplicaPrograms(chunk, padded,
                          lambda stacked: jax.device_put(stacked, spec))
+
+
+def replica_of(stacked, r: int):
+  """Replica `r` of a stacked pytree, read from the device that holds it:
+  a sharded leaf is sliced in its shard (indexing the global array would
+  compile a program with a collective over every device, which waits for
+  the slowest device's work and can time out on a busy host)."""
+  def take(a):
+    if not isinstance(a, jax.Array) or len(a.sharding.device_set) == 1:
+      return a[r]
+    for shard in a.addressable_shards:
+      rows = shard.index[0]
+      start = rows.start or 0
+      stop = a.shape[0] if rows.stop is None else rows.stop
+      if start <= r < stop:
+        return shard.data[r - start]
+    raise ValueError(f"replica {r} is on no device of this process")
+  return jax.tree.map(take, stacked)
 
 
 def _stack(trees: list, padded: int):
@@ -289,6 +320,7 @@ def run_replicas(alg: Algorithm, datas: Sequence, model, cfg: EngineConfig,
   states = [single.layout.to_one_device(s) for s in states]
 
   carry = progs.put(_stack(states, progs.padded))
+  del states  # the batch's carry holds them now (memory: `replica_bytes`)
   train = progs.put(_stack([d.pooled().train if pooled else d.train
                             for d in datas], progs.padded))
   keys = progs.put(_stack(roots, progs.padded))
@@ -308,7 +340,7 @@ def run_replicas(alg: Algorithm, datas: Sequence, model, cfg: EngineConfig,
       for r, rep in enumerate(reps):
         if rep.error is not None:
           continue
-        state = jax.tree.map(lambda a, r=r: a[r], carry)
+        state = replica_of(carry, r)
         chunk_metrics = {k: v[r] for k, v in host.items()}
         try:
           check_finite(alg.name + (f" (replica {r}, seed {rep.cfg.seed})"
@@ -352,7 +384,7 @@ def run_replicas(alg: Algorithm, datas: Sequence, model, cfg: EngineConfig,
     if rep.error is not None:
       out.append(rep.error)
       continue
-    state = jax.tree.map(lambda a, r=r: a[r], carry)
+    state = replica_of(carry, r)
     final = dict(round=r0, **single.eval(state, frozen[r], rep.val,
                                          rep.ood[0], details=True))
     feats = target_features(alg, model, state, frozen[r], rep.data, rep.cfg)
