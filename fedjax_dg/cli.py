@@ -195,6 +195,12 @@ def main(argv: list[str] | None = None) -> int:
   p_report.add_argument("--d", type=int, action="append", default=None,
                         help="d of the per-domain tables (default: every d; "
                         "one DIR only)")
+  p_report.add_argument("--reference", metavar="NAME", default=None,
+                        help="the algorithm (registry name, `fedjax-dg "
+                        "algorithms`) every other is compared with: the "
+                        "marks and differences.md (default: fedavg, where "
+                        "DIR has it; a NAME must have a finished run in DIR; "
+                        "one DIR only)")
   for p in (p_run, p_demo, p_sweep):
     distributed.add_flags(p)
   args = parser.parse_args(argv)

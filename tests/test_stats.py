@@ -1,5 +1,6 @@
 """The paired differences with FedAvg (`report.stats`) and how the tables and
-`fedjax-dg report` show them: intervals against scipy's paired t test and a
+`fedjax-dg report` show them (against FedAvg, or another algorithm with
+--reference): intervals against scipy's paired t test and a
 plain loop, pairing by seed over the target mean, the marks, one seed, runs
 that only one side finished."""
 
@@ -267,3 +268,93 @@ def test_report_writes_prints_and_lists_the_intervals(tmp_path, capsys):
         100 * runs[("fedavg", *key)])
     assert float(p["difference"]) == pytest.approx(
         float(p["value"]) - float(p["reference_value"]))
+
+
+# ------------------------------------------------- another reference algorithm
+
+
+def test_differences_with_another_reference_equal_scipy_against_it():
+  """--reference fedprox: every other federated algorithm against FedProx
+  (scipy's paired t on the per-seed target means), FedProx's own row gone,
+  FedAvg's there; the texts and the CSVs name FedProx, never FedAvg."""
+  recs = _records(_accuracy)
+  table = tables.differences(recs, reference="fedprox")
+  assert [r[0] for r in table.rows] == ["FedAvg", "FedSR"]
+  assert table.title == "Differences with FedProx (paired over seeds, 95 % CI)"
+  assert "(algorithm − FedProx)" in table.notes and "FedAvg" not in table.notes
+  rows = [dict(zip(table.csv_header, r)) for r in table.csv_rows]
+  assert len(rows) == 2 * 4
+  for row in rows:
+    alg = row["algorithm"]
+    d_s = [100 * np.mean([_accuracy(alg, s, t) - _accuracy("fedprox", s, t)
+                          for t in "AB"]) for s in range(3)]
+    ci = scipy_stats.ttest_rel(d_s, [0.0] * 3).confidence_interval()
+    assert row["difference"] == pytest.approx(np.mean(d_s))
+    assert (row["ci_low"], row["ci_high"]) == pytest.approx((ci.low, ci.high))
+    assert row["significant"] == {"fedavg": "yes", "fedsr": "no"}[alg]
+    assert row["reference"] == "FedProx"
+  paired = [dict(zip(tables.paired(recs, "fedprox").csv_header, r))
+            for r in tables.paired(recs, "fedprox").csv_rows]
+  assert {p["reference"] for p in paired} == {"FedProx"}
+  for p in paired:
+    assert p["reference_value"] == pytest.approx(
+        100 * _accuracy("fedprox", p["seed"], p["target"]))
+
+
+def test_tables_mark_against_another_reference_and_name_it():
+  """FedProx as the reference: its row unmarked, FedAvg's ↓ (2 points
+  below every seed), FedSR's ≈; the notes and the CSV columns name it."""
+  recs = _records(_accuracy)
+  table = tables.table2(recs, reference="fedprox")
+  marks = lambda name: [c.strip("*").split()[-1] for c in _line(table, name)[1:]]
+  assert marks("FedAvg") == ["↓", "↓"] and marks("FedSR") == ["≈", "≈"]
+  for name in ("FedProx", "Local-only"):
+    assert not any(m in c for c in _line(table, name)[1:]
+                   for m in ("↑", "↓", "≈"))
+  assert "below FedProx run with" in table.notes and "FedAvg" not in table.notes
+  assert "d1_ood_vs_fedprox" in table.csv_header
+  row = dict(zip(table.csv_header,
+                 next(r for r in table.csv_rows if r[0] == "FedAvg")))
+  assert row["d1_ood_vs_fedprox"] == pytest.approx(-100 * np.mean(
+      [0.02 + 0.001 * s for s in range(3)]))
+  per_domain = tables.per_domain(recs, 1, reference="fedprox")
+  assert [c.strip("*").split()[-1] for c in _line(per_domain, "FedAvg")[1:]] \
+      == ["↓"] * 6
+  assert "FedAvg" not in per_domain.notes and "FedProx" in per_domain.notes
+
+
+def test_report_reference_option_compares_with_it_and_refuses_others(
+    tmp_path, capsys):
+  """`fedjax-dg report DIR --reference hfedf`: FedAvg's difference with hFedF
+  printed and written (the negation of hFedF's with FedAvg); a name the
+  registry does not know, an algorithm without runs in DIR and several DIRs
+  are errors naming what to do."""
+  sw, out = str(tmp_path / "sw"), str(tmp_path / "rep")
+  _write_sweep(sw, (0, 1, 2))
+  assert cli.main(["report", sw, "--out", out, "--reference", "hfedf"]) == 0
+  printed = capsys.readouterr().out
+  assert "### Differences with hFedF (paired over seeds, 95 % CI)" in printed
+  assert "| FedAvg | 1 | 3 |" in printed
+  report = open(os.path.join(out, "report.md")).read()
+  assert "Differences with hFedF are paired" in report
+  assert "Differences with FedAvg" not in report  # nor any table's notes:
+  assert "FedAvg run with" not in report and "hFedF run with" in report
+  (row,) = [r for r in _csv(os.path.join(out, "differences.csv"))
+            if (r["evaluation"], r["metric"]) == ("final", "ood")]
+  assert (row["variant"], row["reference"]) == ("FedAvg", "hFedF")
+  runs = {}
+  for s in (0, 1, 2):
+    with open(os.path.join(sw, f"seed={s}", "results.json")) as f:
+      for r in json.load(f)["runs"]:
+        runs[(r["algorithm"], s, r["target"])] = r["final"]["ood_acc"]
+  assert float(row["difference"]) == pytest.approx(100 * np.mean(
+      [runs[("fedavg", s, t)] - runs[("hfedf", s, t)]
+       for s in range(3) for t in "AB"]))
+  for argv, needle in (
+      ([sw, "--reference", "nope"], "--reference: unknown algorithm 'nope'; "
+       "allowed: ("),
+      ([sw, "--reference", "fedprox"], "--reference fedprox: no finished run "
+       f"of FedProx in {sw}; algorithms there: fedavg, hfedf"),
+      ([sw, sw + "/seed=0", "--reference", "hfedf"], "--reference selects")):
+    assert cli.main(["report", *argv, "--out", out]) == 2
+    assert needle in capsys.readouterr().err

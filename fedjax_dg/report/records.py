@@ -65,7 +65,8 @@ def section_of(algorithm: str) -> str:
 
 
 def federated(algorithm: str) -> bool:
-  """False for Central / Local-only: no arrows against FedAvg, never bolded."""
+  """False for Central / Local-only: no arrows against the reference, never
+  bolded."""
   spec = _spec(algorithm)
   return spec.federated if spec else True
 
@@ -109,9 +110,10 @@ def table_rank(algorithm: str) -> tuple[int, int]:
   return spec.table_rank if spec else (len(algorithms.TABLE_ORDER), 0)
 
 
-def is_reference(algorithm: str) -> bool:
-  """Whether `algorithm` is the tables' baseline (`algorithms.REFERENCE`)."""
-  return algorithm == algorithms.REFERENCE
+def is_reference(algorithm: str, reference: str = algorithms.REFERENCE) -> bool:
+  """Whether `algorithm` is the tables' baseline: `reference` (a registry
+  name; `fedjax-dg report --reference`), FedAvg unless set."""
+  return algorithm == reference
 
 
 def display_name(algorithm: str, config: dict | None = None) -> str:

@@ -7,8 +7,9 @@ every domain), not a sample of domains, so they are not a random unit. The
 seeds are: a seed draws the partition of the source data among the clients,
 the initialization and the batch order. One seed gives every algorithm of a
 sweep cell the same partition, so an algorithm and the reference (FedAvg,
-`algorithms.REFERENCE`) are paired by seed, and the difference within a seed
-removes the variance that the partition and the seed's data add to both.
+`algorithms.REFERENCE`, unless `fedjax-dg report --reference` names another)
+are paired by seed, and the difference within a seed removes the variance
+that the partition and the seed's data add to both.
 
 Method. For each seed s, d_s = the mean over targets t of (x_st - r_st),
 x the algorithm's accuracy and r the reference's on target t at seed s. The

@@ -6,12 +6,14 @@ variants (`records.run_record`) in display order, columns the shape's (d x
 {μ_id, μ_ood}, per-domain, scenarios, directories...); accuracies in
 percent, the long CSV keeps fractions.
 
-Differences with the reference (FedAvg, `records.is_reference`, run with
-the same other settings) are paired over seeds with a 95 % confidence
-interval (`stats.paired_difference`): a value is marked ↑ / ↓ only where
-the interval excludes zero, `SIMILAR` ("≈") where it holds zero, and not
-at all with fewer than two paired seeds; `differences` lists every interval,
-`paired` the per-(seed, target) values behind them.
+Differences with the reference (an algorithm's registry name, FedAvg
+unless set: `algorithms.REFERENCE`, `fedjax-dg report --reference`; its
+runs with the same other settings, `records.is_reference`) are paired over
+seeds with a 95 % confidence interval (`stats.paired_difference`): a value
+is marked ↑ / ↓ only where the interval excludes zero, `SIMILAR` ("≈")
+where it holds zero, and not at all with fewer than two paired seeds;
+`differences` lists every interval, `paired` the per-(seed, target) values
+behind them.
 
 Partial results: a value over fewer runs than planned (a *missing* record,
 `records.missing_run`: a stopped run, a pending or failed cell) is marked
@@ -26,6 +28,7 @@ import csv
 import dataclasses
 import io
 
+from fedjax_dg import algorithms
 from fedjax_dg.report import stats
 from fedjax_dg.report.records import (ablation_rank, ablation_table_name,
                                       aggregate, display_name, eval_label,
@@ -75,13 +78,15 @@ def _variants(records: list[dict]) -> list[dict]:
   return sorted(rows.values(), key=key)
 
 
-def _reference(rows: list[dict], row: dict) -> str | None:
-  """The reference algorithm's variant (`records.is_reference`: FedAvg)
-  compared with `row` (same extra settings)."""
-  if is_reference(row["algorithm"]) or not federated(row["algorithm"]):
+def _reference(rows: list[dict], row: dict, reference: str) -> str | None:
+  """The variant of algorithm `reference` (`records.is_reference`) compared
+  with `row` (same extra settings); None for the reference itself, Central
+  and Local-only."""
+  if (is_reference(row["algorithm"], reference)
+      or not federated(row["algorithm"])):
     return None
   for r in rows:
-    if is_reference(r["algorithm"]) and r["extra"] == row["extra"]:
+    if is_reference(r["algorithm"], reference) and r["extra"] == row["extra"]:
       return r["variant"]
   return None
 
@@ -116,19 +121,20 @@ def _difference(values: dict, variant: str, ref: str | None, d,
   return stats.paired_difference(x, r)
 
 
-def _significance_note(diffs: list) -> str:
+def _significance_note(diffs: list, reference: str) -> str:
   """The notes' sentence on the marks that `diffs` (the differences behind a
-  table's marks) produce."""
+  table's marks, with algorithm `reference`) produce."""
   diffs = [x for x in diffs if x is not None and x.mean is not None]
   if not diffs:
     return ""
-  note = (" ↑ / ↓ = above / below FedAvg run with the same other settings: "
+  name = display_name(reference)
+  note = (f" ↑ / ↓ = above / below {name} run with the same other settings: "
           "the 95 % confidence interval of the paired difference over seeds "
           "excludes zero (μ: differences.md; the per-seed values: paired.csv); "
           f"{SIMILAR} = the interval holds "
           "zero, no difference established.")
   if any(x.excludes_zero is None for x in diffs):
-    note += " No mark: fewer than 2 seeds paired with FedAvg, no interval."
+    note += f" No mark: fewer than 2 seeds paired with {name}, no interval."
   return note
 
 
@@ -190,10 +196,12 @@ def _bold_best(rows: list[list[str]], values: list[list[float | None]],
           rows[i][j + 1] = f"**{rows[i][j + 1]}**"
 
 
-def table2(records: list[dict], which: str = "final") -> Table:
+def table2(records: list[dict], which: str = "final",
+           reference: str = algorithms.REFERENCE) -> Table:
   """Table 2 shape: rows = algorithms, columns = d x {μ_id, μ_ood}; μ over target
-  domains and seeds; ↑ / ↓ / ≈ vs FedAvg (same other settings) by the paired
-  difference's interval (`significance`) when FedAvg is present."""
+  domains and seeds; ↑ / ↓ / ≈ vs algorithm `reference` (same other settings)
+  by the paired difference's interval (`significance`) when it is present;
+  the CSV's `..._vs_<reference>` columns hold the differences of μ."""
   id_key, ood_key = METRICS[which]
   ds = sorted_ds(records)
   # (aggregate, per-seed values) of id, then ood.
@@ -206,10 +214,10 @@ def table2(records: list[dict], which: str = "final") -> Table:
                             for m in ("μ_id", f"μ_{lab}")]
   csv_header = ["variant", "algorithm", "settings"] + [
       f"d{d}_{m}{s}" for d in ds for m in ("id", "ood")
-      for s in ("", "_vs_fedavg")] + ["missing_runs"]
+      for s in ("", f"_vs_{reference}")] + ["missing_runs"]
   rows, csv_rows, values, diffs = [], [], [], []
   for row in rows_meta:
-    ref = _reference(rows_meta, row)
+    ref = _reference(rows_meta, row, reference)
     v, line, nums = row["variant"], [row["variant"]], []
     out = [v, row["algorithm"], row["label"]]
     for d in ds:
@@ -234,7 +242,7 @@ def table2(records: list[dict], which: str = "final") -> Table:
                    "round, HyperGenFL the best)"}[which]
   notes = (f"Accuracy (%), {label}; μ = mean over held-out target domains of the "
            "mean over seeds; bold = best federated method per column."
-           + _significance_note(diffs))
+           + _significance_note(diffs, reference))
   return Table(f"Table 2 shape ({which})", header, rows, csv_header, csv_rows,
                _notes(notes, rows))
 
@@ -291,10 +299,12 @@ def scenario_table(records: list[dict]) -> Table | None:
                csv_header, csv_rows, _notes(notes, rows))
 
 
-def per_domain(records: list[dict], d: int, which: str = "final") -> Table:
+def per_domain(records: list[dict], d: int, which: str = "final",
+               reference: str = algorithms.REFERENCE) -> Table:
   """Tables 4/5 (and 11-17) shape at one d: per held-out domain mean ± std over
-  seeds, id then ood, μ = mean over domains; ↑ / ↓ / ≈ vs FedAvg by the
-  paired difference's interval, per domain over its seeds (`significance`)."""
+  seeds, id then ood, μ = mean over domains; ↑ / ↓ / ≈ vs algorithm
+  `reference` by the paired difference's interval, per domain over its seeds
+  (`significance`)."""
   id_key, ood_key = METRICS[which]
   sub = [r for r in records if r["d"] == d]
   targets = first_seen(r["target"] for r in sub)
@@ -312,7 +322,7 @@ def per_domain(records: list[dict], d: int, which: str = "final") -> Table:
   csv_header.append("missing_runs")
   rows, csv_rows, values, diffs = [], [], [], []
   for row in rows_meta:
-    ref = _reference(rows_meta, row)
+    ref = _reference(rows_meta, row, reference)
     v, line, out, nums = row["variant"], [row["variant"]], [
         row["variant"], row["algorithm"], row["label"]], []
     for m in ("id", "ood"):
@@ -342,7 +352,7 @@ def per_domain(records: list[dict], d: int, which: str = "final") -> Table:
              [r["extra"] for r in rows_meta])
   notes = (f"Accuracy (%) per held-out target domain, d = {d}, {which} evaluation: "
            "mean ± sample std over seeds; μ = mean over domains."
-           + _significance_note(diffs))
+           + _significance_note(diffs, reference))
   return Table(f"Per-domain accuracy, d = {d} (Tables 4/5 shape, {which})", header,
                rows, csv_header, csv_rows, _notes(notes, rows))
 
@@ -456,14 +466,14 @@ def comparison(groups: list[tuple[str, list[dict]]],
 COMPARED_METRICS = tuple((w, m) for w in ("final", "best") for m in ("id", "ood"))
 
 
-def _compared(records: list[dict]):
-  """(row, reference variant, d) of every variant with a reference
-  (`_reference`: not FedAvg itself, not Central / Local-only) that has a
-  finished run at d, in the tables' row order."""
+def _compared(records: list[dict], reference: str):
+  """(row, reference variant, d) of every variant that faces a variant of
+  algorithm `reference` (`_reference`: not the reference itself, not Central
+  / Local-only) and has a finished run at d, in the tables' row order."""
   rows_meta = _variants(records)
   done = {(r["variant"], r["d"]) for r in finished(records)}
   for row in rows_meta:
-    ref = _reference(rows_meta, row)
+    ref = _reference(rows_meta, row, reference)
     for d in sorted_ds(records):
       if ref is not None and (row["variant"], d) in done:
         yield row, ref, d
@@ -490,11 +500,13 @@ def _interval_text(diff: stats.Difference, partial: str = "",
           + (f" (n={diff.n})" if seeds is not None and diff.n != seeds else ""))
 
 
-def differences(records: list[dict]) -> Table:
-  """Every algorithm against the reference (FedAvg run with the same other
-  settings) per d: the paired difference over seeds of μ in points with its
-  95 % interval (`stats.paired_difference`), final and best over rounds, id
-  and ood. Markdown: one row per (variant, d); CSV: one row per (variant, d,
+def differences(records: list[dict],
+                reference: str = algorithms.REFERENCE) -> Table:
+  """Every algorithm against the reference (algorithm `reference` run with
+  the same other settings; its variant in the CSV's `reference` column) per
+  d: the paired difference over seeds of μ in points with its 95 % interval
+  (`stats.paired_difference`), final and best over rounds, id and ood.
+  Markdown: one row per (variant, d); CSV: one row per (variant, d,
   evaluation, metric) with the interval, the counts and the per-seed
   differences."""
   per_seed = _compared_values(records)
@@ -504,7 +516,7 @@ def differences(records: list[dict]) -> Table:
                 "seeds", "pairs", "unpaired", "missing_runs", "significant",
                 "per_seed"]
   found, csv_rows = [], []
-  for row, ref, d in _compared(records):
+  for row, ref, d in _compared(records, reference):
     missing = (missing_count(records, row["variant"], d)
                + missing_count(records, ref, d))
     diffs = [_difference(per_seed[c], row["variant"], ref, d)
@@ -531,19 +543,21 @@ def differences(records: list[dict]) -> Table:
     seeds = max(x.n for x in diffs)
     rows.append([row["variant"], str(d), str(seeds)]
                 + [_interval_text(diffs[j], partial, seeds) for j in cols])
-  notes = ("Difference with FedAvg run with the same other settings, in "
+  name = display_name(reference)
+  notes = (f"Difference with {name} run with the same other settings, in "
            "accuracy points (μ over held-out targets): per seed the mean over "
-           "targets of (algorithm − FedAvg), then the mean over seeds and its "
+           f"targets of (algorithm − {name}), then the mean over seeds and its "
            "95 % Student-t confidence interval [low, high] (paired by seed; "
            f"fedjax_dg/report/stats.py). ↑ / ↓ = the interval excludes zero, "
            f"{SIMILAR} = it holds zero (no difference established), "
            f"{NO_INTERVAL} = one seed, no interval. paired.csv lists the "
            "per-(seed, target) values behind each difference.")
-  return Table("Differences with FedAvg (paired over seeds, 95 % CI)", header,
+  return Table(f"Differences with {name} (paired over seeds, 95 % CI)", header,
                rows, csv_header, csv_rows, _notes(notes, rows))
 
 
-def paired(records: list[dict]) -> Table:
+def paired(records: list[dict],
+           reference: str = algorithms.REFERENCE) -> Table:
   """The values behind `differences`: per (variant, d, evaluation, metric,
   seed, target) the algorithm's and the reference's accuracy (percent) and
   their difference (points); a (seed, target) that one side has not
@@ -553,7 +567,7 @@ def paired(records: list[dict]) -> Table:
                 "metric", "seed", "target", "value", "reference_value",
                 "difference"]
   csv_rows = []
-  for row, ref, d in _compared(records):
+  for row, ref, d in _compared(records, reference):
     for (w, m), values in per_seed.items():
       x = values.get((row["variant"], d), {})
       r = values.get((ref, d), {})

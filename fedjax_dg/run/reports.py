@@ -13,16 +13,18 @@ import copy
 import json
 import os
 
+from fedjax_dg import algorithms
 from fedjax_dg.errors import ConfigError, DataError
 from fedjax_dg.report import plots, tables
 from fedjax_dg.report.records import (ablation_sections, ablation_table_name,
-                                      finished, missing_run, records_from_cell)
+                                      display_name, finished, missing_run,
+                                      records_from_cell)
 from fedjax_dg.run import config as config_lib
 from fedjax_dg.run import directory
 from fedjax_dg.run.directory import MANIFEST, read_manifest
 
 REPORT_DIR = "report"
-DIFFERENCES = "differences"   # the table of paired differences with FedAvg
+DIFFERENCES = "differences"   # the table of paired differences with the reference
 
 
 def _json_override(config: dict, item: str) -> None:
@@ -135,17 +137,20 @@ def missing_lines(manifest: dict) -> list[str]:
   return lines
 
 
-def report_tables(records: list[dict], ds=None) -> list[tuple[str, tables.Table]]:
-  """(file stem, table) of every table the records support."""
+def report_tables(records: list[dict], ds=None,
+                  reference: str = algorithms.REFERENCE
+                  ) -> list[tuple[str, tables.Table]]:
+  """(file stem, table) of every table the records support; differences
+  with algorithm `reference` (a registry name)."""
   present = sorted({r["d"] for r in records})
   ds = list(ds) if ds else present
   missing = [d for d in ds if d not in present]
   if missing:
     raise ConfigError(f"--d {missing}: no finished run has those d; present: {present}")
-  out = [("table2", tables.table2(records)),
-         ("table2_best", tables.table2(records, "best"))]
-  differences = tables.differences(records)
-  if differences.rows:   # some algorithm has a reference (FedAvg) to face
+  out = [("table2", tables.table2(records, reference=reference)),
+         ("table2_best", tables.table2(records, "best", reference))]
+  differences = tables.differences(records, reference)
+  if differences.rows:   # some algorithm has the reference to face
     out.append((DIFFERENCES, differences))
   scenarios = tables.scenario_table(records)
   if scenarios is not None:
@@ -155,17 +160,44 @@ def report_tables(records: list[dict], ds=None) -> list[tuple[str, tables.Table]
     if table is not None:
       stem = ablation_table_name(section).lower().replace(" ", "")
       out.append((stem, table))
-  out += [(f"per_domain_d{d}", tables.per_domain(records, d)) for d in ds]
+  out += [(f"per_domain_d{d}", tables.per_domain(records, d, reference=reference))
+          for d in ds]
   out.append(("summary", tables.summary(records)))
   return out
 
 
-def write_report(sweep_dir: str, out: str | None = None, ds=None) -> list[str]:
+def check_reference(sweep_dir: str, records: list[dict], reference: str) -> None:
+  """A ConfigError unless `reference` is an algorithm of the registry with a
+  finished run in `records` (`fedjax-dg report --reference`): a report
+  asked to compare with it never goes without the comparisons."""
+  try:
+    algorithms.spec(reference)
+  except ConfigError as e:
+    raise ConfigError(f"--reference: {e}") from None
+  there = sorted({r["algorithm"] for r in finished(records)})
+  if reference not in there:
+    raise ConfigError(
+        f"--reference {reference}: no finished run of "
+        f"{display_name(reference)} in {sweep_dir}; algorithms there: "
+        + ", ".join(there))
+
+
+def write_report(sweep_dir: str, out: str | None = None, ds=None,
+                 reference: str | None = None) -> list[str]:
   """Writes report.md, one .md and .csv per table, paired.csv (the values
-  behind the differences with FedAvg), runs.csv and curves.png."""
+  behind the differences with the reference), runs.csv and curves.png.
+
+  `reference`: the algorithm (registry name) every other is compared with,
+  which must have a finished run here (`check_reference`); None (a sweep's
+  own report): `algorithms.REFERENCE`, compared with where the directory
+  has it."""
   manifest, records = load_records(sweep_dir)
   if not finished(records):
     raise ConfigError(f"{sweep_dir}: no finished run yet, nothing to report")
+  if reference is None:
+    reference = algorithms.REFERENCE
+  else:
+    check_reference(sweep_dir, records, reference)
   out = out or os.path.join(sweep_dir, REPORT_DIR)
   os.makedirs(out, exist_ok=True)
   paths = []
@@ -176,14 +208,14 @@ def write_report(sweep_dir: str, out: str | None = None, ds=None) -> list[str]:
       f.write(text)
     paths.append(path)
 
-  parts = report_tables(records, ds)
+  parts = report_tables(records, ds, reference)
   for stem, table in parts:
     write(f"{stem}.md", table.markdown())
     write(f"{stem}.csv", table.csv())
   write("runs.csv", tables.long_table(records).csv())
   compared = any(stem == DIFFERENCES for stem, _ in parts)
   if compared:
-    write("paired.csv", tables.paired(records).csv())
+    write("paired.csv", tables.paired(records, reference).csv())
   cells = manifest["cells"]
   done, absent = len(finished(records)), len(records) - len(
       finished(records))
@@ -214,7 +246,8 @@ def write_report(sweep_dir: str, out: str | None = None, ds=None) -> list[str]:
            "its ood uses at most train.ood_eval_max target images). Every number "
            "is computed from the cells' results.json; runs.csv lists each run."]
   if compared:
-    head += ["", "Differences with FedAvg are paired over seeds with a 95 % "
+    head += ["", f"Differences with {display_name(reference)} are paired over "
+             "seeds with a 95 % "
              "Student-t confidence interval (differences.md / .csv); paired.csv "
              "lists the per-(seed, target) values behind them."]
   head.append("")
@@ -307,12 +340,16 @@ def main_report(args) -> int:
     if args.d:
       raise ConfigError("--d selects the per-domain tables of one sweep "
                         "directory; a comparison of several has none")
+    if args.reference:
+      raise ConfigError("--reference selects what one sweep directory's "
+                        "differences compare with; a comparison of several "
+                        "has none")
     paths = compare(args.dirs, args.out)       # report.md first
     with open(paths[0]) as f:
       print(f.read())
   else:  # report.md's head (what finished, what is missing), first table
-    # and the confidence intervals of the differences with FedAvg
-    paths = write_report(args.dirs[0], args.out, args.d)
+    # and the confidence intervals of the differences with the reference
+    paths = write_report(args.dirs[0], args.out, args.d, args.reference)
     with open(next(p for p in paths if p.endswith("report.md"))) as f:
       text = f.read()
     second = text.find("\n### ", text.find("### ") + 1)
