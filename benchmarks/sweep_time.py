@@ -344,7 +344,9 @@ def table(tl: Timeline, start_s: float, scale: float | None,
     med = statistics.median(vals) if vals and any(vals) else None
     cols.append("" if med is None else
                 f"{statistics.mean(vals):.2f} / {med:.2f}")
-    if scale:
+    if scale and (cells[0], row) not in sums:
+      cols += ["", ""]
+    elif scale:
       cols += [f"{scaled[row]:.1f}",
                f"{100 * scaled[row] / total_scaled:.0f} %" if total_scaled else "-"]
     if any(c not in ("", "-") for c in cols[:-1 - (2 if scale else 0)]) or med:
