@@ -182,6 +182,13 @@ def main(argv: list[str] | None = None) -> int:
                        "batches of seeds, targets, splits that share shapes): "
                        "at most R per batch; 0 (default): as many as fit in "
                        "memory; 1: one run after another")
+  p_sweep.add_argument("--replica-mapping", default="auto",
+                       choices=("auto", "map", "vmap", "shard"),
+                       help="how a batch's replicas run: map (one after "
+                       "another, each as it would run alone: the same numbers"
+                       " bit for bit; auto on CPU), vmap (batched; auto on "
+                       "GPU/TPU), shard (split over the devices; float order "
+                       "differs)")
   p_sweep.add_argument("--dry-run", action="store_true",
                        help="validate and list the cells, compute nothing")
   p_report = sub.add_parser(

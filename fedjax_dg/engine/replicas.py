@@ -11,21 +11,26 @@ seeds[r])` would make: the same numbers up to the float summation order of
 another client mapping (the tolerance `tests/test_replicas.py` states per
 algorithm, as `tests/test_placement.py` does for "vmap" vs "map").
 
-How the replica axis is mapped (`replica_mapping`, the same `auto` rules as
-the clients'):
+How the replica axis is mapped (`replica_mapping`):
 
+* "map": one replica after another (`lax.map`), each replica's clients
+  mapped as `loop.run` maps them (`layout.Layout.of`: sharded over the CPU
+  devices by "auto"), so each replica is its separate run bit for bit;
 * "shard": the replicas split over the devices (a 1-D mesh "replicas",
   `jax.shard_map`), each device running its share one after another on CPU
   (`lax.map`) or batched on accelerators (`vmap`); R is padded to a multiple
   of the devices with copies of replica 0, whose results are dropped. The
   clients of a replica then run on its device ("map" on CPU, "vmap"
-  elsewhere): no collective crosses devices inside a round.
-* "map": one replica after another (`lax.map`), the clients mapped as in
-  `loop.run` (`layout.Layout.of`);
-* "vmap": every replica batched.
+  elsewhere): no collective crosses devices inside a round, and the float
+  summation order is not the separate run's;
+* "vmap": every replica batched (accelerators).
 
-"auto": "shard" with more than one device, else "map" on CPU, "vmap" on
-GPU/TPU.
+"auto": "map" on CPU, where batching replicas does not make a round cheaper
+(one device already keeps both cores busy and vmapped convolutions are
+slow; docs/xla notes) and "shard" gained ~10 % on the Table 2 shape's FedAvg
+at the price of bit identity (docs/benchmarks.md, "Replica batches"), so a
+batch saves what each run paid alone (compiles, set-up) and gives the same
+numbers; "vmap" on GPU/TPU, where a small model fills a fraction of the chip.
 
 Only the "device" placement runs replicas (each replica's padded federation
 and carry held for the whole run, `placement.device_placement_bytes` each:
@@ -67,16 +72,14 @@ REPLICA_MAPPINGS = ("auto", "map", "vmap", "shard")
 
 
 def replica_mapping(mapping: str, replicas: int) -> str:
-  """The replica axis' mapping ("auto": "shard" for R > 1 on several
-  devices, else "map" on CPU and "vmap" on accelerators)."""
+  """The replica axis' mapping ("auto": "map" on CPU, "vmap" on
+  accelerators; a single replica: "map")."""
   if mapping not in REPLICA_MAPPINGS:
     raise ConfigError(f"replica mapping {mapping!r}: allowed values are "
                       f"{REPLICA_MAPPINGS}")
   if mapping != "auto":
     return mapping
-  if replicas > 1 and jax.device_count() > 1:
-    return "shard"
-  return "map" if jax.default_backend() == "cpu" else "vmap"
+  return "map" if jax.default_backend() == "cpu" or replicas == 1 else "vmap"
 
 
 # Copies of a replica's carry a batch holds at its peak: the carry, the
@@ -150,12 +153,20 @@ def _replica_programs(alg, model, cfg, num_clients, replicas, mapping):
     return jax.lax.map(lambda a: f(*a), (carry, train, keys, frozen))
 
   if not sharded:
-    @functools.partial(jax.jit, static_argnums=(5,), donate_argnums=(0,))
+    # Each replica's clients mapped as `loop.run` maps them (sharded over a
+    # "clients" mesh where there is one): the carry replicated over it, the
+    # same sharding in and out (one compile for every chunk).
+    placed = ({} if layout.mesh is None else
+              dict(out_shardings=NamedSharding(layout.mesh, P())))
+
+    @functools.partial(jax.jit, static_argnums=(5,), donate_argnums=(0,),
+                       **placed)
     def chunk(carry, r0, train, keys, frozen, length, rounds):
       return over(mapping, carry, r0, train, keys, frozen, length,
                   jnp.asarray(rounds, jnp.int32))
 
-    return ReplicaPrograms(chunk, replicas, jax.device_put)
+    return ReplicaPrograms(chunk, replicas, layout.put_carry
+                           if layout.mesh is not None else jax.device_put)
 
   mesh = _mesh(replicas)
   spec = NamedSharding(mesh, P("replicas"))

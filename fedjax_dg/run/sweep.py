@@ -251,11 +251,13 @@ def _config_json(cfg) -> dict:
 def run_sweep(config_path: str | None = None, sets=(), grid=(), seeds=None, *,
               out: str | None = None, resume: str | None = None,
               dry_run: bool = False, report: bool = True,
-              max_replicas: int = 0,
+              max_replicas: int = 0, replica_mapping: str = "auto",
               echo=print) -> tuple[str | None, int]:
   """Runs (or resumes) a sweep; returns (sweep directory, number of failed
   cells). `max_replicas`: runs per replica batch (`batches`; 0: as many as
-  fit in memory; 1: one run after another, each cell an `experiment.run`)."""
+  fit in memory; 1: one run after another, each cell an `experiment.run`);
+  `replica_mapping`: how a batch's replicas are mapped
+  (`engine.replicas.replica_mapping`)."""
   if max_replicas < 0:
     raise ConfigError(f"--replicas {max_replicas}: allowed values are 0 (as "
                       "many as fit in memory), 1 (one run at a time) or a "
@@ -324,7 +326,7 @@ def run_sweep(config_path: str | None = None, sets=(), grid=(), seeds=None, *,
     failures = _cells_one_by_one(p, manifest, sweep_dir, work, echo)
   else:
     failures = _cells_in_batches(p, manifest, sweep_dir, loaded, max_replicas,
-                                 echo)
+                                 replica_mapping, echo)
   echo(f"[sweep] {sum(c['status'] == 'done' for c in manifest['cells'])}/{n} cells "
        f"done, {failures} failed, {batches.hms(time.perf_counter() - t_start)}; "
        f"manifest {os.path.join(sweep_dir, directory.MANIFEST)}")
@@ -382,7 +384,7 @@ def _cells_one_by_one(p: Plan, manifest: dict, sweep_dir: str, work: list,
 
 
 def _cells_in_batches(p: Plan, manifest: dict, sweep_dir: str, loaded: dict,
-                      max_replicas: int, echo) -> int:
+                      max_replicas: int, mapping: str, echo) -> int:
   """Every pending cell's run directory opened, their runs trained in
   replica batches (`batches`); a cell is finished when its last run is
   recorded. Returns the failed cells."""
@@ -443,7 +445,8 @@ def _cells_in_batches(p: Plan, manifest: dict, sweep_dir: str, loaded: dict,
   for line in batches.explain(planned, cells):
     echo(line)
   try:
-    batches.run(planned, built, cells, echo=echo, on_cell_done=cell_done)
+    batches.run(planned, built, cells, echo=echo, on_cell_done=cell_done,
+                mapping=mapping)
   except KeyboardInterrupt as e:
     for opened in cells:
       opened.write()
@@ -493,7 +496,8 @@ def main_sweep(args) -> int:
   _, failures = run_sweep(args.config, args.set, parse_grid(args.grid),
                           parse_seeds(args.seeds), out=args.out,
                           resume=args.resume, dry_run=args.dry_run,
-                          max_replicas=args.replicas)
+                          max_replicas=args.replicas,
+                          replica_mapping=args.replica_mapping)
   return 1 if failures else 0
 
 
