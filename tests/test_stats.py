@@ -13,7 +13,7 @@ import pytest
 from scipy import stats as scipy_stats
 
 from fedjax_dg import cli
-from fedjax_dg.report import stats, tables
+from fedjax_dg.report import comparisons, stats, tables
 from fedjax_dg.report.records import records_from_cell
 from test_sweep import _write_sweep
 
@@ -168,7 +168,7 @@ def test_table2_with_one_seed_marks_nothing_and_says_why():
   assert not any(m in c for row in table.rows for c in row[1:]
                  for m in ("↑", "↓", "≈"))
   assert "No mark: fewer than 2 seeds" in table.notes
-  diffs = tables.differences(_records(_accuracy, seeds=(0,)))
+  diffs = comparisons.differences(_records(_accuracy, seeds=(0,)))
   assert _line(diffs, "FedProx")[3] == "+2.0 (n<2)"
   assert {r[diffs.csv_header.index("significant")] for r in diffs.csv_rows} \
       == {"n<2"}
@@ -176,7 +176,7 @@ def test_table2_with_one_seed_marks_nothing_and_says_why():
 
 def test_differences_table_rows_equal_scipy_on_the_records():
   recs = _records(_accuracy)
-  table = tables.differences(recs)
+  table = comparisons.differences(recs)
   assert [r[0] for r in table.rows] == ["FedProx", "FedSR"]  # not FedAvg, Local
   assert table.header == ["algorithm", "d", "seeds", "μ_id final", "μ_ood final",
                           "μ_id best", "μ_ood best"]
@@ -203,13 +203,13 @@ def test_differences_mark_a_partial_pair_and_paired_lists_it():
   recs = [r for r in _records(_accuracy)
           if not (r["algorithm"] == "fedavg" and (r["seed"], r["target"])
                   == (1, "B"))]
-  table = tables.differences(recs)
+  table = comparisons.differences(recs)
   cell = _line(table, "FedProx")[4]
   assert cell.startswith("+2.1†") and "†" in table.notes
   rows = [dict(zip(table.csv_header, r)) for r in table.csv_rows]
   assert {r["unpaired"] for r in rows} == {1}
-  paired = [dict(zip(tables.paired(recs).csv_header, r))
-            for r in tables.paired(recs).csv_rows]
+  paired = [dict(zip(comparisons.paired(recs).csv_header, r))
+            for r in comparisons.paired(recs).csv_rows]
   alone = [p for p in paired if (p["seed"], p["target"]) == (1, "B")]
   assert len(alone) == 2 * 4 and all(p["reference_value"] == ""
                                      and p["difference"] == "" for p in alone)
@@ -278,7 +278,7 @@ def test_differences_with_another_reference_equal_scipy_against_it():
   (scipy's paired t on the per-seed target means), FedProx's own row gone,
   FedAvg's there; the texts and the CSVs name FedProx, never FedAvg."""
   recs = _records(_accuracy)
-  table = tables.differences(recs, reference="fedprox")
+  table = comparisons.differences(recs, reference="fedprox")
   assert [r[0] for r in table.rows] == ["FedAvg", "FedSR"]
   assert table.title == "Differences with FedProx (paired over seeds, 95 % CI)"
   assert "(algorithm − FedProx)" in table.notes and "FedAvg" not in table.notes
@@ -293,8 +293,8 @@ def test_differences_with_another_reference_equal_scipy_against_it():
     assert (row["ci_low"], row["ci_high"]) == pytest.approx((ci.low, ci.high))
     assert row["significant"] == {"fedavg": "yes", "fedsr": "no"}[alg]
     assert row["reference"] == "FedProx"
-  paired = [dict(zip(tables.paired(recs, "fedprox").csv_header, r))
-            for r in tables.paired(recs, "fedprox").csv_rows]
+  paired = [dict(zip(comparisons.paired(recs, "fedprox").csv_header, r))
+            for r in comparisons.paired(recs, "fedprox").csv_rows]
   assert {p["reference"] for p in paired} == {"FedProx"}
   for p in paired:
     assert p["reference_value"] == pytest.approx(

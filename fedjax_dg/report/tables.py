@@ -53,14 +53,14 @@ def mark(stat) -> str:
   return PARTIAL if stat is not None and stat.absent else ""
 
 
-def _notes(notes: str, rows: list[list[str]]) -> str:
+def with_notes(notes: str, rows: list[list[str]]) -> str:
   """`notes` with the PARTIAL explanation when a row holds a marked value."""
   if any(PARTIAL in cell for row in rows for cell in row[1:]):
     return notes + PARTIAL_NOTE
   return notes
 
 
-def _variants(records: list[dict]) -> list[dict]:
+def variants(records: list[dict]) -> list[dict]:
   """Row descriptors in display order: grouped by `extra` (first seen), then the
   papers' algorithm order (`records.table_rank`), an algorithm's ablations in
   its ablation table's order (`records.ablation_rank`), then first seen."""
@@ -78,7 +78,7 @@ def _variants(records: list[dict]) -> list[dict]:
   return sorted(rows.values(), key=key)
 
 
-def _reference(rows: list[dict], row: dict, reference: str) -> str | None:
+def reference_variant(rows: list[dict], row: dict, reference: str) -> str | None:
   """The variant of algorithm `reference` (`records.is_reference`) compared
   with `row` (same extra settings); None for the reference itself, Central
   and Local-only."""
@@ -107,7 +107,7 @@ def significance(diff: stats.Difference | None) -> str:
   return "↑" if diff.mean > 0 else "↓"
 
 
-def _difference(values: dict, variant: str, ref: str | None, d,
+def difference_of(values: dict, variant: str, ref: str | None, d,
                 target: str | None = None) -> stats.Difference | None:
   """The paired difference `variant` − `ref` at `d` (`values`:
   `records.seed_values`), over every target or over `target` only; None
@@ -142,7 +142,7 @@ def pct(value: float | None, digits: int = 1) -> str:
   return "-" if value is None else f"{100 * value:.{digits}f}"
 
 
-def _num(value: float | None):
+def number(value: float | None):
   """Percent for CSV cells (full precision); empty when missing."""
   return "" if value is None else 100 * value
 
@@ -208,7 +208,7 @@ def table2(records: list[dict], which: str = "final",
   metrics = [(aggregate(records, k), seed_values(records, k))
              for k in (id_key, ood_key)]
   mu = lambda agg, v, d: agg[(v, d)].mu if (v, d) in agg else None
-  rows_meta = _variants(records)
+  rows_meta = variants(records)
   lab = eval_label(records)
   header = ["algorithm"] + [f"d={d} {m}" for d in ds
                             for m in ("μ_id", f"μ_{lab}")]
@@ -217,19 +217,19 @@ def table2(records: list[dict], which: str = "final",
       for s in ("", f"_vs_{reference}")] + ["missing_runs"]
   rows, csv_rows, values, diffs = [], [], [], []
   for row in rows_meta:
-    ref = _reference(rows_meta, row, reference)
+    ref = reference_variant(rows_meta, row, reference)
     v, line, nums = row["variant"], [row["variant"]], []
     out = [v, row["algorithm"], row["label"]]
     for d in ds:
       for agg, per_seed in metrics:
         x = mu(agg, v, d)
         r = mu(agg, ref, d) if ref else None
-        diff = _difference(per_seed, v, ref, d)
+        diff = difference_of(per_seed, v, ref, d)
         diffs.append(diff)
         line.append((pct(x) + mark(agg.get((v, d))) + " "
                      + significance(diff)).strip())
         nums.append(x)
-        out += [_num(x), "" if x is None or r is None else 100 * (x - r)]
+        out += [number(x), "" if x is None or r is None else 100 * (x - r)]
     rows.append(line)
     csv_rows.append(out + [missing_count(records, v)])
     values.append(nums)
@@ -244,7 +244,7 @@ def table2(records: list[dict], which: str = "final",
            "mean over seeds; bold = best federated method per column."
            + _significance_note(diffs, reference))
   return Table(f"Table 2 shape ({which})", header, rows, csv_header, csv_rows,
-               _notes(notes, rows))
+               with_notes(notes, rows))
 
 
 SCENARIO_ORDER = ("standard", "advanced", "extreme")
@@ -265,7 +265,7 @@ def scenario_table(records: list[dict]) -> Table | None:
           for w in ("best", "final")}
   lab = eval_label(recs)
   rows_meta, seen = [], set()
-  for v in _variants(recs):   # paper order; one row per variant sans scenario
+  for v in variants(recs):   # paper order; one row per variant sans scenario
     row = next(r["row"] for r in recs if r["variant"] == v["variant"])
     if row not in seen:
       seen.add(row)
@@ -287,7 +287,7 @@ def scenario_table(records: list[dict]) -> Table | None:
         line.append(pct(mean) + (f" ± {100 * std:.1f}" if std is not None else "")
                     + mark(agg))
         nums.append(mean)
-        out += [_num(mean), "" if std is None else 100 * std, seeds]
+        out += [number(mean), "" if std is None else 100 * std, seeds]
     rows.append(line)
     csv_rows.append(out)
     values.append(nums)
@@ -296,7 +296,7 @@ def scenario_table(records: list[dict]) -> Table | None:
            "evaluation over rounds (what the HyperGenFL paper reports), final = "
            "after the last round; mean ± std over seeds. Bold = best per column.")
   return Table("Scenario table (HyperGenFL Tables 2-5 shape)", header, rows,
-               csv_header, csv_rows, _notes(notes, rows))
+               csv_header, csv_rows, with_notes(notes, rows))
 
 
 def per_domain(records: list[dict], d: int, which: str = "final",
@@ -310,7 +310,7 @@ def per_domain(records: list[dict], d: int, which: str = "final",
   targets = first_seen(r["target"] for r in sub)
   agg = {"id": aggregate(sub, id_key), "ood": aggregate(sub, ood_key)}
   per_seed = {"id": seed_values(sub, id_key), "ood": seed_values(sub, ood_key)}
-  rows_meta = _variants(sub)
+  rows_meta = variants(sub)
   lab = eval_label(sub)
   header = (["algorithm"] + [f"id {t}" for t in targets] + ["id μ"]
             + [f"{lab} {t}" for t in targets] + [f"{lab} μ"])
@@ -322,7 +322,7 @@ def per_domain(records: list[dict], d: int, which: str = "final",
   csv_header.append("missing_runs")
   rows, csv_rows, values, diffs = [], [], [], []
   for row in rows_meta:
-    ref = _reference(rows_meta, row, reference)
+    ref = reference_variant(rows_meta, row, reference)
     v, line, out, nums = row["variant"], [row["variant"]], [
         row["variant"], row["algorithm"], row["label"]], []
     for m in ("id", "ood"):
@@ -336,14 +336,14 @@ def per_domain(records: list[dict], d: int, which: str = "final",
           continue
         text = (pct(s.mean) + ("" if s.std is None else f" ± {pct(s.std)}")
                 + mark(s))
-        diffs.append(_difference(per_seed[m], v, ref, d, t))
+        diffs.append(difference_of(per_seed[m], v, ref, d, t))
         line.append((text + " " + significance(diffs[-1])).strip())
         out += [100 * s.mean, "" if s.std is None else 100 * s.std, s.seeds]
         nums.append(s.mean)
       x = a.mu if a else None
-      diffs.append(_difference(per_seed[m], v, ref, d))
+      diffs.append(difference_of(per_seed[m], v, ref, d))
       line.append((pct(x) + mark(a) + " " + significance(diffs[-1])).strip())
-      out.append(_num(x))
+      out.append(number(x))
       nums.append(x)
     rows.append(line)
     csv_rows.append(out + [missing_count(sub, v)])
@@ -354,7 +354,7 @@ def per_domain(records: list[dict], d: int, which: str = "final",
            "mean ± sample std over seeds; μ = mean over domains."
            + _significance_note(diffs, reference))
   return Table(f"Per-domain accuracy, d = {d} (Tables 4/5 shape, {which})", header,
-               rows, csv_header, csv_rows, _notes(notes, rows))
+               rows, csv_header, csv_rows, with_notes(notes, rows))
 
 
 def ablation_table(records: list[dict], section: str,
@@ -367,7 +367,7 @@ def ablation_table(records: list[dict], section: str,
   id_key, ood_key = METRICS[which]
   full_name = display_name(section)
   sub = [r for r in records if section_of(r["algorithm"]) == section]
-  rows_meta = _variants(sub)
+  rows_meta = variants(sub)
   if len({r["variant"] for r in rows_meta}) < 2:
     return None
   ds = sorted_ds(sub)
@@ -400,7 +400,7 @@ def ablation_table(records: list[dict], section: str,
             mark(agg.get((ref, d))) if delta is not None else "")
         line.append(pct(x) + partial
                     + ("" if delta is None else f" ({delta:+.1f})"))
-        out += [_num(x), "" if delta is None else delta]
+        out += [number(x), "" if delta is None else delta]
     rows.append(line)
     csv_rows.append(out)
   # A grid over the section's settings has no plain row: name what is compared.
@@ -410,7 +410,7 @@ def ablation_table(records: list[dict], section: str,
            f"brackets the difference to {to} in points.")
   return Table(f"{ablation_table_name(section)} shape: {full_name} variants "
                f"({which})", header, rows,
-               csv_header, csv_rows, _notes(notes, rows))
+               csv_header, csv_rows, with_notes(notes, rows))
 
 
 def comparison(groups: list[tuple[str, list[dict]]],
@@ -430,7 +430,7 @@ def comparison(groups: list[tuple[str, list[dict]]],
   every = [r for _, recs in groups for r in recs]
   targets = first_seen(r["target"] for r in every)
   aggs = [(label, aggregate(recs, metric), d) for label, recs, d in split]
-  rows_meta = [v for v in _variants(every)
+  rows_meta = [v for v in variants(every)
                if any((v["variant"], d) in agg for _, agg, d in aggs)]
   header = ["algorithm"] + [f"{label} {t}" for label, _, _ in aggs
                             for t in targets + ["μ"]]
@@ -449,7 +449,7 @@ def comparison(groups: list[tuple[str, list[dict]]],
         stats += ["", "", 0] if s is None else [
             100 * s.mean, "" if s.std is None else 100 * s.std, s.seeds]
       line.append(pct(a.mu if a else None) + mark(a))
-      mus.append(_num(a.mu if a else None))
+      mus.append(number(a.mu if a else None))
     rows.append(line)
     csv_rows.append([v["variant"], v["algorithm"]] + stats + mus)
   lab = eval_label(every)
@@ -459,124 +459,7 @@ def comparison(groups: list[tuple[str, list[dict]]],
            "directory: mean ± sample std over seeds (no std with one seed); μ = "
            "mean over targets.")
   return Table(f"Comparison: {what} accuracy", header, rows, csv_header,
-               csv_rows, _notes(notes, rows))
-
-
-# The differences' columns: (evaluation, metric) -> record field (`METRICS`).
-COMPARED_METRICS = tuple((w, m) for w in ("final", "best") for m in ("id", "ood"))
-
-
-def _compared(records: list[dict], reference: str):
-  """(row, reference variant, d) of every variant that faces a variant of
-  algorithm `reference` (`_reference`: not the reference itself, not Central
-  / Local-only) and has a finished run at d, in the tables' row order."""
-  rows_meta = _variants(records)
-  done = {(r["variant"], r["d"]) for r in finished(records)}
-  for row in rows_meta:
-    ref = _reference(rows_meta, row, reference)
-    for d in sorted_ds(records):
-      if ref is not None and (row["variant"], d) in done:
-        yield row, ref, d
-
-
-def _compared_values(records: list[dict]) -> dict[tuple[str, str], dict]:
-  """{(evaluation, metric): `records.seed_values`} of `COMPARED_METRICS`."""
-  return {(w, m): seed_values(records, METRICS[w][("id", "ood").index(m)])
-          for w, m in COMPARED_METRICS}
-
-
-def _interval_text(diff: stats.Difference, partial: str = "",
-                   seeds: int | None = None) -> str:
-  """'+1.2 [-0.4, +2.8] ≈' in points ('+1.2† ...' when `partial`; '(n=2)'
-  after it when the difference has other than the row's `seeds`);
-  '+1.2 (n<2)' without an interval."""
-  if diff.mean is None:
-    return "-"
-  text = f"{100 * diff.mean:+.1f}{partial}"
-  if diff.excludes_zero is None:
-    return f"{text} ({NO_INTERVAL})"
-  return (f"{text} [{100 * diff.low:+.1f}, {100 * diff.high:+.1f}] "
-          + significance(diff)
-          + (f" (n={diff.n})" if seeds is not None and diff.n != seeds else ""))
-
-
-def differences(records: list[dict],
-                reference: str = algorithms.REFERENCE) -> Table:
-  """Every algorithm against the reference (algorithm `reference` run with
-  the same other settings; its variant in the CSV's `reference` column) per
-  d: the paired difference over seeds of μ in points with its 95 % interval
-  (`stats.paired_difference`), final and best over rounds, id and ood.
-  Markdown: one row per (variant, d); CSV: one row per (variant, d,
-  evaluation, metric) with the interval, the counts and the per-seed
-  differences."""
-  per_seed = _compared_values(records)
-  lab = eval_label(records)
-  csv_header = ["variant", "algorithm", "settings", "reference", "d",
-                "evaluation", "metric", "difference", "ci_low", "ci_high",
-                "seeds", "pairs", "unpaired", "missing_runs", "significant",
-                "per_seed"]
-  found, csv_rows = [], []
-  for row, ref, d in _compared(records, reference):
-    missing = (missing_count(records, row["variant"], d)
-               + missing_count(records, ref, d))
-    diffs = [_difference(per_seed[c], row["variant"], ref, d)
-             for c in COMPARED_METRICS]
-    found.append((row, d, diffs, missing))
-    for (w, m), x in zip(COMPARED_METRICS, diffs):
-      if x.mean is None:
-        continue
-      sig = "" if x.excludes_zero is None else "yes" if x.excludes_zero else "no"
-      csv_rows.append([
-          row["variant"], row["algorithm"], row["label"], ref, d, w, m,
-          100 * x.mean, _num(x.low), _num(x.high), x.n, x.pairs, x.unpaired,
-          missing, sig or NO_INTERVAL,
-          ";".join(f"{s}:{100 * v!r}" for s, v in x.per_seed.items())])
-  # Only the columns some difference fills (no id without an id split).
-  cols = [j for j, _ in enumerate(COMPARED_METRICS)
-          if any(diffs[j].mean is not None for _, _, diffs, _ in found)]
-  header = ["algorithm", "d", "seeds"] + [
-      f"μ_{lab if m == 'ood' else m} {w}"
-      for w, m in (COMPARED_METRICS[j] for j in cols)]
-  rows = []
-  for row, d, diffs, missing in found:
-    partial = PARTIAL if missing or any(x.unpaired for x in diffs) else ""
-    seeds = max(x.n for x in diffs)
-    rows.append([row["variant"], str(d), str(seeds)]
-                + [_interval_text(diffs[j], partial, seeds) for j in cols])
-  name = display_name(reference)
-  notes = (f"Difference with {name} run with the same other settings, in "
-           "accuracy points (μ over held-out targets): per seed the mean over "
-           f"targets of (algorithm − {name}), then the mean over seeds and its "
-           "95 % Student-t confidence interval [low, high] (paired by seed; "
-           f"fedjax_dg/report/stats.py). ↑ / ↓ = the interval excludes zero, "
-           f"{SIMILAR} = it holds zero (no difference established), "
-           f"{NO_INTERVAL} = one seed, no interval. paired.csv lists the "
-           "per-(seed, target) values behind each difference.")
-  return Table(f"Differences with {name} (paired over seeds, 95 % CI)", header,
-               rows, csv_header, csv_rows, _notes(notes, rows))
-
-
-def paired(records: list[dict],
-           reference: str = algorithms.REFERENCE) -> Table:
-  """The values behind `differences`: per (variant, d, evaluation, metric,
-  seed, target) the algorithm's and the reference's accuracy (percent) and
-  their difference (points); a (seed, target) that one side has not
-  finished has the other side's value and no difference. CSV only."""
-  per_seed = _compared_values(records)
-  csv_header = ["variant", "algorithm", "reference", "d", "evaluation",
-                "metric", "seed", "target", "value", "reference_value",
-                "difference"]
-  csv_rows = []
-  for row, ref, d in _compared(records, reference):
-    for (w, m), values in per_seed.items():
-      x = values.get((row["variant"], d), {})
-      r = values.get((ref, d), {})
-      for seed, target in sorted(set(x) | set(r)):
-        a, b = x.get((seed, target)), r.get((seed, target))
-        csv_rows.append([row["variant"], row["algorithm"], ref, d, w, m, seed,
-                         target, _num(a), _num(b),
-                         "" if a is None or b is None else 100 * (a - b)])
-  return Table("Paired values", csv_header, [], csv_header, csv_rows)
+               csv_rows, with_notes(notes, rows))
 
 
 SUMMARY_METRICS = ("id_acc", "ood_acc", "best_id_acc", "best_ood_acc",
@@ -587,7 +470,7 @@ def summary(records: list[dict]) -> Table:
   """One row per (variant, d): μ of every metric, with target / seed / run counts
   (the data behind the figures: few-shot k, clients N, epochs, EMA decay...)."""
   aggs = {m: aggregate(records, m) for m in SUMMARY_METRICS}
-  rows_meta = _variants(records)
+  rows_meta = variants(records)
   lab = eval_label(records)
   header = ["algorithm", "d", "μ_id", f"μ_{lab}", "best μ_id", f"best μ_{lab}",
             f"μ_{lab} at best id", "targets", "seeds"]
@@ -607,7 +490,7 @@ def summary(records: list[dict]) -> Table:
                   + [pct(x) + k for x, k in zip(mus, marks)]
                   + [str(len(base.per_target)), str(seeds)])
       csv_rows.append([row["variant"], row["algorithm"], row["label"], d]
-                      + [_num(x) for x in mus]
+                      + [number(x) for x in mus]
                       + [len(base.per_target), seeds, base.runs,
                          missing_count(records, row["variant"], d)])
   notes = ("Accuracy (%), μ over target domains of the mean over seeds. best = the "
@@ -615,7 +498,7 @@ def summary(records: list[dict]) -> Table:
            "round of the highest id accuracy (selection on the clients' own "
            "validation splits).")
   return Table("Summary per setting", header, rows, csv_header, csv_rows,
-               _notes(notes, rows))
+               with_notes(notes, rows))
 
 
 LONG_FIELDS = ("cell", "seed", "d", "algorithm", "variant", "target",

@@ -15,7 +15,7 @@ import os
 
 from fedjax_dg import algorithms
 from fedjax_dg.errors import ConfigError, DataError
-from fedjax_dg.report import plots, tables
+from fedjax_dg.report import comparisons, plots, tables
 from fedjax_dg.report.records import (ablation_sections, ablation_table_name,
                                       display_name, finished, missing_run,
                                       records_from_cell)
@@ -149,7 +149,7 @@ def report_tables(records: list[dict], ds=None,
     raise ConfigError(f"--d {missing}: no finished run has those d; present: {present}")
   out = [("table2", tables.table2(records, reference=reference)),
          ("table2_best", tables.table2(records, "best", reference))]
-  differences = tables.differences(records, reference)
+  differences = comparisons.differences(records, reference)
   if differences.rows:   # some algorithm has the reference to face
     out.append((DIFFERENCES, differences))
   scenarios = tables.scenario_table(records)
@@ -215,7 +215,7 @@ def write_report(sweep_dir: str, out: str | None = None, ds=None,
   write("runs.csv", tables.long_table(records).csv())
   compared = any(stem == DIFFERENCES for stem, _ in parts)
   if compared:
-    write("paired.csv", tables.paired(records, reference).csv())
+    write("paired.csv", comparisons.paired(records, reference).csv())
   cells = manifest["cells"]
   done, absent = len(finished(records)), len(records) - len(
       finished(records))
