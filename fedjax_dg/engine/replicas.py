@@ -83,10 +83,12 @@ def replica_mapping(mapping: str, replicas: int) -> str:
 
 
 # Copies of a replica's carry a batch holds at its peak: the carry, the
-# chunk's output while its donated input is still being read, and the host
-# copy an asynchronous checkpoint write keeps (measured: docs/benchmarks.md,
+# chunk's output while its donated input is still being read, the slices
+# read for evaluation, the host copies asynchronous checkpoint writes keep
+# (measured: a batch of 9 hFedF replicas, 221 MiB of carry each, added
+# ~8.6 GiB to the process's peak, ~4.3 carries a replica; docs/benchmarks.md,
 # "Replica batches").
-CARRY_COPIES = 3
+CARRY_COPIES = 5
 
 
 def replica_bytes(alg: Algorithm, data) -> int:
