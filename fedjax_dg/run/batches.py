@@ -63,17 +63,25 @@ class Batch:
   bytes_each: int        # one replica's device bytes (data + carry)
 
 
+def _built_from(opened: experiment.OpenRun, job: Job) -> tuple:
+  """What the job's Algorithm object is built from (`KEY_PARTS`' first
+  five): runs with equal parts share one Algorithm."""
+  cfg = opened.cfg
+  return (job.name, opened.model(job.target),
+          opened.feds[job.target].num_clients,
+          json.dumps(assemble.hyperparameters(cfg, job.name), sort_keys=True),
+          json.dumps(assemble.client_settings(cfg, job.name), sort_keys=True))
+
+
 def batch_key(opened: experiment.OpenRun, job: Job, alg) -> tuple:
   """What must be equal for runs to share one program (`KEY_PARTS`)."""
-  cfg, fed = opened.cfg, opened.feds[job.target]
+  fed = opened.feds[job.target]
   train = (fed.pooled() if alg.client.pooled else fed).packed_train
   shapes = (train.num_clients, train.width, tuple(np.shape(train.x)[1:]),
             np.dtype(train.x.dtype).str)
-  return (job.name, opened.model(job.target), fed.num_clients,
-          json.dumps(assemble.hyperparameters(cfg, job.name), sort_keys=True),
-          json.dumps(assemble.client_settings(cfg, job.name), sort_keys=True),
-          dataclasses.replace(opened.ecfg, seed=0),
-          bool(cfg.train.keep_checkpoints), shapes)
+  return _built_from(opened, job) + (
+      dataclasses.replace(opened.ecfg, seed=0),
+      bool(opened.cfg.train.keep_checkpoints), shapes)
 
 
 def auto_cap(bytes_each: int) -> int:
@@ -97,11 +105,7 @@ def plan(cells: list[experiment.OpenRun], max_replicas: int = 0
         alone.append(Batch([job], None, "it is built from its run's data "
                            "(assemble.uses_data)", 0))
         continue
-      probe = (name, opened.model(i), opened.feds[i].num_clients,
-               json.dumps(assemble.hyperparameters(opened.cfg, name),
-                          sort_keys=True),
-               json.dumps(assemble.client_settings(opened.cfg, name),
-                          sort_keys=True))
+      probe = _built_from(opened, job)
       if probe not in algs:  # (Algorithm, its stand-in warnings)
         algs[probe] = experiment.stand_ins(
             lambda: assemble.algorithm(name, opened.model(i),
