@@ -201,9 +201,13 @@ SHARDED = textwrap.dedent("""
                                       - np.asarray(b, np.float64)), initial=0))
             worst[name, mapping] = max(worst.get((name, mapping), 0.0), err)
     # "map": each replica's clients sharded as engine.run shards them: bit
-    # for bit; "shard": float order only.
+    # for bit on the development CPU, but CI's CPU compiles the hypernetwork
+    # algorithms' server step inside the replica map in another float order
+    # (hFedF 7.5e-9, HyperGenFL 1.4e-9 there; every other algorithm 0), so
+    # 1e-6: a replica fed another's key or data is off by >1e-3. "shard":
+    # float order only.
     bad = {k: v for k, v in worst.items()
-           if v > {"map": 0.0, "shard": 5e-2 if k[0] == "hypergenfl"
+           if v > {"map": 1e-6, "shard": 5e-2 if k[0] == "hypergenfl"
                    else 1e-4}[k[1]]}
     print("WORST", worst)
     print("BAD" if bad else "SAME", bad)
@@ -214,8 +218,9 @@ SHARDED = textwrap.dedent("""
 def test_every_algorithm_sharded_replicas_match_separate_runs():
   """Every registered algorithm, 3 seeds as replicas on 2 CPU devices
   against the separate runs (their clients sharded over the 2 devices):
-  mapped ("auto" on CPU: each replica's clients sharded the same way) bit
-  for bit; sharded over the devices (each device maps its replicas and
+  mapped ("auto" on CPU: each replica's clients sharded the same way)
+  within 1e-6 (bit for bit on the development CPU; 7.5e-9 for hFedF on
+  CI's); sharded over the devices (each device maps its replicas and
   their clients) within 1e-4, HyperGenFL within 5e-2 (its hypernetwork
   moves with the float summation order, as tests/test_placement.py states
   for vmap vs map)."""

@@ -15,7 +15,9 @@ How the replica axis is mapped (`replica_mapping`):
 
 * "map": one replica after another (`lax.map`), each replica's clients
   mapped as `loop.run` maps them (`layout.Layout.of`: sharded over the CPU
-  devices by "auto"), so each replica is its separate run bit for bit;
+  devices by "auto"), so each replica is its separate run: bit for bit on
+  the development CPU; on CI's CPU the hypernetwork algorithms' server step
+  compiles in another float order inside the map (hFedF 7.5e-9);
 * "shard": the replicas split over the devices (a 1-D mesh "replicas",
   `jax.shard_map`), each device running its share one after another on CPU
   (`lax.map`) or batched on accelerators (`vmap`); R is padded to a multiple
