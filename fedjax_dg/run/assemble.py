@@ -204,9 +204,12 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 def normalization(cfg: ConfigDict, dataset, fed) -> tuple[tuple, tuple]:
   """Per-channel (mean, std) for the model's input normalization.
 
-  "dataset": statistics of all the dataset's images, the same for every target
-  domain and seed (like DomainBed's fixed per-dataset constants; no labels used),
-  so every run of an experiment reuses one compiled program. "train": statistics
+  "dataset": statistics of every image the run loads, the same for every target
+  domain (like DomainBed's fixed per-dataset constants; no labels used): all of
+  the dataset's, so every run of an experiment shares one compiled program --
+  except under `data.max_per_domain`, where they are those of the seed's
+  subsample, so each seed compiles its own (and its runs batch apart,
+  run/batches.py; docs/faithfulness.md, "Input normalization"). "train": statistics
   of this federation's training images only (recompiles per target domain).
   "imagenet": ImageNet's constants (torchvision's), which ImageNet-pretrained
   weights (`model.weights`) expect; RGB datasets only.
