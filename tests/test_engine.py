@@ -429,3 +429,31 @@ def test_shared_frozen_parameters_are_held_once(fed3, mapping):
   frozen_shapes = round_shapes(frozen_alg)
   assert stacked not in frozen_shapes
   assert kernel in frozen_shapes
+
+
+def test_programs_are_cached_per_algorithm_and_forgotten_per_algorithm(
+    fed3, adam, adam_run):
+  """`programs` returns the same compiled programs for the same algorithm
+  and model (adam_run compiled them); `forget_programs` drops exactly that
+  algorithm's entries (another algorithm's stay), and a least-recently-used
+  entry leaves a full cache first."""
+  from fedjax_dg.engine import programs as P
+  model, alg = adam
+  other = fedavg(model, make_optimizer("sgd", 1e-2),
+                 objectives.cross_entropy(model))
+  mine = P.programs(alg, model, CFG, fed3.num_clients)
+  assert P.programs(alg, model, CFG, fed3.num_clients) is mine
+  theirs = P.programs(other, model, CFG, fed3.num_clients)
+  assert P.forget_programs(alg) >= 1
+  assert P.forget_programs(alg) == 0
+  assert P.programs(other, model, CFG, fed3.num_clients) is theirs
+  assert P.programs(alg, model, CFG, fed3.num_clients) is not mine
+  assert P.forget_programs(other) == 1
+
+  calls = []
+  lru = P.per_algorithm_lru(maxsize=2)(lambda a, b: calls.append((a, b)) or b)
+  lru("x", 1), lru("y", 2), lru("x", 1), lru("z", 3)  # ("y", 2) least recent
+  assert lru.entries() == 2 and lru("x", 1) == 1 and len(calls) == 3
+  lru("y", 2)
+  assert len(calls) == 4
+  P._CACHES.remove(lru)

@@ -737,19 +737,59 @@ def test_a_batched_sweep_equals_one_run_at_a_time(tiny, swept, monkeypatch):
     assert lines(swept) == lines(out) and len(lines(out)) == 8
 
 
+def _two_seeds_opened(tiny, tmp_path):
+  """The tiny sweep's cells for seeds 0 and 1, checked and opened."""
+  from fedjax_dg.run import experiment
+  path, _ = tiny
+  p = sweep.plan(path, seeds=[0, 1])
+  loaded = {}
+  sweep.check(p, loaded=loaded)
+  return [experiment.open_run(cfg, run_dir=str(tmp_path / c.name),
+                              echo=lambda *a: None, dataset=loaded[k])
+          for k, (c, cfg) in enumerate(zip(p.cells, p.configs))]
+
+
+def test_a_sweep_forgets_each_algorithms_programs_after_its_last_batch(
+    tiny, tmp_path, monkeypatch):
+  """A long sweep holds only the programs still to run: each batch key's
+  Algorithm leaves `built` and the engine's caches (`forget_programs`)
+  right after its last batch, once, and never before (the batches are
+  interleaved across keys here: a key forgotten early would recompile)."""
+  from fedjax_dg import engine
+  from fedjax_dg.errors import NonFiniteError
+  from fedjax_dg.run import batches
+  cells = _two_seeds_opened(tiny, tmp_path)
+  planned, built = batches.plan(cells, max_replicas=1)
+  keys = [b.key for b in planned]
+  algs = {k: alg for k, (alg, _) in built.items()}
+  events = []
+  monkeypatch.setattr(engine, "run_replicas", lambda alg, datas, *a, **kw: (
+      events.append(("train", alg))
+      or [NonFiniteError("not trained")] * len(datas)))
+  monkeypatch.setattr(engine, "forget_programs",
+                      lambda alg: events.append(("forget", alg)))
+  batches.run(planned, built, cells, echo=lambda *a: None,
+              on_cell_done=lambda c, errors: None)
+  assert len(set(keys)) == 4 and len(keys) == 8
+  assert keys != sorted(keys, key=keys.index)  # interleaved
+  want = []
+  for i, key in enumerate(keys):
+    want.append(("train", algs[key]))
+    if key not in keys[i + 1:]:
+      want.append(("forget", algs[key]))
+  assert [(e, id(a)) for e, a in events] == [(e, id(a)) for e, a in want]
+  assert not built
+  for opened in cells:
+    opened.log.close()
+
+
 def test_batches_group_what_shares_a_program_and_say_why_not(tiny, tmp_path):
   """Two seeds x two targets: each seed's max_per_domain subsample gives
   its own input normalization, a constant of the program, so the seeds'
   runs are apart and the printed reason names the model; within a seed both
   targets share one batch; --replicas caps a batch."""
-  from fedjax_dg.run import batches, experiment
-  path, _ = tiny
-  p = sweep.plan(path, seeds=[0, 1])
-  loaded = {}
-  sweep.check(p, loaded=loaded)
-  cells = [experiment.open_run(cfg, run_dir=str(tmp_path / c.name),
-                               echo=lambda *a: None, dataset=loaded[k])
-           for k, (c, cfg) in enumerate(zip(p.cells, p.configs))]
+  from fedjax_dg.run import batches
+  cells = _two_seeds_opened(tiny, tmp_path)
   planned, built = batches.plan(cells)
   assert sorted(len(b.jobs) for b in planned) == [2, 2, 2, 2]
   for b in planned:

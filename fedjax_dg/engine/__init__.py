@@ -33,7 +33,7 @@ Where each question is answered:
     evaluation.py  how a run is scored: id / target accuracy, calibration,
                    divergence, extras (`make_eval`), the target sets, features
     programs.py    what is compiled, keyed by what (`programs`, `Programs`,
-                   `program_key`)
+                   `program_key`), and forgetting it (`forget_programs`)
     checkpoint.py  the orbax checkpoints and what they cost on disk
     loop.py        `run`: the chunks, the NaN guard, the progress bar, resume
     replicas.py    `run_replicas`: R runs of one algorithm (seeds, targets,
@@ -52,8 +52,9 @@ imported from its module.
 from fedjax_dg.engine.checkpoint import checkpoint_bytes, checkpoints_held
 from fedjax_dg.engine.layout import use_cpu_devices
 from fedjax_dg.engine.loop import run
+from fedjax_dg.engine.programs import forget_programs
 from fedjax_dg.engine.replicas import run_replicas
 from fedjax_dg.engine.settings import EngineConfig, RunResult
 
 __all__ = ["EngineConfig", "RunResult", "checkpoint_bytes", "checkpoints_held",
-           "run", "run_replicas", "use_cpu_devices"]
+           "forget_programs", "run", "run_replicas", "use_cpu_devices"]

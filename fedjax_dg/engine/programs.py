@@ -8,6 +8,7 @@ traced and compiled programs.
 
 from __future__ import annotations
 
+import collections
 import functools
 from typing import Callable, NamedTuple
 
@@ -62,6 +63,49 @@ class Programs(NamedTuple):
                          #   placement.EvalBlocks, ood, details=False) -> dict
 
 
+def per_algorithm_lru(maxsize: int):
+  """`functools.lru_cache(maxsize)` over calls whose first argument is an
+  Algorithm, which can also drop every entry of one Algorithm
+  (`forget_programs`): a sweep forgets an algorithm's compiled programs, and
+  what their closures hold (its model; its data, where it is built from its
+  data), once its last batch has run, instead of keeping up to `maxsize` of
+  them for the rest of the sweep."""
+  def wrap(fn):
+    entries: collections.OrderedDict = collections.OrderedDict()
+
+    @functools.wraps(fn)
+    def cached(*args):
+      if args in entries:
+        entries.move_to_end(args)
+        return entries[args]
+      value = entries[args] = fn(*args)
+      if len(entries) > maxsize:
+        entries.popitem(last=False)
+      return value
+
+    def forget(alg: Algorithm) -> int:
+      gone = [k for k in entries if k[0] is alg]
+      for k in gone:
+        del entries[k]
+      return len(gone)
+
+    cached.forget = forget
+    cached.entries = lambda: len(entries)
+    _CACHES.append(cached)
+    return cached
+  return wrap
+
+
+_CACHES: list = []
+
+
+def forget_programs(alg: Algorithm) -> int:
+  """Drops every compiled program of `alg` (single runs' and replica
+  batches'); the number of entries dropped. A later run of `alg` compiles
+  again (from the persistent compilation cache, where it is on)."""
+  return sum(cache.forget(alg) for cache in _CACHES)
+
+
 def programs(alg: Algorithm, model, cfg: EngineConfig,
              num_clients: int) -> Programs:
   """The jitted programs `loop.run` uses for `alg` (for benchmarks and tools
@@ -74,7 +118,7 @@ def programs(alg: Algorithm, model, cfg: EngineConfig,
                    num_clients)
 
 
-@functools.lru_cache(maxsize=32)
+@per_algorithm_lru(maxsize=32)
 def _programs(alg: Algorithm, model, cfg: EngineConfig,
               num_clients: int) -> Programs:
   """Jitted (init, chunk, eval) of one algorithm, shared by every run that uses the

@@ -65,7 +65,7 @@ from fedjax_dg.engine.layout import Layout, mesh_size, resolve_lanes
 from fedjax_dg.engine.loop import check_finite, metrics_to_host, progress_bar
 from fedjax_dg.engine.placement import (device_placement_bytes, pad_clients,
                                         resolve_gather, resolve_placement)
-from fedjax_dg.engine.programs import program_key, programs
+from fedjax_dg.engine.programs import per_algorithm_lru, program_key, programs
 from fedjax_dg.engine.round import make_round
 from fedjax_dg.engine.settings import EngineConfig, RunResult, eval_batch
 from fedjax_dg.errors import ConfigError, NonFiniteError
@@ -129,7 +129,7 @@ def replica_programs(alg: Algorithm, model, cfg: EngineConfig,
                            num_clients, replicas, mapping)
 
 
-@functools.lru_cache(maxsize=16)
+@per_algorithm_lru(maxsize=16)
 def _replica_programs(alg, model, cfg, num_clients, replicas, mapping):
   del model  # a key of the cache: the algorithm's closures hold it
   sharded = mapping == "shard"

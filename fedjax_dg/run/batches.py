@@ -209,6 +209,7 @@ def run(batches: list[Batch], built: dict, cells: list[experiment.OpenRun],
     if left[job.cell] == 0:
       on_cell_done(job.cell, errors[job.cell])
 
+  last = {b.key: k for k, b in enumerate(batches, 1) if b.key is not None}
   for k, b in enumerate(batches, 1):
     elapsed = time.perf_counter() - t_start
     eta = (f"ETA {hms(elapsed / done * (total - done))}" if done
@@ -218,7 +219,7 @@ def run(batches: list[Batch], built: dict, cells: list[experiment.OpenRun],
     echo(f"[sweep] batch {k}/{len(batches)}: {b.jobs[0].name} x{len(b.jobs)} "
          f"({where}); runs {done}/{total} done, elapsed {hms(elapsed)}, {eta}")
     try:
-      results = _train(b, built, cells, mapping)
+      results = _train(b, built, cells, mapping, forget=last.get(b.key) == k)
     except (KeyboardInterrupt, DiskFull):
       raise
     except Exception as e:  # noqa: BLE001 -- recorded; the next batch runs
@@ -241,13 +242,17 @@ def run(batches: list[Batch], built: dict, cells: list[experiment.OpenRun],
     done += len(b.jobs)
 
 
-def _train(b: Batch, built: dict, cells, mapping: str) -> list:
-  """One batch's results (RunResult or NonFiniteError, in job order)."""
+def _train(b: Batch, built: dict, cells, mapping: str, forget: bool) -> list:
+  """One batch's results (RunResult or NonFiniteError, in job order). The
+  batch's Algorithm and its compiled programs are dropped after it when no
+  later batch uses them (`forget`, or a batch built from its own data), so a
+  long sweep holds only the programs still to run."""
   first, j0 = cells[b.jobs[0].cell], b.jobs[0]
   if b.key is None:  # alone: built from its own data
     alg = experiment.build_algorithm(first, j0.name, j0.target, 1)
+    forget = True
   else:
-    alg, said = built[b.key]
+    alg, said = built.pop(b.key) if forget else built[b.key]
     for c in {j.cell for j in b.jobs}:
       cells[c].note(said)
     # Each replica keeps two checkpoints (engine.replicas); the sweep's
@@ -256,14 +261,18 @@ def _train(b: Batch, built: dict, cells, mapping: str) -> list:
                     keep=max(first.ecfg.checkpoints_to_keep, 2),
                     runs=len(b.jobs))
   at = lambda j: (cells[j.cell], cells[j.cell].targets[j.target])
-  return engine.run_replicas(
-      alg, [cells[j.cell].feds[j.target] for j in b.jobs],
-      first.model(j0.target), first.ecfg,
-      [int(cells[j.cell].cfg.seed) for j in b.jobs],
-      checkpoint_dirs=[at(j)[0].checkpoint_dir(j.name, at(j)[1])
-                       for j in b.jobs],
-      on_eval=[at(j)[0].log.callback(j.name, at(j)[1]) for j in b.jobs],
-      mapping=mapping)
+  try:
+    return engine.run_replicas(
+        alg, [cells[j.cell].feds[j.target] for j in b.jobs],
+        first.model(j0.target), first.ecfg,
+        [int(cells[j.cell].cfg.seed) for j in b.jobs],
+        checkpoint_dirs=[at(j)[0].checkpoint_dir(j.name, at(j)[1])
+                         for j in b.jobs],
+        on_eval=[at(j)[0].log.callback(j.name, at(j)[1]) for j in b.jobs],
+        mapping=mapping)
+  finally:
+    if forget:
+      engine.forget_programs(alg)
 
 
 def hms(seconds: float) -> str:
