@@ -15,6 +15,7 @@ from fedjax_dg.data import (dataset, images, locations, lookup, prepared,
 from fedjax_dg.data.builders import domainbed_folder
 from fedjax_dg.data.builders import fashion_mnist_base as fmb
 from fedjax_dg.data.builders import rotated_fashion_mnist as rfm
+from fedjax_dg.data.builders import mini_domainnet
 from fedjax_dg.data.builders import tiny_imagenet
 from fedjax_dg.errors import ConfigError, DataError
 
@@ -78,7 +79,8 @@ def write_fake_fashion_mnist(folder, n_train=48, n_test=12, seed=1):
 def test_available_and_unknown_name():
   names = registry.available()
   for n in ("rotated_fashion_mnist", "pacs", "office_home", "vlcs",
-            "fashion_mnist", "cifar10", "cifar100", "tiny_imagenet", "domainnet"):
+            "fashion_mnist", "cifar10", "cifar100", "tiny_imagenet", "domainnet",
+            "mini_domainnet"):
     assert n in names
   with pytest.raises(ValueError, match="available: rotated_fashion_mnist"):
     sources.load("mnist_typo")
@@ -468,6 +470,77 @@ def write_tiny_imagenet(root, wnids=("n02", "n01", "n03"), per_class=3, val=4,
   with open(os.path.join(base, "val", "val_annotations.txt"), "w") as f:
     f.write("\n".join(lines) + "\n")
   return base
+
+
+def write_domainnet_tree(root, listed=(("zebra", 0), ("apple", 1))):
+  """A DomainNet folder (the 4 mini domains plus infograph, which no split
+  lists) with 3 images per class, of which the split files list 2 per
+  (domain, class): one in _train.txt, one in _test.txt; labels follow
+  `listed`, not the sorted class folders."""
+  os.makedirs(os.path.join(root, mini_domainnet.SPLIT_DIR))
+  for d_i, domain in enumerate(mini_domainnet.DOMAINS + ("infograph",)):
+    lines = {"train": [], "test": []}
+    for cls, label in listed + (("unlisted", 7),):
+      folder = os.path.join(root, domain, cls)
+      os.makedirs(folder)
+      for i in range(3):
+        rgb = np.full((9 + d_i, 11, 3), 20 + 60 * min(label, 2), np.uint8)
+        Image.fromarray(rgb).save(os.path.join(folder, f"{domain}_{i}.jpg"),
+                                  quality=100)
+        if cls != "unlisted" and i < 2:
+          lines[("train", "test")[i]].append(
+              f"{domain}/{cls}/{domain}_{i}.jpg {label}\n")
+    if domain != "infograph":
+      for split, ls in lines.items():
+        with open(os.path.join(root, mini_domainnet.SPLIT_DIR,
+                               f"{domain}_{split}.txt"), "w") as f:
+          f.writelines(ls)
+  return root
+
+
+def test_mini_domainnet_reads_the_split_files_as_fedccrl_does(tmp_path):
+  """Only the listed images, train and test lists merged per domain, the
+  four mini domains in order, labels and class names from the split files."""
+  root = write_domainnet_tree(str(tmp_path / "domainnet"))
+  ds = sources.load("mini_domainnet", data_dir=str(tmp_path / "data"),
+                    manual_dir=root, image_size=8)
+  assert ds.domain_names == mini_domainnet.DOMAINS
+  assert ds.class_names == ("zebra", "apple")  # label order, not sorted
+  assert ds.domain_counts() == {d: 4 for d in mini_domainnet.DOMAINS}
+  for label in (0, 1):  # pixel value 20 + 60 * label
+    np.testing.assert_allclose(ds.images[ds.labels == label].mean(),
+                               20 + 60 * label, atol=2)
+
+
+@pytest.mark.parametrize("damage,match", [
+    ("missing_split", "split file .*painting_test.txt.* is missing"),
+    ("missing_image", "lists 'real/apple/real_1.jpg', which is not in"),
+    ("other_domain", "not an image of sketch/<class>/"),
+    ("two_classes", "label 0 is class 'zebra' elsewhere but 'apple'"),
+    ("bad_line", "line 1: .* is not '<domain>/<class>/<file> <label>'"),
+    ("no_splits", "does not hold the folders"),
+])
+def test_mini_domainnet_errors_name_what_is_wrong(tmp_path, damage, match):
+  root = write_domainnet_tree(str(tmp_path / "domainnet"))
+  split = lambda name: os.path.join(root, mini_domainnet.SPLIT_DIR, name)
+  if damage == "missing_split":
+    os.remove(split("painting_test.txt"))
+  elif damage == "missing_image":
+    os.remove(os.path.join(root, "real", "apple", "real_1.jpg"))
+  elif damage == "other_domain":
+    with open(split("sketch_train.txt"), "a") as f:
+      f.write("clipart/zebra/clipart_0.jpg 0\n")
+  elif damage == "two_classes":
+    with open(split("clipart_test.txt"), "a") as f:
+      f.write("clipart/apple/clipart_2.jpg 0\n")
+  elif damage == "bad_line":
+    with open(split("real_train.txt"), "w") as f:
+      f.write("real/zebra/real_0.jpg zero\n")
+  else:
+    import shutil
+    shutil.rmtree(os.path.join(root, mini_domainnet.SPLIT_DIR))
+  with pytest.raises(DataError, match=match):
+    mini_domainnet.scan(root, "mini_domainnet")
 
 
 def test_tiny_imagenet_folder_builder(tmp_path):

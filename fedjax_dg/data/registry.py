@@ -72,6 +72,8 @@ BUILT_IN: dict[str, OwnEntry | CatalogEntry] = {
     "tiny_imagenet": OwnEntry("TinyImagenet", "tiny_imagenet", "1.0.0", 3, True),
     "domainnet": CatalogEntry({d: f"domainnet/{d}" for d in DOMAINNET_DOMAINS},
                               3, False),
+    "mini_domainnet": OwnEntry("MiniDomainnet", "mini_domainnet", "1.0.0", 3,
+                               False),
 }
 
 

@@ -17,6 +17,9 @@
   "train" / "val"), so `target_domain="test"` holds out the official test set
   and the partitioner splits the train split among clients (`EVAL_SPLITS`).
 * `domainnet` (6 domains, train + test merged per domain): the TFDS catalog.
+* `mini_domainnet` (FedCCRL's miniDomainNet: 4 DomainNet domains x 126
+  classes, Zhou et al.'s split files): the project's own builder over
+  DomainNet's folders and `splits_mini/` (manual download).
 
 Prepared TFDS data lives in `data_dir` (default: `data_dir_default()`, the one
 rule for every entry point); the final arrays of every `load` are cached as `.npz`

@@ -9,6 +9,7 @@ from fedjax_dg.data.builders.domainbed_folder import OfficeHome
 from fedjax_dg.data.builders.domainbed_folder import Pacs
 from fedjax_dg.data.builders.domainbed_folder import Vlcs
 from fedjax_dg.data.builders.fashion_mnist import FashionMnistSplits
+from fedjax_dg.data.builders.mini_domainnet import MiniDomainnet
 from fedjax_dg.data.builders.rotated_fashion_mnist import RotatedFashionMnist
 from fedjax_dg.data.builders.styled_fashion_mnist import StyledFashionMnist
 from fedjax_dg.data.builders.tiny_imagenet import TinyImagenet
@@ -16,6 +17,7 @@ from fedjax_dg.data.builders.tiny_imagenet import TinyImagenet
 __all__ = [
     "DomainBedFolder",
     "FashionMnistSplits",
+    "MiniDomainnet",
     "OfficeHome",
     "Pacs",
     "RotatedFashionMnist",

@@ -3,7 +3,8 @@ the base of experiments/fedccrl_*.py.
 
 Leave-one-domain-out on PACS / OfficeHome, each source domain split into `k`
 clients (`data.partition="k_per_domain"`, k = 2: 6 clients on PACS, Table 1),
-MobileNetV3-Large (ImageNet-pretrained in the paper and its code: bring
+MobileNetV3-Large (ImageNet-pretrained in the released code, torchvision's
+IMAGENET1K weights; the paper names the backbone and does not say: bring
 torchvision's weights file, below) on 224x224 inputs with ImageNet's input
 statistics, 10 rounds x 3 local epochs, batch 32 (the code's default; 128 on
 miniDomainNet), and for every method the paper's clients (Sec. 4.2): Adam lr
@@ -24,7 +25,9 @@ out as a validation split: `data.val_fraction=0.1`.
 Without `model.weights` the backbone trains from scratch (GroupNorm in place
 of BatchNorm, docs/models.md): not the paper's setting, and far below its
 numbers at 10 rounds. miniDomainNet (the paper's third dataset, 126 classes
-of DomainNet at 128 px) is not a dataset of this library.
+of 4 DomainNet domains at 128 px, batch 128 in the code):
+experiments/fedccrl_table1_mini_domainnet.py (`mini_domainnet`, its split
+files: fedjax_dg/data/builders/mini_domainnet.py).
 
 Cost: MobileNetV3-Large at 224 px on this 2-core CPU is not practical (hours
 per round); on one GPU an estimate of minutes per run (not measured).
