@@ -353,6 +353,33 @@ def test_adapters_train_only_adi_and_head_on_the_frozen_backbone(fed3):
         optimizer=sgd, num_clients=n, hparams=dict(adapters=True))
 
 
+def test_adapter_init_reaches_the_adapter_and_is_never_ignored(fed3):
+  """scaffold.adapter_init="zero" starts the adapter's up-projections at 0
+  (FedSDAF's offline setting, so SCAFFOLD compares with FedAvg (Adapter)
+  started alike); the default is PyTorch's init (not 0); set without
+  adapters, or to an unknown init, it is a ConfigError naming the key."""
+  from fedjax_dg import algorithms
+  vit = models.get_model("vit_tiny", input_shape=fed3.image_shape,
+                         num_classes=fed3.num_classes, mean=fed3.mean,
+                         std=fed3.std, **VIT)
+  make = lambda **hp: algorithms.create(
+      "scaffold", vit, optimizer=optax.sgd(0.1), num_clients=fed3.num_clients,
+      hparams=hp)
+  ups = lambda alg: [np.asarray(leaf) for path, leaf in
+                     jax.tree_util.tree_leaves_with_path(
+                         jax.jit(alg.init)(jax.random.key(0))[0].params["adi"])
+                     if "up" in jax.tree_util.keystr(path)]
+  zero, torch = ups(make(adapters=True, adapter_init="zero")), ups(
+      make(adapters=True))
+  assert zero and all(not a.any() for a in zero)
+  assert all(a.any() for a in torch if a.ndim == 2)
+  with pytest.raises(ConfigError, match="scaffold.adapter_init='zero' is set "
+                     "but scaffold.adapters=False"):
+    make(adapter_init="zero")
+  with pytest.raises(ConfigError, match="scaffold.adapter_init='ones'"):
+    make(adapters=True, adapter_init="ones")
+
+
 # Slow (~5 s: the ViT's round program): SCAFFOLD's rounds (controls, cohort,
 # both options) are pinned on the MLP by test_rounds_equal_a_numpy_scaffold,
 # the adapter setting (its state, controls, frozen backbone, round 0, the

@@ -126,11 +126,18 @@ def step_size(optimizer: optax.GradientTransformation) -> float:
 def build(model, optimizer, loss, *, num_clients: int, variant: str = "II",
           server_lr: float = 1.0, weighting: str = "uniform",
           grad_chunk: int = 64, adapters: bool = False,
-          name: str = "scaffold") -> Algorithm:
+          adapter_init: str = "", name: str = "scaffold") -> Algorithm:
   """SCAFFOLD of `model` with local objective `loss` (module docstring).
   `adapters`: on a ViT, only FedSDAF's domain-invariant adapter and the head
   train (and carry control variates) on the frozen backbone, FedAvg
-  (Adapter)'s setting (the released FedSDAF code's "Scaffold optimizer")."""
+  (Adapter)'s setting (the released FedSDAF code's "Scaffold optimizer"),
+  the adapter initialized as `adapter_init` says ("" = "torch", PyTorch's
+  Linear init; "zero": as `fedsdaf.adapter_init`; set without `adapters`:
+  an error, never ignored)."""
+  if adapter_init and not adapters:
+    raise ConfigError(f"scaffold.adapter_init={adapter_init!r} is set but "
+                      "scaffold.adapters=False (no adapter to initialize): "
+                      "set scaffold.adapters=True on a ViT, or unset it")
   if variant not in OPTIONS:
     raise ConfigError(f"scaffold.variant={variant!r}: allowed {OPTIONS}"
                       " (Algorithm 1's options: I = c_i+ is the gradient at x, "
@@ -150,7 +157,8 @@ def build(model, optimizer, loss, *, num_clients: int, variant: str = "II",
   sample = model.init
   if adapters:
     model, frozen, sample = adapter_setting(model,
-                                            who="scaffold.adapters=True")
+                                            who="scaffold.adapters=True",
+                                            adapter_init=adapter_init or "torch")
     loss = on_frozen(objectives.cross_entropy(model))
   base = fedavg(model, optimizer, corrected(loss), name=name)
 

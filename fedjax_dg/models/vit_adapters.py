@@ -45,7 +45,8 @@ def adapted_model(model, *, domain_invariant: bool = True,
                       f"not model.name={model.name!r}")
   adapters = ("kia" if domain_aware else "di") if domain_invariant else "none"
   if adapter_init not in vit_lib.ADAPTER_INITS:
-    raise ConfigError(f"fedsdaf.adapter_init={adapter_init!r}: allowed "
+    section = who.split(".")[0].split("=")[0]
+    raise ConfigError(f"{section}.adapter_init={adapter_init!r}: allowed "
                       f"{vit_lib.ADAPTER_INITS}")
   module = model.module.clone(adapters=adapters, fusion=fusion,
                               adapter_dim=adapter_dim,
@@ -85,12 +86,13 @@ def sample_trainable(vmodel):
   return sample
 
 
-def adapter_setting(model, who: str):
+def adapter_setting(model, who: str, adapter_init: str = "torch"):
   """(the ViT with one domain-invariant adapter, its `frozen`, key -> its
   trained entries {adi, head}): FedAvg (Adapter)'s setting, for other
-  algorithms (SCAFFOLD's `adapters=True`). Their objective sees the frozen
+  algorithms (SCAFFOLD's `adapters=True`), its adapter initialized as
+  `adapter_init` says (`vit.ADAPTER_INITS`). Their objective sees the frozen
   backbone and the trained entries together (`algorithms.base.with_frozen`)."""
-  vmodel = adapted_model(model, who=who)
+  vmodel = adapted_model(model, adapter_init=adapter_init, who=who)
   sample = sample_trainable(vmodel)
 
   def init(key):
