@@ -9,6 +9,7 @@ a *record*: one (sweep cell, algorithm, held-out target) run, built by
   best_id_acc, best_id_round, best_ood_acc, best_ood_round,
   ood_at_best_id                                     (over the evaluation history)
   seconds, curve                                     (curve: [(round, id, ood)])
+  commit, dirty, source         (the fedjax_dg code it ran at: `origin`)
 
 `variant` is the row label: the algorithm's display name (from the registry,
 `algorithms.Spec.display_name`; with an algorithm's ablation switches off in
@@ -41,6 +42,7 @@ import numpy as np
 from fedjax_dg import algorithms
 from fedjax_dg.data import splits
 from fedjax_dg.errors import ConfigError
+from fedjax_dg.report import origin
 
 
 def eval_label(records: list[dict]) -> str:
@@ -163,8 +165,9 @@ def _best(curve: list[tuple], index: int):
 
 
 def run_record(cell: str, seed: int, d: int, settings: dict, config: dict,
-               run: dict) -> dict:
-  """One record from one entry of results.json's `runs`."""
+               run: dict, source: dict | None = None) -> dict:
+  """One record from one entry of results.json's `runs`; `source`: its
+  results.json's (the commit of a run that records none)."""
   algorithm = run["algorithm"]
   own, general = split_settings(algorithm, settings)
   label = ", ".join(f"{k}={v}" for k, v in {**own, **general}.items())
@@ -174,6 +177,7 @@ def run_record(cell: str, seed: int, d: int, settings: dict, config: dict,
   row = ", ".join(f"{k}={v}" for k, v in {**own, **general}.items()
                   if k != "scenario")
   final = run.get("final") or {}
+  ran_at = origin.run_source(run, source) or {}
   curve = [(h["round"], h.get("id_acc"), h.get("ood_acc"))
            for h in run.get("history") or []]
   if not curve and final:
@@ -192,6 +196,8 @@ def run_record(cell: str, seed: int, d: int, settings: dict, config: dict,
       best_id_acc=best_id, best_id_round=best_id_round,
       best_ood_acc=best_ood, best_ood_round=best_ood_round,
       ood_at_best_id=ood_at_best_id, seconds=run.get("seconds"), curve=curve,
+      commit=ran_at.get("commit"), dirty=ran_at.get("dirty"),
+      source=ran_at or None,
       missing=bool(run.get("missing")))
 
 
@@ -207,7 +213,8 @@ def records_from_cell(cell: str, settings: dict, config: dict,
   """Records of every finished run of one cell (its config.json, results.json)."""
   seed = int(config.get("seed", 0))
   d = int(config.get("data", {}).get("d", 1))
-  return [run_record(cell, seed, d, settings, config, r) for r in results["runs"]]
+  return [run_record(cell, seed, d, settings, config, r, results.get("source"))
+          for r in results["runs"]]
 
 
 @dataclasses.dataclass

@@ -503,12 +503,15 @@ def summary(records: list[dict]) -> Table:
 
 LONG_FIELDS = ("cell", "seed", "d", "algorithm", "variant", "target",
                "final_round", "id_acc", "ood_acc", "best_id_acc", "best_id_round",
-               "best_ood_acc", "best_ood_round", "ood_at_best_id", "seconds")
+               "best_ood_acc", "best_ood_round", "ood_at_best_id", "seconds",
+               "commit", "dirty")
 
 
 def long_table(records: list[dict]) -> Table:
   """Every (cell, algorithm, target, seed) run: final and best-over-rounds
-  metrics (fractions, not percent) and one column per grid key."""
+  metrics (fractions, not percent), the fedjax_dg commit it ran at and
+  whether that tree was dirty (empty: not recorded), and one column per grid
+  key."""
   records = finished(records)
   keys = first_seen(k for r in records for k in r["settings"] if k != "seed")
   csv_header = list(LONG_FIELDS) + keys
