@@ -5,6 +5,7 @@ a real run's results.json)."""
 
 import csv
 import importlib.metadata
+import importlib.util
 import json
 import os
 import platform
@@ -132,25 +133,30 @@ def test_a_resume_with_other_code_warns_and_the_same_code_does_not():
 # ----------------------------------------------------------------- reports
 
 
-def _results(path, runs_commit, source, *, data=True):
-  """A run directory: config.json, results.json of two finished runs;
-  `runs_commit`: each run's own `commit` (None: not recorded)."""
+def _results(path, runs_commit, source, *, data=True, algs=("fedavg",),
+             shift=0.0, seed=0):
+  """A run directory: config.json, results.json of a finished run per
+  algorithm and target A, B; `runs_commit`: each run's own `commit` (None:
+  not recorded)."""
   os.makedirs(path)
-  runs = [dict(algorithm="fedavg", target=t, seconds=1.0,
+  runs = [dict(algorithm=a, target=t, seconds=1.0,
                **({"source": dict(commit=runs_commit, dirty=False)}
                   if runs_commit else {}),
-               history=[dict(round=1, id_acc=0.5, ood_acc=0.4)],
-               final=dict(round=1, id_acc=0.5, ood_acc=0.4)) for t in "AB"]
+               history=[dict(round=1, id_acc=0.5 + shift + k / 10,
+                             ood_acc=0.4 + shift + j / 10)],
+               final=dict(round=1, id_acc=0.5 + shift + k / 10,
+                          ood_acc=0.4 + shift + j / 10))
+          for k, a in enumerate(algs) for j, t in enumerate("AB")]
   extra = {}
   if data:
     extra = dict(source=source, data=dict(dataset="rotated_fashion_mnist",
                                           images=12, fingerprint="f" * 16),
                  environment=provenance.environment())
   with open(os.path.join(path, "config.json"), "w") as f:
-    json.dump(dict(seed=0, data=dict(d=1)), f)
+    json.dump(dict(seed=seed, data=dict(d=1)), f)
   with open(os.path.join(path, "results.json"), "w") as f:
     json.dump(dict(name="r", dataset="rotated_fashion_mnist",
-                   targets=["A", "B"], algorithms=["fedavg"], runs=runs,
+                   targets=["A", "B"], algorithms=list(algs), runs=runs,
                    **extra), f)
 
 
@@ -196,3 +202,64 @@ def test_the_provenance_lines_count_what_differs():
   assert lines[2] == ("- fedjax_dg commit: " + "a" * 40 + " (2 runs); "
                       + "b" * 40 + " (1 run); not recorded (1 run)")
   assert lines[3] == "- data: not recorded"
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_spec = importlib.util.spec_from_file_location(
+    "results_derive", os.path.join(REPO, "docs", "results", "derive.py"))
+derive = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(derive)
+
+
+def test_a_reports_tables_are_made_again_from_its_committed_runs_csv(tmp_path):
+  """docs/results/derive.py: the 2026-11-25 hFedF sweep's tables from its
+  runs.csv alone equal the committed ones (columns added since aside)."""
+  src = os.path.join(REPO, "docs", "results", "hfedf_table2_2026-11-25")
+  derive.derive(str(tmp_path), [os.path.join(src, "runs.csv")])
+  for name in ("table2.csv", "per_domain_d2.csv", "summary.csv"):
+    committed = _csv(os.path.join(src, name))
+    made = _csv(os.path.join(tmp_path, name))
+    assert len(made) == len(committed) > 0, name
+    for a, b in zip(committed, made):
+      assert {k: b[k] for k in a} == a, name
+
+
+def test_a_grid_sweeps_tables_come_back_from_its_runs_csv(tmp_path):
+  """With grid labels in the row names ("hFedF [hfedf.ema_decay=0.5]") and
+  several seeds: every table CSV of the report, made again, is identical."""
+  sw, out, again = (str(tmp_path / n) for n in ("sw", "rep", "again"))
+  cells = []
+  for seed in (0, 1):
+    for ema in ("0.5", "0.9"):
+      name = f"hfedf.ema_decay={ema}__seed={seed}"
+      cells.append(dict(name=name, settings={"hfedf.ema_decay": ema,
+                                             "seed": str(seed)}, status="done"))
+      _results(os.path.join(sw, name), "a" * 40, None, algs=("fedavg", "hfedf"),
+               shift=0.01 * seed + (0.02 if ema == "0.9" else 0.0), seed=seed)
+  with open(os.path.join(sw, "sweep.json"), "w") as f:
+    json.dump(dict(name="sw", cells=cells), f)
+  assert cli.main(["report", sw, "--out", out]) == 0
+  derive.derive(again, [os.path.join(out, "runs.csv")])
+  names = sorted(n for n in os.listdir(out) if n.endswith(".csv")
+                 and n not in ("runs.csv", "paired.csv"))
+  assert "summary.csv" in names and "differences.csv" in names
+  for name in names:
+    assert _csv(os.path.join(again, name)) == _csv(os.path.join(out, name)), name
+
+
+def test_the_best_client_on_the_target_is_in_runs_csv_and_summary(tmp_path):
+  """FedSDAF's "best client on the target" (what its released code reports):
+  the best of the clients' final models on the target, per run and as μ."""
+  run, out = str(tmp_path / "run"), str(tmp_path / "rep")
+  _results(run, None, None)
+  res = json.load(open(os.path.join(run, "results.json")))
+  for r, per_client in zip(res["runs"], ([0.3, 0.6, 0.5], [0.2, 0.1, 0.4])):
+    r["final"]["ood_acc_per_client"] = per_client
+  with open(os.path.join(run, "results.json"), "w") as f:
+    json.dump(res, f)
+  assert cli.main(["report", run, "--out", out]) == 0
+  assert [float(r["best_client_ood_acc"])
+          for r in _csv(os.path.join(out, "runs.csv"))] == [0.6, 0.4]
+  (row,) = _csv(os.path.join(out, "summary.csv"))
+  assert float(row["best_client_ood_acc"]) == pytest.approx(50.0)
+  assert "best client" in open(os.path.join(out, "summary.md")).read()
