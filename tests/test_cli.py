@@ -9,7 +9,7 @@ import pytest
 
 from conftest import tiny_experiment
 from fedjax_dg import cli, engine
-from fedjax_dg.run import config
+from fedjax_dg.run import config, provenance
 from fedjax_dg.report import metrics_log
 
 
@@ -93,12 +93,27 @@ def test_run_writes_results_table_and_plots_and_never_overwrites(tiny_config, ca
   env_path = os.path.join(out, run_dir, "environment.json")
   env = json.load(open(env_path))
   assert env == res["environment"] and env["devices"] >= 1
+  # The code, data and machine: results.json and each run (run.provenance).
+  src_path = os.path.join(out, run_dir, "source.json")
+  src = json.load(open(src_path))
+  assert src == res["source"] == provenance.source()
+  assert all(r["source"] == src for r in res["runs"])
+  assert res["data"] == json.load(open(os.path.join(out, run_dir, "data.json")))
   json.dump(dict(env, devices=99), open(env_path, "w"))
+  json.dump(dict(src, commit="0" * 40), open(src_path, "w"))
   assert cli.main(["run", "--config", path, "--resume",
                    os.path.join(out, run_dir)]) == 0
+  printed = capsys.readouterr().out
   assert (f"WARNING: resumed in another environment (devices 99 -> "
-          f"{env['devices']})") in capsys.readouterr().out
+          f"{env['devices']})") in printed
+  assert ("WARNING: resumed with other fedjax_dg code than the run began "
+          "with (" + "0" * 40) in printed
+  said = json.load(open(os.path.join(out, run_dir, "results.json")))["warnings"]
+  assert [w.split(" (")[0] for w in said] == [
+      "resumed with other fedjax_dg code than the run began with",
+      "resumed in another environment"]
   assert json.load(open(env_path))["devices"] == 99
+  assert json.load(open(src_path))["commit"] == "0" * 40
 
   # --resume refuses other settings or data, before anything is written.
   files = {f: open(os.path.join(out, run_dir, f)).read()

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import tiny_experiment
 from fedjax_dg import cli
-from fedjax_dg.run import assemble, reports, sweep
+from fedjax_dg.run import assemble, provenance, reports, sweep
 from fedjax_dg.report import tables
 from fedjax_dg.report.records import aggregate, display_name, records_from_cell
 
@@ -150,6 +150,12 @@ def test_report_numbers_equal_an_independent_computation(swept, tmp_path, capsys
     assert int(row["best_id_round"]) == at["round"]
     assert float(row["ood_at_best_id"]) == pytest.approx(at["ood_acc"], abs=1e-12)
     assert row["cell"] == f"data.d={row['d']}__seed=0" and row["data.d"] == row["d"]
+  # Every run traceable: the commit of this checkout (run.provenance).
+  head = provenance.source()
+  assert {(row["commit"], row["dirty"]) for row in rows} == {
+      (head["commit"], str(head["dirty"]))}
+  assert f"- fedjax_dg commit: {head['commit']}" in open(
+      os.path.join(out, "report.md")).read()
 
 
 @pytest.mark.parametrize("grid,needle", [

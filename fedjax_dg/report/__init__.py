@@ -8,6 +8,8 @@
                   intervals and the paired values behind them
     plots         the figures (learning curves, GradAlign weights, t-SNE, ...)
     metrics_log   metrics.jsonl and TensorBoard events, written at every evaluation
+    origin        a report's Provenance block: the commit, data and machine
+                  its runs recorded (`run.provenance`), in words
 
 Everything here reads results (results.json's dicts) and writes files; nothing
 reads a config or runs anything. Display names and paper-specific layout

@@ -9,6 +9,9 @@ a *record*: one (sweep cell, algorithm, held-out target) run, built by
   best_id_acc, best_id_round, best_ood_acc, best_ood_round,
   ood_at_best_id                                     (over the evaluation history)
   seconds, curve                                     (curve: [(round, id, ood)])
+  best_client_ood_acc       (the best client model's final ood accuracy: with
+                             per-client models, chosen on the target itself)
+  commit, dirty, source         (the fedjax_dg code it ran at: `origin`)
 
 `variant` is the row label: the algorithm's display name (from the registry,
 `algorithms.Spec.display_name`; with an algorithm's ablation switches off in
@@ -41,6 +44,7 @@ import numpy as np
 from fedjax_dg import algorithms
 from fedjax_dg.data import splits
 from fedjax_dg.errors import ConfigError
+from fedjax_dg.report import origin
 
 
 def eval_label(records: list[dict]) -> str:
@@ -163,17 +167,12 @@ def _best(curve: list[tuple], index: int):
 
 
 def run_record(cell: str, seed: int, d: int, settings: dict, config: dict,
-               run: dict) -> dict:
-  """One record from one entry of results.json's `runs`."""
+               run: dict, source: dict | None = None) -> dict:
+  """One record from one entry of results.json's `runs`; `source`: its
+  results.json's (the commit of a run that records none)."""
   algorithm = run["algorithm"]
-  own, general = split_settings(algorithm, settings)
-  label = ", ".join(f"{k}={v}" for k, v in {**own, **general}.items())
-  extra = ", ".join(f"{k}={v}" for k, v in general.items())
-  name = display_name(algorithm, config)
-  # The scenario table's row: the variant without its scenario setting.
-  row = ", ".join(f"{k}={v}" for k, v in {**own, **general}.items()
-                  if k != "scenario")
   final = run.get("final") or {}
+  ran_at = origin.run_source(run, source) or {}
   curve = [(h["round"], h.get("id_acc"), h.get("ood_acc"))
            for h in run.get("history") or []]
   if not curve and final:
@@ -181,18 +180,76 @@ def run_record(cell: str, seed: int, d: int, settings: dict, config: dict,
   best_id, best_id_round = _best(curve, 1)
   best_ood, best_ood_round = _best(curve, 2)
   ood_at_best_id = next((c[2] for c in curve if c[0] == best_id_round), None)
+  per_client = final.get("ood_acc_per_client")
   return dict(
       cell=cell, seed=seed, d=d, algorithm=algorithm,
-      variant=name + (f" [{label}]" if label else ""), label=label, extra=extra,
+      **_names(algorithm, display_name(algorithm, config), settings),
       scenario=config.get("scenario") or None,
-      row=name + (f" [{row}]" if row else ""),
       settings=dict(settings), target=str(run["target"]),
       final_round=final.get("round"), id_acc=final.get("id_acc"),
       ood_acc=final.get("ood_acc"),
       best_id_acc=best_id, best_id_round=best_id_round,
       best_ood_acc=best_ood, best_ood_round=best_ood_round,
       ood_at_best_id=ood_at_best_id, seconds=run.get("seconds"), curve=curve,
+      best_client_ood_acc=max(per_client) if per_client else None,
+      commit=ran_at.get("commit"), dirty=ran_at.get("dirty"),
+      source=ran_at or None,
       missing=bool(run.get("missing")))
+
+
+def _names(algorithm: str, name: str, settings: dict) -> dict:
+  """A record's `variant`, `label`, `extra` and `row` (module docstring)
+  from the algorithm's display name and the cell's grid settings."""
+  own, general = split_settings(algorithm, settings)
+  label = ", ".join(f"{k}={v}" for k, v in {**own, **general}.items())
+  # The scenario table's row: the variant without its scenario setting.
+  row = ", ".join(f"{k}={v}" for k, v in {**own, **general}.items()
+                  if k != "scenario")
+  return dict(variant=name + (f" [{label}]" if label else ""), label=label,
+              extra=", ".join(f"{k}={v}" for k, v in general.items()),
+              row=name + (f" [{row}]" if row else ""))
+
+
+def _parsed(text: str):
+  """A runs.csv cell as the record held it: None, bool, int, float or str."""
+  if text == "":
+    return None
+  if text in ("True", "False"):
+    return text == "True"
+  for kind in (int, float):
+    try:
+      return kind(text)
+    except ValueError:
+      pass
+  return text
+
+
+def records_from_runs_csv(rows: list[dict], fields) -> list[dict]:
+  """Records of the finished runs a report's runs.csv lists (`rows`: its
+  csv.DictReader rows; `fields`: the fixed columns, `tables.LONG_FIELDS`,
+  the others being grid keys), so the tables of a report whose
+  results.json files are gone can be made again from its committed
+  runs.csv (docs/results/derive.py). A field the file lacks (an older
+  fedjax_dg's: `commit`) is None; `curve` is empty (no figures); every grid
+  value is a string, as in a sweep."""
+  out = []
+  for row in rows:
+    record = dict.fromkeys(fields)
+    record.update({k: _parsed(v) for k, v in row.items() if k in fields})
+    settings = {k: v for k, v in row.items() if k not in fields}
+    settings["seed"] = str(record["seed"])
+    label = _names(record["algorithm"], "", settings)["label"]
+    name = record["variant"]
+    if label and name.endswith(f" [{label}]"):
+      name = name[:-len(f" [{label}]")]
+    record.update(_names(record["algorithm"], name, settings),
+                  cell=str(record["cell"]), target=str(record["target"]),
+                  scenario=settings.get("scenario"), settings=settings,
+                  curve=[], missing=False,
+                  source=(dict(commit=record["commit"], dirty=record["dirty"])
+                          if record["commit"] else None))
+    out.append(record)
+  return out
 
 
 def missing_run(algorithm: str, target) -> dict:
@@ -207,7 +264,8 @@ def records_from_cell(cell: str, settings: dict, config: dict,
   """Records of every finished run of one cell (its config.json, results.json)."""
   seed = int(config.get("seed", 0))
   d = int(config.get("data", {}).get("d", 1))
-  return [run_record(cell, seed, d, settings, config, r) for r in results["runs"]]
+  return [run_record(cell, seed, d, settings, config, r, results.get("source"))
+          for r in results["runs"]]
 
 
 @dataclasses.dataclass

@@ -15,7 +15,7 @@ import os
 
 import numpy as np
 
-from fedjax_dg.report import plots
+from fedjax_dg.report import origin, plots
 from fedjax_dg.data.splits import eval_label
 
 
@@ -233,8 +233,12 @@ def write_all(results: dict, run_dir: str) -> list[str]:
             f"evaluation; best = the highest evaluation over rounds (the "
             f"HyperGenFL paper's reported number; optimistic: it picks the round "
             f"on the evaluation data).\n\n")
+    f.write("\n".join(origin.provenance_lines(
+        [origin.run_source(r, results.get("source")) for r in results["runs"]],
+        [results])) + "\n\n")
     if results.get("warnings"):  # before the numbers they qualify
-      f.write("**Stand-ins: these numbers do not follow the protocol "
+      f.write("**Stand-ins and resumes: these numbers do not follow the "
+              "protocol, or ran with more than one commit or environment "
               "(results.json `warnings`):**\n\n"
               + "".join(f"- **{w}**\n" for w in results["warnings"]) + "\n")
     f.write(markdown_table(results) + "\n")

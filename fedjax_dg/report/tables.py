@@ -469,13 +469,17 @@ SUMMARY_METRICS = ("id_acc", "ood_acc", "best_id_acc", "best_ood_acc",
 def summary(records: list[dict]) -> Table:
   """One row per (variant, d): μ of every metric, with target / seed / run counts
   (the data behind the figures: few-shot k, clients N, epochs, EMA decay...)."""
-  aggs = {m: aggregate(records, m) for m in SUMMARY_METRICS}
-  rows_meta = variants(records)
   lab = eval_label(records)
-  header = ["algorithm", "d", "μ_id", f"μ_{lab}", "best μ_id", f"best μ_{lab}",
-            f"μ_{lab} at best id", "targets", "seeds"]
-  csv_header = ["variant", "algorithm", "settings", "d"] + [
-      m for m in SUMMARY_METRICS] + ["targets", "seeds", "runs", "missing_runs"]
+  metrics, names = list(SUMMARY_METRICS), ["μ_id", f"μ_{lab}", "best μ_id",
+                                           f"best μ_{lab}", f"μ_{lab} at best id"]
+  if any(r.get("best_client_ood_acc") is not None for r in records):
+    metrics.append("best_client_ood_acc")   # per-client models (FedSDAF)
+    names.append(f"μ_{lab} best client")
+  aggs = {m: aggregate(records, m) for m in metrics}
+  rows_meta = variants(records)
+  header = ["algorithm", "d"] + names + ["targets", "seeds"]
+  csv_header = ["variant", "algorithm", "settings", "d"] + metrics + [
+      "targets", "seeds", "runs", "missing_runs"]
   rows, csv_rows = [], []
   for row in rows_meta:
     for d in sorted_ds(records):
@@ -483,8 +487,8 @@ def summary(records: list[dict]) -> Table:
       if base is None:
         continue
       mus = [aggs[m][(row["variant"], d)].mu if (row["variant"], d) in aggs[m]
-             else None for m in SUMMARY_METRICS]
-      marks = [mark(aggs[m].get((row["variant"], d))) for m in SUMMARY_METRICS]
+             else None for m in metrics]
+      marks = [mark(aggs[m].get((row["variant"], d))) for m in metrics]
       seeds = max(s.seeds for s in base.per_target.values())
       rows.append([row["variant"], str(d)]
                   + [pct(x) + k for x, k in zip(mus, marks)]
@@ -496,19 +500,26 @@ def summary(records: list[dict]) -> Table:
   notes = ("Accuracy (%), μ over target domains of the mean over seeds. best = the "
            "highest evaluation over rounds; 'at best id' = ood accuracy at the "
            "round of the highest id accuracy (selection on the clients' own "
-           "validation splits).")
+           "validation splits)." + (
+               " 'best client' = the best of the clients' own final models "
+               "on the target, chosen on the target itself (what FedSDAF's "
+               "released code reports; not a federated-DG result)."
+               if "best_client_ood_acc" in metrics else ""))
   return Table("Summary per setting", header, rows, csv_header, csv_rows,
                with_notes(notes, rows))
 
 
 LONG_FIELDS = ("cell", "seed", "d", "algorithm", "variant", "target",
                "final_round", "id_acc", "ood_acc", "best_id_acc", "best_id_round",
-               "best_ood_acc", "best_ood_round", "ood_at_best_id", "seconds")
+               "best_ood_acc", "best_ood_round", "ood_at_best_id", "seconds",
+               "best_client_ood_acc", "commit", "dirty")
 
 
 def long_table(records: list[dict]) -> Table:
   """Every (cell, algorithm, target, seed) run: final and best-over-rounds
-  metrics (fractions, not percent) and one column per grid key."""
+  metrics (fractions, not percent), the fedjax_dg commit it ran at and
+  whether that tree was dirty (empty: not recorded), and one column per grid
+  key."""
   records = finished(records)
   keys = first_seen(k for r in records for k in r["settings"] if k != "seed")
   csv_header = list(LONG_FIELDS) + keys

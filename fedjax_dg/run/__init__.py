@@ -7,6 +7,8 @@
                   dataset, federations, model, algorithms
     checks        what a config is checked for before anything is computed
     directory     run and sweep directories: making one, the files in them
+    provenance    what produced a run's numbers: the fedjax_dg commit (dirty or
+                  not), the data fingerprint, library versions and machine
     disk          the disk the checkpoints take (the check, `fedjax-dg algorithms`)
     experiment    one config: algorithms x held-out targets, one engine run each
     sweep         grid values x seeds of a config, one run directory per cell

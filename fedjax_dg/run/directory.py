@@ -1,7 +1,8 @@
 """Run and sweep directories: making a fresh one, and the files in them.
 
-A run directory holds config.json, data.json and environment.json (written
-when it starts: what `--resume` must match), results.json (after every
+A run directory holds config.json and data.json (written when it starts:
+what `--resume` must match), environment.json and source.json (the machine
+and the fedjax_dg commit it began with: `provenance`), results.json (after every
 finished run), features/ (`train.features_max`), checkpoints/, metrics.jsonl
 and tb/ (`report.metrics_log`); a sweep directory holds sweep.json (its
 manifest) and one run directory per cell.
@@ -15,7 +16,6 @@ import math
 import os
 import shutil
 
-import jax
 import numpy as np
 
 from fedjax_dg import distributed
@@ -24,6 +24,8 @@ from fedjax_dg.run import config as config_lib
 from fedjax_dg.run.config import ConfigDict
 
 MANIFEST = "sweep.json"
+ENVIRONMENT = "environment.json"  # where the run began: `provenance`
+SOURCE = "source.json"
 
 
 def check_output_dir(root: str, field: str = "output_dir") -> None:
@@ -98,48 +100,42 @@ def check_resume(cfg: ConfigDict, run_dir: str, data: dict) -> None:
           "new run")
 
 
-def environment() -> dict:
-  """What a run's numbers depend on beyond its config and data: the float
-  summation order changes with the JAX version, the backend and the
-  devices the cohort is sharded over (HyperGenFL's by up to ~1e-2,
-  docs/faithfulness.md; the others' by ~1e-5). Written to
-  `environment.json` beside config.json."""
-  return dict(jax=jax.__version__, backend=jax.default_backend(),
-              devices=jax.device_count(), processes=jax.process_count())
-
-
-def environment_changes(before: dict, now: dict) -> str:
-  """'' or a warning that a resumed run continues in another environment
-  (`environment`): its numbers from here on are not bit for bit those of an
-  uninterrupted run."""
-  changed = [f"{k} {before.get(k)!r} -> {now[k]!r}" for k in now
-             if before.get(k) != now[k]]
-  if not changed:
-    return ""
-  return (f"resumed in another environment ({'; '.join(changed)}): the rounds "
-          "from here on are not bit for bit those of an uninterrupted run "
-          "(float summation order; HyperGenFL's by up to ~1e-2, "
-          "docs/faithfulness.md). Resume where the run began for identical "
-          "numbers")
-
-
-def write_start(run_dir, cfg, data, env, env_path) -> None:
-  """The run directory's config.json, data.json and (where the run began)
-  environment.json."""
+def write_start(run_dir: str, cfg: ConfigDict, record: dict) -> None:
+  """The run directory's config.json and data.json, and where the run began
+  (files absent) environment.json and source.json: `record` is
+  `provenance.record`'s."""
   os.makedirs(run_dir, exist_ok=True)
   with open(os.path.join(run_dir, "config.json"), "w") as f:
     f.write(cfg.to_json(indent=2))
   with open(os.path.join(run_dir, "data.json"), "w") as f:
-    json.dump(data, f)
-  if not os.path.exists(env_path):  # where the run began
-    with open(env_path, "w") as f:
-      json.dump(env, f)
+    json.dump(record["data"], f)
+  for name, key in ((ENVIRONMENT, "environment"), (SOURCE, "source")):
+    path = os.path.join(run_dir, name)
+    if not os.path.exists(path):  # where the run began
+      with open(path, "w") as f:
+        json.dump(record[key], f)
+
+
+def read_started(run_dir: str) -> tuple[dict | None, dict | None]:
+  """(source.json, environment.json) of a run directory: the code and the
+  machine its run began with; None for a file it does not hold (a run begun
+  by an older fedjax_dg has no source.json)."""
+  out = []
+  for name in (SOURCE, ENVIRONMENT):
+    path = os.path.join(run_dir, name)
+    if os.path.exists(path):
+      with open(path) as f:
+        out.append(json.load(f))
+    else:
+      out.append(None)
+  return out[0], out[1]
 
 
 def remove_if_empty(run_dir: str, echo) -> None:
   """Removes a run directory made by a run that failed before leaving
   anything to continue or read: no results.json, no checkpoint file. Its
-  config.json, data.json, environment.json and empty logs go with it."""
+  config.json, data.json, environment.json, source.json and empty logs go
+  with it."""
   if os.path.exists(os.path.join(run_dir, "results.json")):
     return
   for _, _, files in os.walk(os.path.join(run_dir, "checkpoints")):

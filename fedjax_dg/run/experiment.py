@@ -26,7 +26,7 @@ from fedjax_dg import algorithms, distributed, engine
 from fedjax_dg.errors import (ConfigError, DiskFull, StandInWarning, Stopped,
                               is_disk_full)
 from fedjax_dg.report import metrics_log
-from fedjax_dg.run import assemble, checks, directory, disk
+from fedjax_dg.run import assemble, checks, directory, disk, provenance
 from fedjax_dg.run.config import ConfigDict
 
 
@@ -130,6 +130,7 @@ class OpenRun:
       self.echo(f"WARNING ({target}): {w}")
     self.results["runs"].append(dict(
         algorithm=name, target=str(target), seconds=res.seconds,
+        source=self.results["source"],   # the code it ran at: `provenance`
         warnings=warnings_, server_examples=fed.server_size,
         **({"replicas": replicas} if replicas > 1 else {}),
         final=res.final, history=res.history,
@@ -201,22 +202,21 @@ def open_run(cfg: ConfigDict, run_dir: str | None = None, *,
   echo = distributed.main_only(echo)
   run_dir = distributed.same_everywhere(
       run_dir or (directory.make_run_dir(cfg.output_dir, cfg.name) if main else ""))
-  env, env_path = directory.environment(), os.path.join(run_dir, "environment.json")
-  if resume and os.path.exists(env_path):
-    with open(env_path) as f:
-      warning = directory.environment_changes(json.load(f), env)
-    if warning:
-      echo(f"WARNING: {warning}")
+  record = provenance.record(data)  # code, data and machine: results.json
+  resumed = (provenance.resume_warnings(*directory.read_started(run_dir), record)
+             if resume else [])
+  for line in resumed:
+    echo(f"WARNING: {line}")
   results = dict(name=cfg.name, run_dir=run_dir, dataset=dataset.name,
                  domains=list(dataset.domain_names), targets=[str(t) for t in targets],
-                 algorithms=list(cfg.algorithms), environment=env, runs=[],
+                 algorithms=list(cfg.algorithms), **record, runs=[],
                  warnings=[], seconds=0.0)
   opened = OpenRun(cfg, dataset, targets, feds, ecfg, run_dir, results, set(),
                    echo, resume)
   with opened.guard():
     try:
       if main:
-        directory.write_start(run_dir, cfg, data, env, env_path)
+        directory.write_start(run_dir, cfg, record)
       if resume and os.path.exists(os.path.join(run_dir, "results.json")):
         with open(os.path.join(run_dir, "results.json")) as f:
           before = json.load(f)
@@ -225,7 +225,7 @@ def open_run(cfg: ConfigDict, run_dir: str | None = None, *,
         results["seconds"] = opened.before = float(before.get("seconds") or 0.0)
       for line in said:
         echo(f"WARNING: {line}")
-      opened.note(said)
+      opened.note(said + resumed)
       opened.done = {(r["algorithm"], r["target"]) for r in results["runs"]}
       echo(f"run directory: {run_dir}" + (" (resuming)" if resume else ""))
       opened.log = metrics_log.RunLog(run_dir) if main else metrics_log.NoLog()

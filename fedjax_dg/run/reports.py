@@ -15,7 +15,7 @@ import os
 
 from fedjax_dg import algorithms
 from fedjax_dg.errors import ConfigError, DataError
-from fedjax_dg.report import comparisons, plots, tables
+from fedjax_dg.report import comparisons, origin, plots, tables
 from fedjax_dg.report.records import (ablation_sections, ablation_table_name,
                                       display_name, finished, missing_run,
                                       records_from_cell)
@@ -70,6 +70,8 @@ def load_records(sweep_dir: str) -> tuple[dict, list[dict]]:
   is a `missing` record (`missing_run`): the tables mark what it
   leaves partial, and `manifest["missing"]` lists it as {cell: (status,
   [(algorithm, target)])}; cells are "complete" in `manifest["complete"]`.
+  `manifest["origins"]`: every results.json read (their `source`, `data`
+  and `environment`: `origin.provenance_lines`).
   """
   if os.path.isfile(os.path.join(sweep_dir, MANIFEST)):
     manifest = read_manifest(sweep_dir)
@@ -91,6 +93,7 @@ def load_records(sweep_dir: str) -> tuple[dict, list[dict]]:
     with open(path) as f:
       results = json.load(f)
     loaded.append((cell, name, config, results))
+    manifest.setdefault("origins", []).append(results)
     if results.get("warnings"):
       manifest.setdefault("warnings", {})[name] = list(results["warnings"])
     manifest.setdefault("dataset", results.get("dataset"))
@@ -120,6 +123,7 @@ def load_records(sweep_dir: str) -> tuple[dict, list[dict]]:
           name, cell["settings"], config,
           dict(runs=[missing_run(a, t) for a, t in absent]))
   manifest["missing"], manifest["complete"] = missing, complete
+  manifest.setdefault("origins", [])
   return manifest, records
 
 
@@ -226,8 +230,10 @@ def write_report(sweep_dir: str, out: str | None = None, ds=None,
   if manifest.get("config"):
     head.append(f"Config `{manifest['config']}`, --set {manifest.get('sets')}, "
                 f"grid {manifest.get('grid')}, seeds {manifest.get('seeds')}.")
+  head += [""] + provenance_lines(manifest, records)
   if manifest.get("warnings"):
-    head += ["", "**Stand-ins: numbers that do not follow the protocol** "
+    head += ["", "**Stand-ins and resumes: numbers that do not follow the "
+             "protocol, or ran with more than one commit or environment** "
              "(each cell's results.json `warnings`):", ""]
     head += [f"- `{cell}`: {w}" for cell, ws in manifest["warnings"].items()
              for w in ws]
@@ -254,6 +260,13 @@ def write_report(sweep_dir: str, out: str | None = None, ds=None,
   write("report.md", "\n".join(head + [t.markdown() for _, t in parts]))
   paths.append(plots.sweep_curves(records, os.path.join(out, "curves.png")))
   return paths
+
+
+def provenance_lines(manifest: dict, records: list[dict]) -> list[str]:
+  """The report's provenance (`origin.provenance_lines`): the commit of every
+  finished run, the data and environment of every run directory read."""
+  return origin.provenance_lines(
+      [r["source"] for r in finished(records)], manifest["origins"])
 
 
 def column_labels(dirs: list[str]) -> list[str]:
@@ -325,6 +338,7 @@ def compare(dirs: list[str], out: str | None = None) -> list[str]:
     head += ["  " + line for line in missing_lines(m)]
     head += [f"  - stand-in (`{cell}`): {w}"
              for cell, ws in m.get("warnings", {}).items() for w in ws]
+    head += ["  " + line for line in provenance_lines(m, records)[2:]]
   written["report.md"] = "\n".join(head + [""] + [t.markdown() for _, t in parts])
   paths = []
   for name in ["report.md"] + [n for n in written if n != "report.md"]:

@@ -1,0 +1,265 @@
+"""Every number traceable: the code, data and machine a run records
+(`run.provenance`), and the reports and runs.csv that say them
+(`report.origin`). Seconds: no engine run (test_cli.py's resume test covers
+a real run's results.json)."""
+
+import csv
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+
+import jax
+import pytest
+
+from fedjax_dg import cli
+from fedjax_dg.report import origin
+from fedjax_dg.run import provenance
+
+pytestmark = pytest.mark.skipif(shutil.which("git") is None,
+                                reason="needs the git command")
+
+
+def _git(folder, *args) -> str:
+  return subprocess.run(["git", "-C", str(folder), *args], check=True,
+                        capture_output=True, text=True).stdout
+
+
+def _repo(tmp_path):
+  """A git repository with a committed package folder `pkg`."""
+  repo = tmp_path / "repo"
+  (repo / "pkg").mkdir(parents=True)
+  (repo / "pkg" / "__init__.py").write_text("x = 1\n")
+  _git(repo, "init", "-q")
+  _git(repo, "add", ".")
+  _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q",
+       "-m", "one")
+  return repo
+
+
+def test_a_clean_checkout_records_its_commit_and_not_dirty(tmp_path):
+  repo = _repo(tmp_path)
+  src = provenance.git_source(str(repo / "pkg"), "9.9")
+  assert src == dict(commit=_git(repo, "rev-parse", "HEAD").strip(),
+                     dirty=False, diff="", version="9.9")
+  assert _git(repo, "status", "--porcelain") == ""
+
+
+def test_a_dirty_tree_is_reported_dirty_with_a_digest_of_its_changes(tmp_path):
+  repo = _repo(tmp_path)
+  head = _git(repo, "rev-parse", "HEAD").strip()
+  (repo / "pkg" / "__init__.py").write_text("x = 2\n")
+  edited = provenance.git_source(str(repo / "pkg"), "9.9")
+  assert _git(repo, "status", "--porcelain") != ""
+  assert edited["commit"] == head and edited["dirty"] is True
+  assert len(edited["diff"]) == 16
+  (repo / "pkg" / "__init__.py").write_text("x = 3\n")  # other changes
+  assert provenance.git_source(str(repo / "pkg"), "9.9")["diff"] != edited["diff"]
+  (repo / "pkg" / "__init__.py").write_text("x = 1\n")
+  (repo / "new.py").write_text("")                       # untracked: dirty too
+  assert provenance.git_source(str(repo / "pkg"), "9.9")["dirty"] is True
+
+
+def test_this_checkout_is_found_from_the_package_not_the_cwd(tmp_path,
+                                                             monkeypatch):
+  monkeypatch.chdir(tmp_path)                            # not a repository
+  src = provenance.git_source(provenance.PACKAGE_DIR)
+  root = os.path.dirname(provenance.PACKAGE_DIR)
+  assert src["commit"] == _git(root, "rev-parse", "HEAD").strip()
+  assert src["dirty"] == bool(_git(root, "status", "--porcelain"))
+
+
+def test_a_package_outside_a_checkout_says_unknown_and_never_crashes(
+    tmp_path, monkeypatch):
+  copy = tmp_path / "site-packages" / "pkg"
+  copy.mkdir(parents=True)
+  unknown = dict(commit="unknown (installed package 9.9)", dirty=None,
+                 diff=None, version="9.9")
+  assert provenance.git_source(str(copy), "9.9") == unknown
+  # Untracked inside a repository (a venv's site-packages in a checkout).
+  repo = _repo(tmp_path)
+  (repo / "venv" / "pkg").mkdir(parents=True)
+  (repo / "venv" / "pkg" / "m.py").write_text("")
+  assert provenance.git_source(str(repo / "venv" / "pkg"), "9.9") == unknown
+  monkeypatch.setenv("PATH", "")                         # no git at all
+  assert provenance.git_source(str(repo / "pkg"), "9.9") == unknown
+  assert provenance.git_source(str(repo / "pkg"))["commit"] == (
+      f"unknown (installed package {provenance.package_version()})")
+
+
+def test_the_environment_names_versions_devices_and_cpu():
+  env = provenance.environment()
+  assert env["python"] == platform.python_version()
+  for p in ("jax", "jaxlib", "flax", "optax", "numpy"):
+    assert env[p] == importlib.metadata.version(p), p
+  assert env["jax"] == jax.__version__
+  assert env["backend"] == jax.default_backend()
+  assert env["device_kind"] == jax.devices()[0].device_kind
+  assert (env["devices"], env["processes"]) == (jax.device_count(),
+                                                jax.process_count())
+  if sys.platform.startswith("linux"):
+    with open("/proc/cpuinfo") as f:
+      names = [l.split(":", 1)[1].strip() for l in f
+               if l.lower().startswith(("model name", "hardware"))]
+    assert names and env["cpu"] == names[0]
+
+
+def test_a_resume_with_other_code_warns_and_the_same_code_does_not():
+  src = dict(commit="a" * 40, dirty=False, diff="", version="0.1.0")
+  env = provenance.environment()
+  now = dict(source=src, data={}, environment=env)
+  assert provenance.resume_warnings(src, env, now) == []
+  assert provenance.resume_warnings(None, None, now) == []   # older run dir
+  for other in (dict(src, commit="b" * 40),
+                dict(src, dirty=True, diff="0123456789abcdef")):
+    (w,) = provenance.resume_warnings(other, env, now)
+    assert "resumed with other fedjax_dg code" in w
+    assert origin.source_text(other) in w and "a" * 40 in w
+  # Dirty at start and at resume, other uncommitted changes: still other code.
+  dirty = dict(src, dirty=True, diff="0" * 16)
+  assert provenance.resume_warnings(
+      dirty, env, dict(now, source=dict(dirty, diff="1" * 16)))
+  # An environment.json of an older fedjax_dg (fewer keys): only those compared.
+  old = {k: env[k] for k in ("jax", "backend", "devices", "processes")}
+  assert provenance.resume_warnings(src, old, now) == []
+  (w,) = provenance.resume_warnings(src, dict(old, devices=99), now)
+  assert "resumed in another environment (devices 99 ->" in w
+
+
+# ----------------------------------------------------------------- reports
+
+
+def _results(path, runs_commit, source, *, data=True, algs=("fedavg",),
+             shift=0.0, seed=0):
+  """A run directory: config.json, results.json of a finished run per
+  algorithm and target A, B; `runs_commit`: each run's own `commit` (None:
+  not recorded)."""
+  os.makedirs(path)
+  runs = [dict(algorithm=a, target=t, seconds=1.0,
+               **({"source": dict(commit=runs_commit, dirty=False)}
+                  if runs_commit else {}),
+               history=[dict(round=1, id_acc=0.5 + shift + k / 10,
+                             ood_acc=0.4 + shift + j / 10)],
+               final=dict(round=1, id_acc=0.5 + shift + k / 10,
+                          ood_acc=0.4 + shift + j / 10))
+          for k, a in enumerate(algs) for j, t in enumerate("AB")]
+  extra = {}
+  if data:
+    extra = dict(source=source, data=dict(dataset="rotated_fashion_mnist",
+                                          images=12, fingerprint="f" * 16),
+                 environment=provenance.environment())
+  with open(os.path.join(path, "config.json"), "w") as f:
+    json.dump(dict(seed=seed, data=dict(d=1)), f)
+  with open(os.path.join(path, "results.json"), "w") as f:
+    json.dump(dict(name="r", dataset="rotated_fashion_mnist",
+                   targets=["A", "B"], algorithms=list(algs), runs=runs,
+                   **extra), f)
+
+
+def _csv(path):
+  with open(path) as f:
+    return list(csv.DictReader(f))
+
+
+def test_runs_csv_and_report_carry_each_runs_commit(tmp_path, capsys):
+  src = dict(commit="c" * 40, dirty=True, diff="d" * 16, version="0.1.0")
+  run, out = str(tmp_path / "run"), str(tmp_path / "rep")
+  _results(run, None, src)                  # runs without their own commit
+  assert cli.main(["report", run, "--out", out]) == 0
+  rows = _csv(os.path.join(out, "runs.csv"))
+  assert [(r["commit"], r["dirty"]) for r in rows] == [("c" * 40, "True")] * 2
+  report = open(os.path.join(out, "report.md")).read()
+  assert ("- fedjax_dg commit: " + "c" * 40 + " + uncommitted changes "
+          + "d" * 16) in report
+  assert "- data: rotated_fashion_mnist, 12 images, fingerprint " + "f" * 16 \
+      in report
+  env = provenance.environment()
+  assert f"jaxlib {env['jaxlib']}" in report and f"CPU {env['cpu']}" in report
+  # A run's own commit wins (a resumed run's runs ran at different commits).
+  run2, out2 = str(tmp_path / "run2"), str(tmp_path / "rep2")
+  _results(run2, "e" * 40, src)
+  assert cli.main(["report", run2, "--out", out2]) == 0
+  assert {r["commit"] for r in _csv(os.path.join(out2, "runs.csv"))} == {"e" * 40}
+  # A run recorded before any of this: said, not guessed.
+  run3, cmp = str(tmp_path / "run3"), str(tmp_path / "cmp")
+  _results(run3, None, None, data=False)
+  assert cli.main(["report", run, run3, "--out", cmp]) == 0
+  rows = _csv(os.path.join(cmp, "runs.csv"))
+  assert sorted(r["commit"] for r in rows) == ["", "", "c" * 40, "c" * 40]
+  report = open(os.path.join(cmp, "report.md")).read()
+  assert "fedjax_dg commit: not recorded" in report
+  assert "fedjax_dg commit: " + "c" * 40 in report
+  capsys.readouterr()
+
+
+def test_the_provenance_lines_count_what_differs():
+  a, b = dict(commit="a" * 40, dirty=False), dict(commit="b" * 40, dirty=False)
+  lines = origin.provenance_lines([a, a, b, None], [{}, {}])
+  assert lines[2] == ("- fedjax_dg commit: " + "a" * 40 + " (2 runs); "
+                      + "b" * 40 + " (1 run); not recorded (1 run)")
+  assert lines[3] == "- data: not recorded"
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_spec = importlib.util.spec_from_file_location(
+    "results_derive", os.path.join(REPO, "docs", "results", "derive.py"))
+derive = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(derive)
+
+
+def test_a_reports_tables_are_made_again_from_its_committed_runs_csv(tmp_path):
+  """docs/results/derive.py: the 2026-11-25 hFedF sweep's tables from its
+  runs.csv alone equal the committed ones (columns added since aside)."""
+  src = os.path.join(REPO, "docs", "results", "hfedf_table2_2026-11-25")
+  derive.derive(str(tmp_path), [os.path.join(src, "runs.csv")])
+  for name in ("table2.csv", "per_domain_d2.csv", "summary.csv"):
+    committed = _csv(os.path.join(src, name))
+    made = _csv(os.path.join(tmp_path, name))
+    assert len(made) == len(committed) > 0, name
+    for a, b in zip(committed, made):
+      assert {k: b[k] for k in a} == a, name
+
+
+def test_a_grid_sweeps_tables_come_back_from_its_runs_csv(tmp_path):
+  """With grid labels in the row names ("hFedF [hfedf.ema_decay=0.5]") and
+  several seeds: every table CSV of the report, made again, is identical."""
+  sw, out, again = (str(tmp_path / n) for n in ("sw", "rep", "again"))
+  cells = []
+  for seed in (0, 1):
+    for ema in ("0.5", "0.9"):
+      name = f"hfedf.ema_decay={ema}__seed={seed}"
+      cells.append(dict(name=name, settings={"hfedf.ema_decay": ema,
+                                             "seed": str(seed)}, status="done"))
+      _results(os.path.join(sw, name), "a" * 40, None, algs=("fedavg", "hfedf"),
+               shift=0.01 * seed + (0.02 if ema == "0.9" else 0.0), seed=seed)
+  with open(os.path.join(sw, "sweep.json"), "w") as f:
+    json.dump(dict(name="sw", cells=cells), f)
+  assert cli.main(["report", sw, "--out", out]) == 0
+  derive.derive(again, [os.path.join(out, "runs.csv")])
+  names = sorted(n for n in os.listdir(out) if n.endswith(".csv")
+                 and n not in ("runs.csv", "paired.csv"))
+  assert "summary.csv" in names and "differences.csv" in names
+  for name in names:
+    assert _csv(os.path.join(again, name)) == _csv(os.path.join(out, name)), name
+
+
+def test_the_best_client_on_the_target_is_in_runs_csv_and_summary(tmp_path):
+  """FedSDAF's "best client on the target" (what its released code reports):
+  the best of the clients' final models on the target, per run and as μ."""
+  run, out = str(tmp_path / "run"), str(tmp_path / "rep")
+  _results(run, None, None)
+  res = json.load(open(os.path.join(run, "results.json")))
+  for r, per_client in zip(res["runs"], ([0.3, 0.6, 0.5], [0.2, 0.1, 0.4])):
+    r["final"]["ood_acc_per_client"] = per_client
+  with open(os.path.join(run, "results.json"), "w") as f:
+    json.dump(res, f)
+  assert cli.main(["report", run, "--out", out]) == 0
+  assert [float(r["best_client_ood_acc"])
+          for r in _csv(os.path.join(out, "runs.csv"))] == [0.6, 0.4]
+  (row,) = _csv(os.path.join(out, "summary.csv"))
+  assert float(row["best_client_ood_acc"]) == pytest.approx(50.0)
+  assert "best client" in open(os.path.join(out, "summary.md")).read()
