@@ -240,8 +240,8 @@ def plan(sizes: Sizes, facts: dict, dry: bool, scratch: str) -> list[Step]:
                                                      else ""))})
   n0, n1 = sizes.scale_clients
   scale_rows = {f"scale/{a}/{p}/{n}": _row(
-      f"scale/{a}/{p}/{n}", f"scale, N = {n:,} (cohort of a round fixed)",
-      f"{a}, {p} placement") for a in sizes.scale_algorithms
+      f"scale/{a}/{p}/{n}", f"scale, N = {n0:,} and {n1:,} (one cohort size)",
+      f"{a}, {p} placement, N = {n:,}") for a in sizes.scale_algorithms
       for p in sizes.scale_placements for n in (n0, n1)}
   scale = Step("scale", [[sys.executable, os.path.join(HERE, "scale.py"),
                           "--clients", str(n0), str(n1), *sizes.scale_args,
