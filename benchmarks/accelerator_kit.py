@@ -401,6 +401,9 @@ def run_command(argv: list[str], log_path: str, timeout: float,
       os.killpg(proc.pid, signal.SIGKILL)
       proc.wait()
       rc = None
+    except KeyboardInterrupt:  # its own session: Ctrl-C does not reach it
+      os.killpg(proc.pid, signal.SIGKILL)
+      raise
     wall = time.perf_counter() - t0
     log.write(f"# exit {rc if rc is not None else 'killed at its budget'}, "
               f"{wall:.1f} s\n")
