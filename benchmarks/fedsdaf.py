@@ -201,7 +201,7 @@ def torch_runner(fed, args):
 
 def cmd_round(args):
   from fedjax_dg import engine
-  fed = federation(args.clients, args.per_client, args.size)
+  fed = federation(args.clients, args.per_client, args.size, args.classes)
   model = vit(fed, args)
   rounds = 1000
   cfg = engine.EngineConfig(rounds=rounds, eval_every=1, epochs=1,
@@ -211,9 +211,10 @@ def cmd_round(args):
   for name in args.variants:
     runners[name] = jax_runner(name, model, fed, cfg, rounds)
   try:
-    import torch
-    torch.set_num_threads(args.torch_threads or torch.get_num_threads())
-    runners["torch"] = torch_runner(fed, args)
+    if not args.no_torch:
+      import torch
+      torch.set_num_threads(args.torch_threads or torch.get_num_threads())
+      runners["torch"] = torch_runner(fed, args)
   except ImportError:
     print("torch not importable: the PyTorch loop is left out", flush=True)
   for name, fn in runners.items():
@@ -246,7 +247,7 @@ def cmd_memory(args):
   from fedjax_dg.engine.round import make_round
   rows = []
   for c in args.counts:
-    fed = federation(c, args.per_client, args.size)
+    fed = federation(c, args.per_client, args.size, args.classes)
     model = vit(fed, args)
     alg = build("fedsdaf", model, fed)
     cfg = engine.EngineConfig(rounds=10, epochs=1, batch_size=args.batch,
@@ -291,10 +292,14 @@ def main(argv=None):
   p.add_argument("--heads", type=int, default=4)
   p.add_argument("--mlp-ratio", type=int, default=2)
   p.add_argument("--clients", type=int, default=3)
+  p.add_argument("--classes", type=int, default=7, help="7: PACS's")
   p.add_argument("--per-client", type=int, default=128)
   p.add_argument("--batch", type=int, default=32)
   p.add_argument("--reps", type=int, default=5)
   p.add_argument("--torch-threads", type=int, default=0)
+  p.add_argument("--no-torch", action="store_true",
+                 help="round: leave the PyTorch loop out (it runs on the CPU: "
+                 "minutes a round at ViT-B/16 beside a GPU)")
   p.add_argument("--counts", type=int, nargs="+", default=[4, 16, 64])
   p.add_argument("--variants", nargs="+", default=list(VARIANTS),
                  choices=list(VARIANTS))

@@ -10,6 +10,9 @@ client, epochs=1), the same synthetic data for every variant:
               JAX (`engine.use_cpu_devices`): the cohort sharded over the devices,
               sequential `lax.map` over each device's clients (`--cpu-devices 1`:
               one device, `lax.map` over all clients);
+  engine_bf16 (a') the same with the model built from a run config with
+              `model.dtype="bfloat16"` (bfloat16 compute, float32 parameters),
+              as `fedjax-dg run --set model.dtype=bfloat16` builds it;
   loop    (b) the FedJAX execution model: a Python loop over clients calling
               `jax.jit(local_update)` for one client, then the server step from
               Python: FedAvg = jitted weighted mean of the C models; hFedF = jitted
@@ -20,7 +23,8 @@ client, epochs=1), the same synthetic data for every variant:
               the same steps, 10 steps of batch 64*C (the engine's `central`
               algorithm on the pooled data); `central_b64` (optional): C*10 steps of
               batch 64 in one scan;
-  torch   (d) a plain PyTorch CPU loop (benchmarks/torch_reference.py): deepcopy of
+  torch   (d) a plain PyTorch loop (benchmarks/torch_reference.py; CPU, or
+              `--torch-device cuda`): deepcopy of
               the global model per client, torch SGD, mean of state_dicts; hFedF:
               pFedHN-style `torch.autograd.grad` per client, GradAlign, Adam, EMA.
 
@@ -52,23 +56,24 @@ import sys
 import time
 
 STEPS, BATCH, N_CLASSES, SHAPE = 10, 64, 7, (32, 32, 3)
-VARIANTS = ("engine", "loop", "central", "central_b64", "torch")
+VARIANTS = ("engine", "engine_bf16", "loop", "central", "central_b64", "torch")
 DEFAULT_VARIANTS = ("engine", "loop", "central", "torch")
-LABEL = {"engine": "(a) engine", "loop": "(b) loop + jit", "central": "(c) central",
+LABEL = {"engine": "(a) engine", "engine_bf16": "(a') engine bf16",
+         "loop": "(b) loop + jit", "central": "(c) central",
          "central_b64": "(c') central b64", "torch": "(d) torch"}
 PROTO = "@@bench "
 
 
 # ----------------------------------------------------------------------------- data
 
-def synthetic_data(c: int, steps: int = STEPS, seed: int = 0):
-  """uint8 x [C, steps*64, 32, 32, 3], int32 y [C, steps*64] (640 examples per
-  client by default, exactly 10 steps of batch 64 with epochs=1): the same for
-  every variant."""
+def synthetic_data(c: int, steps: int = STEPS, seed: int = 0, size: int = 32):
+  """uint8 x [C, steps*64, size, size, 3], int32 y [C, steps*64] (640 examples
+  per client by default, exactly 10 steps of batch 64 with epochs=1): the same
+  for every variant."""
   import numpy as np
   rng = np.random.default_rng(seed)
   n = steps * BATCH
-  x = rng.integers(0, 256, (c, n) + SHAPE, dtype=np.uint8)
+  x = rng.integers(0, 256, (c, n, size, size, SHAPE[2]), dtype=np.uint8)
   y = rng.integers(0, N_CLASSES, (c, n), dtype=np.int32)
   return x, y
 
@@ -90,13 +95,39 @@ def trim_heap() -> None:
 
 def _jax_common(spec):
   import jax
-  from fedjax_dg import models
   from fedjax_dg.client import objectives
   from fedjax_dg.optim import make_optimizer
-  model = models.get_model("inception_cnn", input_shape=SHAPE, num_classes=N_CLASSES)
+  model = _model(spec)
   opt = make_optimizer(spec["client_opt"], spec["lr"])
   loss = objectives.cross_entropy(model)
   return jax, model, opt, loss
+
+
+def _model(spec):
+  """--model (the Inception CNN) at --size; `engine_bf16`: built from a run
+  config with `model.dtype="bfloat16"` (`assemble.make_model`, as a run builds
+  it), checked to compute in bfloat16."""
+  import jax
+  import jax.numpy as jnp
+  from fedjax_dg import models
+  shape = (spec["size"], spec["size"], SHAPE[2])
+  if spec["variant"] != "engine_bf16":
+    return models.get_model(spec["model"], input_shape=shape,
+                            num_classes=N_CLASSES)
+  import types
+  from fedjax_dg.run import assemble, config
+  cfg = config.base_config()
+  if "dtype" not in cfg.model:
+    raise RuntimeError("bf16: model.dtype not available in this checkout")
+  cfg.model.name, cfg.model.dtype = spec["model"], "bfloat16"
+  fed = types.SimpleNamespace(image_shape=shape, num_classes=N_CLASSES)
+  model = assemble.make_model(cfg, fed, (0.5,), (0.5,))
+  params = jax.eval_shape(model.init, jax.random.key(0))
+  x = jax.ShapeDtypeStruct((1,) + shape, jnp.uint8)
+  if "bf16" not in str(jax.make_jaxpr(model.apply)(params, x)):
+    raise RuntimeError("bf16: model.dtype='bfloat16' did not reach the model "
+                       "that assemble.make_model builds (no bf16 op traced)")
+  return model
 
 
 def _build_alg(name, model, opt, loss, c):
@@ -137,7 +168,7 @@ def worker_engine(spec, x, y):
   from fedjax_dg.data.federated import ClientArrays
   c = spec["clients"]
   variant = spec["variant"]
-  if variant == "engine":
+  if variant in ("engine", "engine_bf16"):
     alg = _build_alg(spec["alg"], model, opt, loss, c)
     batch, n_clients = BATCH, c
   else:  # central: the union of all clients' examples as ONE client
@@ -153,7 +184,7 @@ def worker_engine(spec, x, y):
       x=x, y=y, n=np.full((n_clients,), x.shape[1], np.int32)))
   root = jax.random.key(0)
   carry = progs.init(jax.random.fold_in(root, 2**31 - 1))
-  name = "central" if variant != "engine" else spec["alg"]
+  name = "central" if variant.startswith("central") else spec["alg"]
   before = jax.tree.map(np.asarray, _server_of(name, carry[0]))
   state = {"carry": carry, "r": 0}
 
@@ -169,7 +200,7 @@ def worker_engine(spec, x, y):
 
   def diagnose():
     """The server step alone (jitted, on the current state), for the time split."""
-    if variant != "engine":
+    if variant.startswith("central"):
       return {}
     from fedjax_dg.algorithms.base import ClientResult
     server = state["carry"][0]
@@ -328,22 +359,27 @@ def worker_torch(spec, x, y):
   sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
   import torch
   import torch_reference as tr
+  if spec["model"] != "inception_cnn":
+    raise ValueError(f"--model {spec['model']}: the PyTorch reference is the "
+                     "Inception CNN only")
   if spec["torch_threads"]:
     torch.set_num_threads(spec["torch_threads"])
   torch.manual_seed(0)
-  c = spec["clients"]
+  c, device = spec["clients"], spec["torch_device"]
   xt, yt = tr.to_torch_data(x, y)
-  xs, ys = list(xt.unbind(0)), list(yt.unbind(0))
+  xs, ys = list(xt.to(device).unbind(0)), list(yt.to(device).unbind(0))
   kw = dict(steps=spec["steps"], batch_size=BATCH, lr=spec["lr"],
-            optimizer=spec["client_opt"])
+            optimizer=spec["client_opt"], device=device)
   if spec["alg"] == "fedavg":
     ref = tr.FedAvgReference(N_CLASSES, **kw)
   else:
     ref = tr.HFedFReference(N_CLASSES, c, **kw)
+  sync = torch.cuda.synchronize if device.startswith("cuda") else lambda: None
 
   def one_round():
     t0 = time.perf_counter()
     ref.round(xs, ys)
+    sync()
     total = time.perf_counter() - t0
     server = getattr(ref, "last_server_s", None)
     return {} if server is None else {"server_s": server, "clients_s": total - server}
@@ -364,8 +400,9 @@ def worker_main(spec):
     out.flush()
 
   try:
-    x, y = synthetic_data(spec["clients"], spec["steps"])
-    build = {"engine": worker_engine, "central": worker_engine,
+    x, y = synthetic_data(spec["clients"], spec["steps"], size=spec["size"])
+    build = {"engine": worker_engine, "engine_bf16": worker_engine,
+             "central": worker_engine,
              "central_b64": worker_engine, "loop": worker_loop,
              "torch": worker_torch}[spec["variant"]]
     t0 = time.perf_counter()
@@ -515,6 +552,14 @@ def main(argv=None):
   ap.add_argument("--large", type=int, default=64)
   ap.add_argument("--steps", type=int, default=STEPS,
                   help="local steps per client (= examples / 64); 10 in the issue")
+  ap.add_argument("--size", type=int, default=SHAPE[0],
+                  help="image side (32 in the issue; a dry run: 8)")
+  ap.add_argument("--model", default="inception_cnn",
+                  choices=["inception_cnn", "small_cnn", "mlp"],
+                  help="the JAX variants' model (a dry run: mlp, whose "
+                  "hypernetwork compiles in seconds; torch: inception_cnn only)")
+  ap.add_argument("--torch-device", default="cpu",
+                  help="the PyTorch reference's device (cpu, cuda)")
   ap.add_argument("--client-opt", default="sgd", choices=["sgd", "adam"])
   ap.add_argument("--lr", type=float, default=0.01)
   ap.add_argument("--mapping", default="auto", help="engine client_mapping")
@@ -546,6 +591,8 @@ def main(argv=None):
       workers = {}
       for v in variants:
         spec = dict(alg=alg, clients=c, variant=v, steps=args.steps,
+                    size=args.size, model=args.model,
+                    torch_device=args.torch_device,
                     client_opt=args.client_opt,
                     lr=args.lr, mapping=args.mapping,
                     cpu_devices=args.cpu_devices,
@@ -576,7 +623,7 @@ def main(argv=None):
                             ("clients_s", "server_s", "own_cores", "other_cores")
                             if k in msg})
           rss[v] = max(rss[v], msg["rss_gib"])
-          print(f"[{alg} C={c} {v}] rep {rep + 1}/{reps}: {msg['seconds']:.2f} s "
+          print(f"[{alg} C={c} {v}] rep {rep + 1}/{reps}: {msg['seconds']:.4f} s "
                 f"(own {msg.get('own_cores', float('nan')):.2f} cores, others "
                 f"{msg.get('other_cores', float('nan')):.2f} cores)", flush=True)
       for v in variants:
@@ -626,7 +673,7 @@ def report(rows, central, args, info):
   print(f"Machine: {info['cpu']}, {info['cores']} cores; jax {info['jax']} "
         f"(jaxlib {info['jaxlib']}), flax {info['flax']}, optax {info['optax']}, "
         f"torch {info['torch']}, Python {info['python']}.")
-  print(f"Workload: inception_cnn 32x32x3 uint8, 7 classes, {args.steps} local steps x "
+  print(f"Workload: {args.model} {args.size}x{args.size}x3 uint8, 7 classes, {args.steps} local steps x "
         f"batch {BATCH} per client, client optimizer {args.client_opt} "
         f"lr {args.lr}, engine client_mapping={args.mapping!r}, engine CPU "
         f"devices {args.cpu_devices or 'one per core'}.")

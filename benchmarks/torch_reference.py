@@ -1,4 +1,5 @@
-"""Plain PyTorch CPU reference of one FedAvg / hFedF round (variant (d) of round_time.py).
+"""Plain PyTorch reference of one FedAvg / hFedF round (variant (d) of round_time.py;
+CPU by default, `device="cuda"` on a GPU).
 
 The shape of the papers' reference code (pFedHN / FedDG-style loops), written the
 way a PyTorch user would write it; nothing here is tuned:
@@ -94,7 +95,7 @@ def local_train(net: nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps: int,
   net.train()
   opt = (torch.optim.SGD(net.parameters(), lr=lr) if optimizer == "sgd" else
          torch.optim.Adam(net.parameters(), lr=lr))
-  perm = torch.randperm(x.shape[0])
+  perm = torch.randperm(x.shape[0]).to(x.device)
   total = 0.0
   for s in range(steps):
     idx = perm[(s * batch_size) % x.shape[0]:][:batch_size]
@@ -110,8 +111,8 @@ class FedAvgReference:
   """Global model + a round = deepcopy per client, local SGD, mean of state_dicts."""
 
   def __init__(self, num_classes: int, *, steps: int, batch_size: int, lr: float,
-               optimizer: str = "sgd"):
-    self.model = InceptionCNN(num_classes)
+               optimizer: str = "sgd", device: str = "cpu"):
+    self.model = InceptionCNN(num_classes).to(device)
     self.kw = dict(steps=steps, batch_size=batch_size, lr=lr, optimizer=optimizer)
 
   def round(self, xs, ys):
@@ -168,7 +169,8 @@ class HyperNetwork(nn.Module):
     return [p for n, p in self.named_parameters() if not n.startswith("embeddings")]
 
   def forward(self, idx: int):
-    h = self.trunk(self.embeddings(torch.tensor([idx]))[0])
+    idx = torch.tensor([idx], device=self.embeddings.weight.device)
+    h = self.trunk(self.embeddings(idx)[0])
     return OrderedDict((n, head(h).reshape(s))
                        for n, s, head in zip(self.names, self.shapes, self.heads))
 
@@ -179,10 +181,12 @@ class HFedFReference:
   def __init__(self, num_classes: int, num_clients: int, *, steps: int,
                batch_size: int, lr: float, optimizer: str = "sgd",
                server_lr: float = 1e-3, server_weight_decay: float = 1e-5,
-               ema_decay: float = 0.95, ema_warmup: int = 5):
+               ema_decay: float = 0.95, ema_warmup: int = 5,
+               device: str = "cpu"):
     self.net = InceptionCNN(num_classes)
     embed_dim = int(1 + num_clients / 4)
-    self.hnet = HyperNetwork(self.net, num_clients, embed_dim)
+    self.hnet = HyperNetwork(self.net, num_clients, embed_dim).to(device)
+    self.net.to(device)
     self.opt = torch.optim.Adam(
         [{"params": self.hnet.theta(), "weight_decay": server_weight_decay},
          {"params": [self.hnet.embeddings.weight], "weight_decay": 0.0}],
