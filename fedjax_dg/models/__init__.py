@@ -11,6 +11,11 @@ All modules are loop-safe (see `layers`): usable inside `lax.scan` / `lax.map` /
 weights (`get_model(..., weights="mnv3.pth")`; `weights.py`), `vit_b16` /
 `vit_tiny` AugReg / timm / torchvision ones (`vit_weights.py`). See
 docs/models.md.
+
+Mixed precision (`get_model(..., dtype="bfloat16")`, `model.dtype`): the
+module computes in bfloat16, its parameters (and so every optimizer state
+made from them) stay float32, and what a `Model` hands out, logits and
+features, is float32, so every loss and metric is reduced in float32.
 """
 
 from __future__ import annotations
@@ -81,6 +86,11 @@ class Model:
     std = jnp.asarray(self.std, jnp.float32)
     return (x - mean) / std
 
+  @property
+  def dtype(self):
+    """The compute dtype (`model.dtype`); parameters are float32 whatever it is."""
+    return getattr(self.module, "dtype", jnp.float32)
+
   def _run(self, params, x, train, rng, normalized, method):
     rngs = {} if rng is None else {"dropout": rng}
     x = jnp.asarray(x, jnp.float32) if normalized else self.normalize(x)
@@ -100,8 +110,10 @@ class Model:
   def features(self, params: Params, x: jax.Array, *, train: bool = False,
                rng: jax.Array | None = None, normalized: bool = False
                ) -> jax.Array:
-    """Penultimate representation [B, F] (the input of the last Linear layer)."""
-    return self._run(params, x, train, rng, normalized, "features")
+    """Penultimate representation [B, F] (the input of the last Linear
+    layer), float32 whatever the compute dtype."""
+    return layers.cast(self._run(params, x, train, rng, normalized, "features"),
+                       jnp.float32)
 
   @property
   def head_name(self) -> str:
@@ -109,9 +121,11 @@ class Model:
     return getattr(self.module, "HEAD", "fc2")
 
   def head(self, params: Params, feats: jax.Array) -> jax.Array:
-    """Logits from `features` output (the last Linear layer, `head_name`)."""
-    return layers.Dense(self.num_classes).apply(
-        {"params": params[self.head_name]}, feats)
+    """Logits from `features` output (the last Linear layer, `head_name`),
+    computed in the compute dtype, returned as float32."""
+    logits = layers.Dense(self.num_classes).apply(
+        {"params": params[self.head_name]}, layers.cast(feats, self.dtype))
+    return layers.cast(logits, jnp.float32)
 
 
 @functools.lru_cache(maxsize=64)
@@ -210,7 +224,8 @@ def check_weights(name: str, weights: str) -> None:
 
 def get_model(name: str, *, input_shape, num_classes: int, mean=(0.5,),
               std=(0.5,), conv_impl: str = "auto", weights: str = "",
-              skip_head: bool = False, **kwargs) -> Model:
+              skip_head: bool = False, dtype: str = "float32",
+              **kwargs) -> Model:
   """Builds a registered model.
 
   Args:
@@ -233,9 +248,14 @@ def get_model(name: str, *, input_shape, num_classes: int, mean=(0.5,),
       position embeddings resized to the input's grid).
     skip_head: with `weights`: the last Linear starts fresh (another number of
       classes than the file's).
+    dtype: the compute dtype, "float32" or "bfloat16" (`layers.DTYPES`; any
+      other: ConfigError): activations, matmuls and convolutions in it,
+      parameters float32, norm statistics, softmax and the returned logits
+      and features float32.
   """
   if name not in _REGISTRY:
     raise ConfigError(f"unknown model {name!r}; available: {available()}")
+  kwargs["dtype"] = layers.compute_dtype(dtype)
   check_weights(name, weights)
   if weights and name == "mobilenet_v3_large":
     kwargs.setdefault("norm", "affine")

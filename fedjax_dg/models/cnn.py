@@ -2,11 +2,15 @@
 
 Every module takes a float NHWC batch (already normalized) and has two methods:
 `features(x, train=...)` -> the penultimate representation [B, F] and
-`__call__(x, train=...)` -> logits [B, num_classes]. Dropout draws from the
+`__call__(x, train=...)` -> logits [B, num_classes]. `dtype` is the compute
+dtype (`model.dtype`): the input is cast to it, parameters stay float32, the
+logits come back as float32. Dropout draws from the
 'dropout' rng and is active only with `train=True`.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -69,6 +73,7 @@ class InceptionCNN(nn.Module):
   hidden: int = 256
   pool_size: int = 3
   flatten_order: str = "chw"
+  dtype: Any = jnp.float32  # compute dtype (model.dtype)
 
   def setup(self):
     conv = lambda f, k, p: layers.Conv(f, k, padding=p, impl=self.conv_impl,
@@ -85,6 +90,7 @@ class InceptionCNN(nn.Module):
     self.fc2 = layers.Dense(self.num_classes, weight_init=self.weight_init)
 
   def features(self, x: Array, *, train: bool = False) -> Array:
+    x = layers.cast(x, self.dtype)
     x = self.conv1(x)
     x = nn.relu(layers.max_pool(x, 2))
     x = self.conv2(x)
@@ -99,7 +105,7 @@ class InceptionCNN(nn.Module):
     return nn.relu(x) if self.hidden_relu else x
 
   def __call__(self, x: Array, *, train: bool = False) -> Array:
-    return self.fc2(self.features(x, train=train))
+    return layers.cast(self.fc2(self.features(x, train=train)), jnp.float32)
 
 
 class SmallCNN(nn.Module):
@@ -109,6 +115,7 @@ class SmallCNN(nn.Module):
   weight_init: str = "torch"
   hidden: int = 256
   flatten_order: str = "chw"
+  dtype: Any = jnp.float32  # compute dtype (model.dtype)
 
   def setup(self):
     conv = lambda f: layers.Conv(f, 3, padding=1, impl=self.conv_impl,
@@ -119,13 +126,14 @@ class SmallCNN(nn.Module):
     self.fc2 = layers.Dense(self.num_classes, weight_init=self.weight_init)
 
   def features(self, x: Array, *, train: bool = False) -> Array:
+    x = layers.cast(x, self.dtype)
     del train
     x = layers.max_pool(nn.relu(self.conv1(x)), 2)
     x = layers.max_pool(nn.relu(self.conv2(x)), 2)
     return nn.relu(self.fc1(_flatten(x, self.flatten_order)))
 
   def __call__(self, x: Array, *, train: bool = False) -> Array:
-    return self.fc2(self.features(x, train=train))
+    return layers.cast(self.fc2(self.features(x, train=train)), jnp.float32)
 
 
 class MLP(nn.Module):
@@ -133,17 +141,19 @@ class MLP(nn.Module):
   num_classes: int
   hidden: int = 32
   weight_init: str = "torch"
+  dtype: Any = jnp.float32  # compute dtype (model.dtype)
 
   def setup(self):
     self.fc1 = layers.Dense(self.hidden, weight_init=self.weight_init)
     self.fc2 = layers.Dense(self.num_classes, weight_init=self.weight_init)
 
   def features(self, x: Array, *, train: bool = False) -> Array:
+    x = layers.cast(x, self.dtype)
     del train
     return nn.relu(self.fc1(x.reshape(x.shape[0], -1)))
 
   def __call__(self, x: Array, *, train: bool = False) -> Array:
-    return self.fc2(self.features(x, train=train))
+    return layers.cast(self.fc2(self.features(x, train=train)), jnp.float32)
 
 
 class CifarCNN(nn.Module):
@@ -164,6 +174,7 @@ class CifarCNN(nn.Module):
   channels: tuple[int, int] = (6, 16)
   hidden: tuple[int, int] = (120, 84)
   flatten_order: str = "chw"
+  dtype: Any = jnp.float32  # compute dtype (model.dtype)
 
   def setup(self):
     conv = lambda f: layers.Conv(f, 5, padding="VALID", impl=self.conv_impl,
@@ -177,6 +188,7 @@ class CifarCNN(nn.Module):
     self.fc2 = layers.Dense(self.num_classes, weight_init=self.weight_init)
 
   def features(self, x: Array, *, train: bool = False) -> Array:
+    x = layers.cast(x, self.dtype)
     del train
     x = layers.max_pool(nn.relu(self.conv1(x)), 2)
     x = layers.max_pool(nn.relu(self.conv2(x)), 2)
@@ -184,4 +196,4 @@ class CifarCNN(nn.Module):
     return nn.relu(self.dense2(x))
 
   def __call__(self, x: Array, *, train: bool = False) -> Array:
-    return self.fc2(self.features(x, train=train))
+    return layers.cast(self.fc2(self.features(x, train=train)), jnp.float32)

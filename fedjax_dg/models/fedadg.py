@@ -24,7 +24,8 @@ default. The leaky slope is PyTorch's default, 0.01.
 
 Params: {"model": the client model's params, "gen": {"fc1", "fc2"}, "disc":
 {"proj", "fc1", "fc2"}}; each Dense is {"kernel": [in, out], "bias": [out]}
-(`proj` has no bias).
+(`proj` has no bias). G and D compute in the client model's compute dtype
+(`model.dtype`); their outputs (r, D's probability) are float32.
 """
 
 from __future__ import annotations
@@ -43,11 +44,6 @@ from fedjax_dg.models.fedsr import feature_dim
 
 Params = Any
 LEAKY_SLOPE = 0.01  # torch.nn.LeakyReLU's default
-
-
-def _dense(params, x):
-  out = x @ params["kernel"]
-  return out + params["bias"] if "bias" in params else out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,15 +107,20 @@ class FedADGNets:
 
   def generate(self, gen: Params, u: jax.Array, y: jax.Array) -> jax.Array:
     """Reference samples [B, F] for noise `u` [B, noise_dim] and labels `y`."""
-    h = _dense(gen["fc1"], jnp.concatenate([u, self.label_code(y)], axis=1))
-    out = _dense(gen["fc2"], jax.nn.leaky_relu(h, LEAKY_SLOPE))
-    return jax.nn.relu(out) if self.gen_relu else out
+    dtype = self.model.dtype
+    h = layers.dense(gen["fc1"], jnp.concatenate([u, self.label_code(y)], axis=1),
+                     dtype)
+    out = layers.dense(gen["fc2"], jax.nn.leaky_relu(h, LEAKY_SLOPE), dtype)
+    return layers.cast(jax.nn.relu(out) if self.gen_relu else out, jnp.float32)
 
   def discriminate(self, disc: Params, v: jax.Array, y: jax.Array) -> jax.Array:
     """[B] in (0, 1): the probability that `v` [B, F] is a reference sample."""
-    h = _dense(disc["proj"], jnp.concatenate([v, self.label_code(y)], axis=1))
-    h = jax.nn.leaky_relu(_dense(disc["fc1"], h), LEAKY_SLOPE)
-    return jax.nn.sigmoid(_dense(disc["fc2"], h)[:, 0])
+    dtype = self.model.dtype
+    h = layers.dense(disc["proj"], jnp.concatenate([v, self.label_code(y)],
+                                                   axis=1), dtype)
+    h = jax.nn.leaky_relu(layers.dense(disc["fc1"], h, dtype), LEAKY_SLOPE)
+    logit = layers.cast(layers.dense(disc["fc2"], h, dtype)[:, 0], jnp.float32)
+    return jax.nn.sigmoid(logit)
 
 
 def _uniform(key, layout):

@@ -18,6 +18,9 @@ At evaluation `cls(mu)` is an affine function of f, so `to_model_params` folds
 engine evaluates FedSR with the plain client model (no FedSR-specific code in the
 engine or evaluation). The reference code instead averages the softmax of 20
 samples at test time; see docs/faithfulness.md.
+
+`rep` and `cls` compute in the client model's compute dtype (`model.dtype`);
+mu, sigma and the logits are float32.
 """
 
 from __future__ import annotations
@@ -70,12 +73,14 @@ class ProbabilisticModel:
                    rng: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """(mu, sigma), each [B, z_dim]; `rng` is the dropout key of the body."""
     f = self.model.features(params["body"], x, train=train, rng=rng)
-    out = f @ params["rep"]["kernel"] + params["rep"]["bias"]
+    out = layers.cast(layers.dense(params["rep"], f, self.model.dtype),
+                      jnp.float32)
     z = self.z_dim
     return out[:, :z], jax.nn.softplus(out[:, z:])
 
   def classify(self, params: Params, z: jax.Array) -> jax.Array:
-    return z @ params["cls"]["kernel"] + params["cls"]["bias"]
+    return layers.cast(layers.dense(params["cls"], z, self.model.dtype),
+                       jnp.float32)
 
   def apply(self, params: Params, x: jax.Array, *, train: bool = False,
             rng: jax.Array | None = None) -> jax.Array:

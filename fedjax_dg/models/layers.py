@@ -20,6 +20,12 @@ loops (~24x slower, see docs/models.md), so `Conv` offers three implementations:
   <= Cin, custom_vjp otherwise (picked by benchmarks/conv_in_loop.py; see
   docs/models.md).
 
+Mixed precision (`DTYPES`, `cast`, `dense`): these layers keep float32
+parameters and compute in the dtype of their input (the kernel is cast to it),
+so a model computes in bfloat16 by casting its input once; `cast` is the
+identity where the dtype already matches, so a float32 model traces the very
+same program as before.
+
 Pooling is written with static slices so that its backward pass is elementwise (no
 `select_and_scatter` inside loop bodies).
 
@@ -53,6 +59,8 @@ from fedjax_dg.errors import ConfigError
 Array = jax.Array
 Padding = str | int | tuple[int, int] | Sequence[tuple[int, int]]
 
+# `model.dtype`: the compute dtypes a model accepts (parameters stay float32).
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 CONV_IMPLS = ("im2col", "custom_vjp", "taps", "xla", "auto")
 INITS = ("flax", "torch", "kaiming_out", "normal")
 # "auto" on the CPU backend picks per layer (benchmarks/conv_in_loop.py, InceptionCNN
@@ -87,6 +95,27 @@ def resolve_conv_impl(impl: str, kernel_shape: Sequence[int] | None = None) -> s
   if kh * kw * cout <= cin:
     return "taps"
   return "custom_vjp"
+
+
+def compute_dtype(name: str):
+  """The jnp dtype of a `model.dtype` name; ConfigError for any other."""
+  if name not in DTYPES:
+    raise ConfigError(f"model.dtype={name!r}: allowed {tuple(DTYPES)} "
+                      "(bfloat16: bfloat16 compute, float32 parameters)")
+  return DTYPES[name]
+
+
+def cast(x: Array, dtype) -> Array:
+  """`x` as `dtype`; `x` itself where it already is (no convert in the program)."""
+  return x if x.dtype == dtype else x.astype(dtype)
+
+
+def dense(params, x: Array, dtype=jnp.float32) -> Array:
+  """`x @ kernel (+ bias)` of a {"kernel", ["bias"]} dict, in `dtype` (`x`
+  and the float32 parameters cast to it): the heads written as plain dicts
+  (FedSR, MOON, FedADG). Callers cast what feeds a loss to float32."""
+  out = cast(x, dtype) @ cast(params["kernel"], dtype)
+  return out + cast(params["bias"], dtype) if "bias" in params else out
 
 
 def _pair(v: int | Sequence[int]) -> tuple[int, int]:
@@ -429,9 +458,9 @@ def adaptive_avg_pool(x: Array, out_size: int | Sequence[int]) -> Array:
 
 
 __all__ = [
-    "CONV_IMPLS", "CPU_IM2COL_MAX_CHANNELS", "INITS", "Conv", "Dense",
-    "DepthwiseConv", "adaptive_avg_pool", "adaptive_bins", "bias_init", "conv2d",
-    "conv_custom_vjp", "conv_im2col", "conv_padding", "conv_xla",
-    "depthwise_conv2d", "init_rng_mode", "kernel_init",
+    "CONV_IMPLS", "CPU_IM2COL_MAX_CHANNELS", "DTYPES", "INITS", "Conv", "Dense",
+    "DepthwiseConv", "adaptive_avg_pool", "adaptive_bins", "bias_init", "cast",
+    "compute_dtype", "conv2d", "conv_custom_vjp", "conv_im2col", "conv_padding",
+    "conv_xla", "dense", "depthwise_conv2d", "init_rng_mode", "kernel_init",
     "max_pool", "resolve_conv_impl",
 ]

@@ -30,9 +30,13 @@ Both have the same parameter tree and count as torchvision's (5,483,032 for
 1000 classes). Initialization is torchvision's: convs kaiming normal (fan_out),
 zero biases, norm scale 1 / bias 0, the classifier's Linears N(0, 0.01).
 Any input size works (the net strides by 32; 32x32 ends at 1x1).
+`dtype` (`model.dtype`) is the compute dtype: norm statistics in float32,
+parameters float32, logits back as float32.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -82,21 +86,25 @@ def squeeze_channels(expanded: int) -> int:
 
 
 class Norm(nn.Module):
-  """Per-channel `scale`/`bias` after an affine identity or a GroupNorm."""
+  """Per-channel `scale`/`bias` after an affine identity or a GroupNorm.
+  A GroupNorm's statistics are float32 whatever the input's dtype; the
+  output has the input's dtype."""
   kind: str = "group"
   groups: int = 8
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
-    ch = x.shape[-1]
+    ch, dtype = x.shape[-1], x.dtype
     scale = self.param("scale", nn.initializers.ones_init(), (ch,), jnp.float32)
     bias = self.param("bias", nn.initializers.zeros_init(), (ch,), jnp.float32)
     if self.kind == "group":
-      g = x.reshape(x.shape[:-1] + (self.groups, ch // self.groups))
+      g = layers.cast(x, jnp.float32)
+      g = g.reshape(x.shape[:-1] + (self.groups, ch // self.groups))
       mean = g.mean(axis=(1, 2, 4), keepdims=True)
       var = jnp.square(g - mean).mean(axis=(1, 2, 4), keepdims=True)
-      x = ((g - mean) * jax.lax.rsqrt(var + 1e-5)).reshape(x.shape)
-    return x * scale + bias
+      x = layers.cast(((g - mean) * jax.lax.rsqrt(var + 1e-5)).reshape(x.shape),
+                      dtype)
+    return x * layers.cast(scale, dtype) + layers.cast(bias, dtype)
 
 
 class ConvNorm(nn.Module):
@@ -168,6 +176,7 @@ class MobileNetV3Large(nn.Module):
   norm_groups: int = 8
   dropout: float = 0.2
   conv_impl: str = "auto"
+  dtype: Any = jnp.float32  # compute dtype (model.dtype)
 
   def setup(self):
     if self.norm not in NORMS:
@@ -184,7 +193,7 @@ class MobileNetV3Large(nn.Module):
     self.fc2 = linear(self.num_classes)
 
   def features(self, x: Array, *, train: bool = False) -> Array:
-    x = jax.nn.hard_swish(self.stem(x))
+    x = jax.nn.hard_swish(self.stem(layers.cast(x, self.dtype)))
     for block in self.blocks:
       x = block(x)
     x = jax.nn.hard_swish(self.last(x))
@@ -192,4 +201,4 @@ class MobileNetV3Large(nn.Module):
     return self.drop(x, deterministic=not train)
 
   def __call__(self, x: Array, *, train: bool = False) -> Array:
-    return self.fc2(self.features(x, train=train))
+    return layers.cast(self.fc2(self.features(x, train=train)), jnp.float32)

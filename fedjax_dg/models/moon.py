@@ -14,6 +14,9 @@ Deviation: the reference code puts its output layer `l3` on top of z
 (logits = l3(z)); here the classifier stays the client model's `fc2` on h, so every
 baseline evaluates the same client architecture and the engine evaluates MOON with
 the plain client model (`to_model_params`). See docs/faithfulness.md.
+
+The projection head computes in the client model's compute dtype
+(`model.dtype`); z is float32.
 """
 
 from __future__ import annotations
@@ -56,8 +59,9 @@ class ContrastiveModel:
   def project(self, params: Params, h: jax.Array) -> jax.Array:
     """z = l2(relu(l1(h))), [B, proj_dim]."""
     l1, l2 = params["proj"]["l1"], params["proj"]["l2"]
-    a = jax.nn.relu(h @ l1["kernel"] + l1["bias"])
-    return a @ l2["kernel"] + l2["bias"]
+    dtype = self.model.dtype
+    a = jax.nn.relu(layers.dense(l1, h, dtype))
+    return layers.cast(layers.dense(l2, a, dtype), jnp.float32)
 
   def forward(self, params: Params, x: jax.Array, *, train: bool = False,
               rng: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:

@@ -28,11 +28,14 @@ the max pool of the ImageNet stem is `layers.max_pool` (no select_and_scatter).
 Conv kernels use torchvision's init (kaiming normal, fan_out), the classifier
 PyTorch's Linear default; GroupNorm scale 1, bias 0 (`zero_init_residual`
 starts each block's last GN scale at 0, torchvision's option, off by default).
+`dtype` (`model.dtype`) is the compute dtype: GroupNorm computes its
+statistics in float32 whatever it is, parameters stay float32, logits come
+back as float32.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import flax.linen as nn
 import jax
@@ -54,6 +57,7 @@ class Bottleneck(nn.Module):
   norm_groups: int = 32
   conv_impl: str = "auto"
   zero_init_residual: bool = False
+  dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
@@ -62,7 +66,7 @@ class Bottleneck(nn.Module):
         f, k, strides=s, padding=k // 2, use_bias=False, impl=self.conv_impl,
         weight_init="kaiming_out", name=name)
     gn = lambda name, zero=False: nn.GroupNorm(
-        num_groups=self.norm_groups, epsilon=1e-5, name=name,
+        num_groups=self.norm_groups, epsilon=1e-5, name=name, dtype=self.dtype,
         scale_init=nn.initializers.zeros if zero else nn.initializers.ones)
     y = nn.relu(gn("gn1")(conv(self.planes, 1, 1, "conv1")(x)))
     y = nn.relu(gn("gn2")(conv(self.planes, 3, self.strides, "conv2")(y)))
@@ -81,6 +85,7 @@ class ResNet(nn.Module):
   norm_groups: int = 32
   conv_impl: str = "auto"
   zero_init_residual: bool = False
+  dtype: Any = jnp.float32  # compute dtype (model.dtype)
 
   def setup(self):
     if self.stem not in STEMS:
@@ -89,20 +94,22 @@ class ResNet(nn.Module):
     self.stem_conv = layers.Conv(self.width, k, strides=s, padding=k // 2,
                                  use_bias=False, impl=self.conv_impl,
                                  weight_init="kaiming_out")
-    self.stem_gn = nn.GroupNorm(num_groups=self.norm_groups, epsilon=1e-5)
+    self.stem_gn = nn.GroupNorm(num_groups=self.norm_groups, epsilon=1e-5,
+                                dtype=self.dtype)
     blocks = []
     for i, n in enumerate(self.stages):
       for j in range(n):
         blocks.append(Bottleneck(
             self.width * 2**i, strides=2 if (i > 0 and j == 0) else 1,
             norm_groups=self.norm_groups, conv_impl=self.conv_impl,
-            zero_init_residual=self.zero_init_residual,
+            zero_init_residual=self.zero_init_residual, dtype=self.dtype,
             name=f"stage{i + 1}_block{j + 1}"))
     self.blocks = blocks
     self.fc2 = layers.Dense(self.num_classes, weight_init="torch")
 
   def features(self, x: Array, *, train: bool = False) -> Array:
     del train  # No dropout; GroupNorm behaves the same in training and eval.
+    x = layers.cast(x, self.dtype)
     x = nn.relu(self.stem_gn(self.stem_conv(x)))
     if self.stem == "imagenet":
       x = layers.max_pool(x, 3, 2, padding=((1, 1), (1, 1)))
@@ -111,7 +118,7 @@ class ResNet(nn.Module):
     return jnp.mean(x, axis=(1, 2))
 
   def __call__(self, x: Array, *, train: bool = False) -> Array:
-    return self.fc2(self.features(x, train=train))
+    return layers.cast(self.fc2(self.features(x, train=train)), jnp.float32)
 
 
 def resnet50_param_count(num_classes: int, in_channels: int = 3,

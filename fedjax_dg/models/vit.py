@@ -30,11 +30,16 @@ client whole entries.
 Parameter names follow the original JAX release (`embedding`, `cls`,
 `pos_embedding`, `MultiHeadDotProductAttention`'s `query/key/value/out`
 kernels [D, H, D/H] / [H, D/H, D]), so its `.npz` checkpoints map one to one.
+
+`dtype` (`model.dtype`) is the compute dtype of every layer (flax's `dtype=`;
+parameters stay float32): LayerNorm statistics and the attention softmax are
+float32 whatever it is, and the logits come back as float32.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -57,9 +62,10 @@ def _gelu(approximate: bool):
   return lambda x: nn.gelu(x, approximate=approximate)
 
 
-def LayerNorm(name=None) -> nn.LayerNorm:  # noqa: N802 (a module factory)
-  """nn.LayerNorm (params `scale`, `bias`), eps 1e-6."""
-  return nn.LayerNorm(epsilon=LN_EPS, name=name)
+def LayerNorm(name=None, dtype=jnp.float32) -> nn.LayerNorm:  # noqa: N802
+  """nn.LayerNorm (params `scale`, `bias`), eps 1e-6; statistics in float32,
+  output in `dtype`. (A module factory.)"""
+  return nn.LayerNorm(epsilon=LN_EPS, name=name, dtype=dtype)
 
 
 class PatchEmbed(nn.Module):
@@ -67,9 +73,11 @@ class PatchEmbed(nn.Module):
   `bias`) computed as patches [B, T, p*p*C] times the reshaped kernel."""
   patch: int
   dim: int
+  dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
+    x = layers.cast(x, self.dtype)
     b, h, w, c = x.shape
     p = self.patch
     kernel = self.param("kernel", nn.initializers.lecun_normal(),
@@ -77,6 +85,7 @@ class PatchEmbed(nn.Module):
     bias = self.param("bias", nn.initializers.zeros_init(), (self.dim,))
     gh, gw = h // p, w // p
     x = x.reshape(b, gh, p, gw, p, c).transpose(0, 1, 3, 2, 4, 5)
+    kernel, bias = (layers.cast(v, self.dtype) for v in (kernel, bias))
     return x.reshape(b, gh * gw, p * p * c) @ kernel.reshape(-1, self.dim) + bias
 
 
@@ -86,6 +95,7 @@ class Attention(nn.Module):
   heads: int
   out_dim: int = 0    # 0: the input width
   key_bias: bool = True
+  dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, x: Array, queries: int = 0) -> Array:
@@ -95,14 +105,16 @@ class Attention(nn.Module):
                         f"{self.heads} heads (model.vit.dim and "
                         "model.vit.heads; 0: the released size's)")
     dh = d // self.heads
-    proj = lambda name, bias=True: nn.DenseGeneral((self.heads, dh),
-                                                   use_bias=bias, name=name)
+    proj = lambda name, bias=True: nn.DenseGeneral(
+        (self.heads, dh), use_bias=bias, name=name, dtype=self.dtype)
     q_in = x if queries == 0 else x[:, :queries]
     q = proj("query")(q_in) / math.sqrt(dh)
     k, v = proj("key", self.key_bias)(x), proj("value")(x)
-    w = jax.nn.softmax(jnp.einsum("bqhd,bkhd->bhqk", q, k), axis=-1)
+    scores = layers.cast(jnp.einsum("bqhd,bkhd->bhqk", q, k), jnp.float32)
+    w = layers.cast(jax.nn.softmax(scores, axis=-1), v.dtype)
     o = jnp.einsum("bhqk,bkhd->bqhd", w, v)
-    return nn.DenseGeneral(self.out_dim or d, axis=(-2, -1), name="out")(o)
+    return nn.DenseGeneral(self.out_dim or d, axis=(-2, -1), name="out",
+                           dtype=self.dtype)(o)
 
 
 class Block(nn.Module):
@@ -110,13 +122,17 @@ class Block(nn.Module):
   heads: int
   mlp_dim: int
   gelu_approximate: bool = False
+  dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
-    x = x + Attention(self.heads, name="attn")(LayerNorm(name="ln1")(x))
-    y = LayerNorm(name="ln2")(x)
-    y = nn.Dense(self.mlp_dim, name="fc1")(y)
-    y = nn.Dense(x.shape[-1], name="fc2")(_gelu(self.gelu_approximate)(y))
+    dt = self.dtype
+    x = x + Attention(self.heads, name="attn", dtype=dt)(
+        LayerNorm(name="ln1", dtype=dt)(x))
+    y = LayerNorm(name="ln2", dtype=dt)(x)
+    y = nn.Dense(self.mlp_dim, name="fc1", dtype=dt)(y)
+    y = nn.Dense(x.shape[-1], name="fc2", dtype=dt)(
+        _gelu(self.gelu_approximate)(y))
     return x + y
 
 
@@ -129,17 +145,18 @@ class Backbone(nn.Module):
   mlp_dim: int
   grid: tuple[int, int]
   gelu_approximate: bool = False
+  dtype: Any = jnp.float32
 
   def setup(self):
     d = self.dim
-    self.embedding = PatchEmbed(self.patch, d)
+    self.embedding = PatchEmbed(self.patch, d, dtype=self.dtype)
     self.cls = self.param("cls", nn.initializers.zeros_init(), (1, 1, d))
     tokens = 1 + self.grid[0] * self.grid[1]
     self.pos_embedding = self.param(
         "pos_embedding", nn.initializers.normal(0.02), (1, tokens, d))
-    self.block = [Block(self.heads, self.mlp_dim, self.gelu_approximate)
-                  for _ in range(self.depth)]
-    self.encoder_norm = LayerNorm()
+    self.block = [Block(self.heads, self.mlp_dim, self.gelu_approximate,
+                        dtype=self.dtype) for _ in range(self.depth)]
+    self.encoder_norm = LayerNorm(dtype=self.dtype)
 
   def embed(self, x: Array) -> Array:
     """[B, H, W, C] -> tokens [B, 1 + gh * gw, D]."""
@@ -148,8 +165,9 @@ class Backbone(nn.Module):
     if (h, w) != (gh * p, gw * p):
       raise ConfigError(f"ViT built for {gh * p}x{gw * p} inputs got {h}x{w}")
     t = self.embedding(x)
-    cls = jnp.broadcast_to(self.cls, (b, 1, self.dim))
-    return jnp.concatenate([cls, t], axis=1) + self.pos_embedding
+    cls = jnp.broadcast_to(layers.cast(self.cls, t.dtype), (b, 1, self.dim))
+    return (jnp.concatenate([cls, t], axis=1)
+            + layers.cast(self.pos_embedding, t.dtype))
 
   def __call__(self, x: Array) -> Array:
     h = self.embed(x)
@@ -166,6 +184,7 @@ class Adapter(nn.Module):
   bottleneck: int
   gelu_approximate: bool = False
   zero_up: bool = False
+  dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, h: Array) -> Array:
@@ -173,7 +192,7 @@ class Adapter(nn.Module):
     z = _gelu(self.gelu_approximate)(z)
     if self.zero_up:
       return nn.Dense(h.shape[-1], kernel_init=nn.initializers.zeros_init(),
-                      name="up")(z)
+                      name="up", dtype=self.dtype)(z)
     return layers.Dense(h.shape[-1], weight_init="torch", name="up")(z)
 
 
@@ -183,11 +202,13 @@ class Fusion(nn.Module):
   which the softmax cancels, so its gradient is 0 up to rounding, and an
   adaptive optimizer (Adam) would turn that rounding into lr-sized steps."""
   heads: int
+  dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, a: Array, h: Array) -> Array:
-    z = LayerNorm(name="norm")(jnp.concatenate([a, h], axis=1))
-    return Attention(self.heads, key_bias=False, name="attn")(
+    z = LayerNorm(name="norm", dtype=self.dtype)(
+        jnp.concatenate([a, h], axis=1))
+    return Attention(self.heads, key_bias=False, name="attn", dtype=self.dtype)(
         z, queries=a.shape[1])
 
 
@@ -219,6 +240,7 @@ class ViT(nn.Module):
   adapter_init: str = "torch"  # torch | zero (the up-projections start at 0)
   gelu_approximate: bool = False
   conv_impl: str = "auto"     # unused: patches are a matmul
+  dtype: Any = jnp.float32    # compute dtype (model.dtype)
   HEAD = "head"
 
   def setup(self):
@@ -232,14 +254,14 @@ class ViT(nn.Module):
                         f"{h}x{w} (set model.vit.patch, or data.image_size)")
     self.backbone = Backbone(self.patch, self.dim, self.depth, self.heads,
                              self.mlp_dim, (h // self.patch, w // self.patch),
-                             self.gelu_approximate)
-    self.head = nn.Dense(self.num_classes)
+                             self.gelu_approximate, dtype=self.dtype)
+    self.head = nn.Dense(self.num_classes, dtype=self.dtype)
     r = self.adapter_dim or self.dim // 4
     if self.adapter_init not in ADAPTER_INITS:
       raise ConfigError(f"fedsdaf.adapter_init={self.adapter_init!r}: "
                         f"allowed {ADAPTER_INITS}")
     adapter = Adapter(r, self.gelu_approximate,
-                      zero_up=self.adapter_init == "zero")
+                      zero_up=self.adapter_init == "zero", dtype=self.dtype)
     if self.adapters != "none":
       self.adi = Stack(adapter, self.depth)
     if self.adapters == "kia":
@@ -249,7 +271,8 @@ class ViT(nn.Module):
           raise ConfigError(f"fedsdaf.fusion_heads={self.fusion_heads} does "
                             f"not divide the ViT width {self.dim} "
                             "(model.vit.dim; 0 there: the released size's)")
-        self.fuse = Stack(Fusion(self.fusion_heads), self.depth)
+        self.fuse = Stack(Fusion(self.fusion_heads, dtype=self.dtype),
+                          self.depth)
 
   def _adapted(self, i: int, h: Array, path: str) -> Array:
     if self.adapters == "none":
@@ -278,13 +301,13 @@ class ViT(nn.Module):
     del train  # No dropout: the released ViTs fine-tune without it.
     if path not in PATHS:
       raise ValueError(f"path must be one of {PATHS}, got {path!r}")
-    h = self.backbone.embed(x)
+    h = self.backbone.embed(layers.cast(x, self.dtype))
     for i in range(self.depth):
       h = self._adapted(i, self.backbone.block[i](h), path)
     return self.backbone.encoder_norm(h)[:, 0]
 
   def __call__(self, x: Array, train: bool = False, path: str = "kia") -> Array:
-    return self.head(self.features(x, train, path))
+    return layers.cast(self.head(self.features(x, train, path)), jnp.float32)
 
 
 def vit(num_classes: int, input_hw, size: str = "b16", **kw) -> ViT:

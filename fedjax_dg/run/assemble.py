@@ -241,9 +241,17 @@ def model_fields(cfg: ConfigDict) -> dict:
   return fields
 
 
+def model_dtype(cfg: ConfigDict) -> str:
+  """`model.dtype`, checked: "float32" or "bfloat16" (a ConfigError naming
+  the field and the allowed values otherwise)."""
+  models.layers.compute_dtype(cfg.model.dtype)
+  return cfg.model.dtype
+
+
 def make_model(cfg: ConfigDict, fed, mean, std):
   return models.get_model(cfg.model.name, input_shape=fed.image_shape,
                           num_classes=fed.num_classes, mean=mean, std=std,
                           conv_impl=cfg.model.conv_impl,
                           weights=cfg.model.weights,
-                          skip_head=cfg.model.skip_head, **model_fields(cfg))
+                          skip_head=cfg.model.skip_head,
+                          dtype=model_dtype(cfg), **model_fields(cfg))

@@ -45,6 +45,7 @@ def validate(cfg: ConfigDict) -> None:
                      f"{models.available()}")
   models.check_weights(cfg.model.name, cfg.model.weights)
   assemble.model_fields(cfg)
+  assemble.model_dtype(cfg)
   for a in algs:
     runs_on = algorithms.spec(a).models
     if runs_on and cfg.model.name not in runs_on:

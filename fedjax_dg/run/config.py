@@ -97,6 +97,13 @@ def base_config() -> ConfigDict:
       conv_impl="auto",
       weights="",              # pretrained file (.pth / .safetensors; ViTs also .npz)
       skip_head=False,         # with weights: the last Linear starts fresh (other classes)
+      # Compute dtype of every client model: "float32" | "bfloat16" (any
+      # other: ConfigError). bfloat16: activations, matmuls and convolutions
+      # in bfloat16 (accelerators); parameters and optimizer state stay
+      # float32, norm statistics, softmax, logits and losses float32.
+      # Hypernetworks and auxiliary nets (hFedF's autoencoder, CCST's AdaIN)
+      # stay float32. docs/models.md, "Mixed precision".
+      dtype="float32",
       # ViT sizes (vit_b16 / vit_tiny only; 0: the released size's own).
       vit=Config(dict(patch=0, dim=0, depth=0, heads=0, mlp_dim=0)),
   ))
