@@ -11,8 +11,6 @@ tests/data/mobilenet_v3_large_state_shapes.json (torchvision 0.28.0, timm
 
 import functools
 import importlib
-import json
-import os
 import sys
 
 import flax.linen as nn
@@ -23,12 +21,12 @@ import pytest
 from jax import lax
 
 import make_mobilenet_logits
+import weights_files
 from fedjax_dg import models
 from fedjax_dg.errors import ConfigError, DataError
 from fedjax_dg.models import layers, mobilenet, weights
 
-SHAPES = json.load(open(os.path.join(os.path.dirname(__file__), "data",
-                                     "mobilenet_v3_large_state_shapes.json")))
+SHAPES = weights_files.MOBILENET_SHAPES
 TORCHVISION_PARAMS = 5_483_032  # sum(p.numel() for p in mobilenet_v3_large().parameters())
 
 
@@ -43,23 +41,7 @@ def _template(num_classes=1000):
   return jax.eval_shape(_model(num_classes).init, jax.random.key(0))
 
 
-def _random_state(layout, seed=0):
-  """A state dict of the library's names and shapes: kaiming-scaled weights,
-  BatchNorms with non-trivial weight, bias, running mean and variance."""
-  rng = np.random.default_rng(seed)
-  out = {}
-  for name, shape in SHAPES[layout].items():
-    if name.endswith("num_batches_tracked"):
-      out[name] = np.array(7, np.int64)
-    elif name.endswith("running_var"):
-      out[name] = rng.uniform(0.5, 2.0, shape).astype(np.float32)
-    elif len(shape) == 1:
-      out[name] = rng.normal(1.0 if name.endswith("weight") else 0.0, 0.2,
-                             shape).astype(np.float32)
-    else:
-      fan_in = int(np.prod(shape[1:]))
-      out[name] = rng.normal(0, np.sqrt(1 / fan_in), shape).astype(np.float32)
-  return out
+_random_state = weights_files.mobilenet_state
 
 
 def _num_params(tree):
