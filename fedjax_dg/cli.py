@@ -76,6 +76,23 @@ def _resume_config(run_dir: str, overrides: list[str],
   return config_lib.apply_overrides(cfg, overrides)
 
 
+def _estimate(config_path: str | None, overrides: list[str],
+              resume: str | None) -> int:
+  """`run --estimate`: one measured round per algorithm, the protocol's
+  memory per device, round time and total printed (`run.estimate`); no run
+  directory."""
+  from fedjax_dg.run import estimate
+  if config_path is None or resume is not None:
+    raise ConfigError("run --estimate needs --config experiments/<file>.py "
+                      "(and no --resume): it costs that config's protocol")
+  setup_jax()
+  cfg = _config(config_path, overrides)
+  for line in estimate.estimate(cfg, config_path=config_path,
+                                sets=overrides).lines():
+    print(line)
+  return 0
+
+
 def _run(config_path: str | None, overrides: list[str], resume: str | None,
          module: str | None = None, processes=None) -> int:
   """Runs an experiment file (`config_path`) or a packaged config (`module`);
@@ -113,6 +130,12 @@ def main(argv: list[str] | None = None) -> int:
   p_run = sub.add_parser("run", help="run an experiment config")
   p_run.add_argument("--config", help="experiments/<file>.py (with --resume: "
                      "optional, the run directory's config.json is used)")
+  p_run.add_argument("--estimate", action="store_true",
+                     help="before booking a GPU: run ONE round of each "
+                     "algorithm (at one local epoch) and print the full "
+                     "protocol's memory per device, time per round and "
+                     "estimated total (and its SWEEP's); writes no run "
+                     "directory (not a dry run: it computes one round)")
   p_demo = sub.add_parser("demo", help="hFedF vs FedAvg on Rotated Fashion-MNIST")
   p_demo.add_argument("--full", action="store_true",
                       help=f"the paper-scale protocol ({FULL})")
@@ -250,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
         return reports.main_report(args)
       setup_jax(distributed.from_args(args))
       return sweep.main_sweep(args)
+    if args.estimate:
+      return _estimate(args.config, args.set, args.resume)
     return _run(args.config, args.set, args.resume,
                 processes=distributed.from_args(args))
   except ConfigError as e:  # a setting or input to fix; anything else is a bug

@@ -136,16 +136,16 @@ CASES = {
     # Standard scenario (10 clients, 5 active, beta 0.5), its 8 methods.
     "hypergenfl_cifar10": Case(
         "hypergenfl_table2.py", "cifar10", 0, sets=_hypergenfl_sets("cifar10"),
-        reduced="120 training / 20 test images (each client >= 10, one "
-        "batch of 32)"),
+        reduced="500 training / 20 test images (Dirichlet's minimum of 10 "
+        "per client needs a few hundred)"),
     "hypergenfl_cifar100": Case(
         "hypergenfl_table2.py", "cifar100", 0,
         sets=_hypergenfl_sets("cifar100"),
-        reduced="200 training / 20 test images; ResNet-50 at 32 px"),
+        reduced="400 training / 20 test images; ResNet-50 at 32 px"),
     "hypergenfl_tiny_imagenet": Case(
         "hypergenfl_table2.py", "tiny_imagenet", 0,
         sets=_hypergenfl_sets("tiny_imagenet"),
-        reduced="one image per class (200) / 20 val images; ResNet-50 at "
+        reduced="two images per class (400) / 20 val images; ResNet-50 at "
         "64 px"),
     # FedCCRL Table 1: MobileNetV3-Large at 224 px from a torchvision file,
     # 2 clients per source domain, batch 32, its 8 methods.
@@ -203,10 +203,10 @@ def write_domainbed(root: str, name: str, per_class: int, seed: int = 0
 
 def write_tiny_imagenet(root: str, val: int = 20) -> str:
   """The `tiny-imagenet-200` folder with the real 200 classes (wnid-like
-  names), one 64x64 JPEG each, and `val` labeled val images."""
+  names), two 64x64 JPEGs each, and `val` labeled val images."""
   from test_data_sources import write_tiny_imagenet as write
   wnids = tuple(f"n{i:08d}" for i in range(200))
-  return write(root, wnids=wnids, per_class=1, val=val, gray=False)
+  return write(root, wnids=wnids, per_class=2, val=val, gray=False)
 
 
 def write_cifar(data_dir: str, name: str, train: int, test: int) -> None:
@@ -324,7 +324,7 @@ def _prepare(case: Case, tmp_path) -> tuple[str, str, tuple[str, ...]]:
     write_tiny_imagenet(raw)
     sources.prepare(name, data_dir=data_dir, manual_dir=raw)
     return data_dir, raw, ("train", "val")
-  write_cifar(data_dir, name, train=120 if name == "cifar10" else 200, test=20)
+  write_cifar(data_dir, name, train=500 if name == "cifar10" else 400, test=20)
   return data_dir, "", ("train", "test")
 
 
