@@ -31,8 +31,21 @@ weights file was read by the run and its tensors landed where they belong (a
 value of the file equals the loaded parameter after the layout's
 transposition).
 
-Measured times (this 2-core CPU, shared with other jobs, niced): see
-`TIMES` below; every case is `slow`; `pytest -k protocol` selects them.
+Every case is `slow`: `pytest -m slow -k protocol` (or `-m slow tests/
+test_protocols.py`) selects them. Measured on this 2-core CPU (Intel Xeon,
+one XLA device in the test process), shared with 5 other jobs and a
+long sweep, niced: the wall times below are 3-5x an idle machine's.
+
+    hfedf_table2_pacs (7 algorithms, Inception CNN 32 px)     445 s, passed
+    hypergenfl_cifar10 (8 algorithms, CIFAR CNN)              not finished
+                                                              in the session
+    every other case                                          not measured in
+                                                              the session (the
+                                                              machine's CPU and
+                                                              memory were taken)
+
+The ViT-B/16 and ResNet-50 cases are minutes per algorithm even idle; the
+batches of the FedCCRL and FedSDAF cases are reduced for memory (below).
 """
 
 from __future__ import annotations
@@ -116,11 +129,19 @@ def _hypergenfl_sets(dataset: str) -> tuple[str, ...]:
                if k.split(".")[0] in ("data", "model"))
 
 
-# ViT-B/16 training at the paper's batch (128; VLCS 64) holds ~VIT_GIB of
-# activations per client step on this CPU (XLA's memory analysis of the
-# round, `fedjax-dg run --estimate`), more than this shared 23 GiB machine
-# can give one test: the batch is VIT_BATCH, each client one batch.
+# ViT-B/16 training at the paper's batch (128; VLCS 64) back-propagates
+# through all 12 blocks (the adapters sit inside each): tens of GiB of
+# activations on CPU, more than this shared 23 GiB machine can give one
+# test: the batch is VIT_BATCH, each client one batch.
 VIT_BATCH = 8
+# FedCCRL's round at batch 32 (MobileNetV3-Large at 224 px, each image and
+# its augmented views through the network) held more than 6 GiB for one
+# client in flight on this CPU (the test process, killed there), 11.8 GiB
+# for two (`run --estimate` on 2 devices: killed for memory): on this
+# shared machine the batch is FEDCCRL_BATCH.
+FEDCCRL_BATCH = 8
+FEDCCRL_REDUCED = (f"batch {FEDCCRL_BATCH} (the paper's 32 needs more memory "
+                   "than this shared machine gives one test)")
 VIT_REDUCED = (f"one held-out domain; 1 image per class and domain; batch "
                f"{VIT_BATCH} (the paper's 128 does not fit this machine)")
 
@@ -153,12 +174,14 @@ CASES = {
         "fedccrl_table1.py", "pacs", 4, weights="mobilenet",
         sets=("model.skip_head=True",),
         reduced="one held-out domain; 4 images per class and domain (each "
-        "client ~13: one padded batch of 32)"),
+        "client ~13: one padded batch); " + FEDCCRL_REDUCED,
+        batch=FEDCCRL_BATCH),
     "fedccrl_table1_office_home": Case(
         "fedccrl_table1.py", "office_home", 1, weights="mobilenet",
         sets=("model.skip_head=True",),
         reduced="one held-out domain; 1 image per class and domain (each "
-        "client ~29: one padded batch of 32)"),
+        "client ~29: one padded batch); " + FEDCCRL_REDUCED,
+        batch=FEDCCRL_BATCH),
     # FedSDAF Tables 2 and 4: ViT-B/16 at 224 px from a torchvision file,
     # one client per source domain.
     "fedsdaf_table2_pacs": Case(

@@ -183,10 +183,11 @@ def local_steps(ecfg: engine.EngineConfig, alg, counts) -> int:
   return int(round(float(np.sum(per)) * share))
 
 
-def measure(alg, fed, model, ecfg: engine.EngineConfig) -> dict:
+def measure(alg, fed, model, ecfg: engine.EngineConfig, echo=print) -> dict:
   """One round of `alg` and one evaluation, each timed after its compile,
   and the round program's memory (the engine's programs, "device"
-  placement)."""
+  placement). The memory is echoed before the round runs: a round that
+  does not fit has said what it needs."""
   train = fed.pooled().packed_train if alg.client.pooled else fed.packed_train
   if alg.client.pooled:
     ecfg = dataclasses.replace(ecfg, cohort_size=0)
@@ -205,6 +206,10 @@ def measure(alg, fed, model, ecfg: engine.EngineConfig) -> dict:
   compiled = progs.chunk.lower(carry, jnp.int32(0), inputs, root_key, frozen,
                                1, rounds).compile()
   compile_s = time.perf_counter() - t
+  echo(f"[estimate] {alg.name}: compiled in {hms(compile_s)}; the round's "
+       f"own buffers {gib(_program_bytes(compiled))}, frozen parameters "
+       f"{gib(_nbytes(frozen))}, carry {gib(engine.checkpoint_bytes(alg))}; "
+       "running one round")
   t = time.perf_counter()
   carry, metrics = compiled(carry, jnp.int32(0), inputs, root_key, frozen,
                             rounds)
@@ -271,7 +276,7 @@ def estimate(cfg: ConfigDict, *, config_path: str | None = None, sets=(),
   costs = []
   for name in cfg.algorithms:
     alg = assemble.algorithm(name, model, fed.num_clients, cfg, data=fed)
-    m = measure(alg, fed, model, measured_cfg)
+    m = measure(alg, fed, model, measured_cfg, echo)
     costs.append(AlgorithmCost(
         name=name, compile_s=m["compile_s"], round_s=m["round_s"],
         steps=m["steps"], eval_s=m["eval_s"],
