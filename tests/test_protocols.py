@@ -6,11 +6,13 @@ Each case takes one paper's experiment file as a researcher would run it
 folder `<root>/<domain>/<class>/*.jpg` with the dataset's real domain names,
 class count (and names) and JPEGs of its native size, written with PIL and
 prepared by `sources.prepare` (`fedjax-dg prepare NAME --manual-dir`); the
-`tiny-imagenet-200` folder for Tiny-ImageNet; for CIFAR-10 / CIFAR-100 (TFDS
-catalog datasets, downloaded by TFDS on first use: impossible offline) a
-prepared TFDS directory of the catalog's own builder and features
-(`cifar.Cifar10` / `Cifar100` with their splits generated from PNGs here),
-which `tfds.data_source` opens as it opens the downloaded one. Pretrained
+`tiny-imagenet-200` folder for Tiny-ImageNet; DomainNet's folders with
+Zhou et al.'s `splits_mini` files for miniDomainNet; for CIFAR-10 /
+CIFAR-100 / DomainNet (TFDS catalog datasets, downloaded by TFDS on first
+use: impossible offline) a prepared TFDS directory of the catalog's own
+builder and features (`cifar.Cifar10` / `Cifar100`, `domainnet.Domainnet`'s
+six configs, with their splits generated from PNG / JPEG bytes here), which
+`tfds.data_source` opens as it opens the downloaded one. Pretrained
 weights are files in the real layout at the real architecture with random
 values (`weights_files`): MobileNetV3-Large in torchvision's state-dict
 layout (1000 ImageNet classes, `model.skip_head=True` as the FedCCRL
@@ -61,7 +63,8 @@ from PIL import Image
 
 import weights_files
 from fedjax_dg.data import sources
-from fedjax_dg.data.builders import domainbed_folder
+from fedjax_dg.data.registry import DOMAINNET_DOMAINS
+from fedjax_dg.data.builders import domainbed_folder, mini_domainnet
 from fedjax_dg.models import vit_weights
 from fedjax_dg.models import weights as mnv3_weights
 from fedjax_dg.run import assemble, experiment
@@ -182,6 +185,20 @@ CASES = {
         reduced="one held-out domain; 1 image per class and domain (each "
         "client ~29: one padded batch); " + FEDCCRL_REDUCED,
         batch=FEDCCRL_BATCH),
+    # FedCCRL Table 1's miniDomainNet columns: 128 px, batch 128 in the
+    # paper's code.
+    "fedccrl_table1_mini_domainnet": Case(
+        "fedccrl_table1_mini_domainnet.py", "mini_domainnet", 1,
+        weights="mobilenet", sets=("model.skip_head=True",),
+        batch=FEDCCRL_BATCH,
+        reduced="one held-out domain (clipart); 1 image per class and "
+        "domain; " + FEDCCRL_REDUCED.replace("32", "128")),
+    # FedSDAF Table 3: DomainNet (the TFDS catalog), batch 1,024.
+    "fedsdaf_table3_domainnet": Case(
+        "fedsdaf_table3.py", "domainnet", 1, weights="vit", batch=VIT_BATCH,
+        reduced="one held-out domain (clipart); 1 image per class and "
+        "domain, one test image; " + VIT_REDUCED.split("; ")[-1].replace(
+            "128", "1,024")),
     # FedSDAF Tables 2 and 4: ViT-B/16 at 224 px from a torchvision file,
     # one client per source domain.
     "fedsdaf_table2_pacs": Case(
@@ -260,6 +277,63 @@ def write_cifar(data_dir: str, name: str, train: int, test: int) -> None:
 
   Generated.name = name
   Generated(data_dir=data_dir, file_format="array_record").download_and_prepare()
+
+
+def write_mini_domainnet(root: str, per_class: int = 1) -> str:
+  """DomainNet's folders of miniDomainNet's 4 domains x 126 classes
+  (`per_class` JPEGs each, DomainNet's class-folder names stood in by
+  `class_<k>`) and Zhou et al.'s split files listing them (`splits_mini/
+  <domain>_{train,test}.txt`, "<domain>/<class>/<file> <label>"): the
+  first image of each class in train, the rest in test."""
+  rng = np.random.default_rng(0)
+  os.makedirs(os.path.join(root, mini_domainnet.SPLIT_DIR))
+  for di, domain in enumerate(mini_domainnet.DOMAINS):
+    lines = {"train": [], "test": []}
+    for label in range(mini_domainnet.NUM_CLASSES):
+      cls = f"class_{label:03d}"
+      os.makedirs(os.path.join(root, domain, cls))
+      for k in range(per_class):
+        base = np.array([2 * label % 256, 60 * di, 128], np.float64)
+        im = np.clip(base + rng.normal(0, 30, (96, 128, 3)), 0, 255)
+        rel = f"{domain}/{cls}/{domain}_{label:03d}_{k}.jpg"
+        Image.fromarray(im.astype(np.uint8)).save(os.path.join(root, rel))
+        lines["train" if k == 0 else "test"].append(f"{rel} {label}")
+    for split, rows in lines.items():
+      with open(os.path.join(root, mini_domainnet.SPLIT_DIR,
+                             f"{domain}_{split}.txt"), "w") as f:
+        f.write("\n".join(rows) + ("\n" if rows else ""))
+  return root
+
+
+def write_domainnet(data_dir: str, per_class: int = 1) -> None:
+  """Prepared TFDS directories of the catalog's `domainnet/<domain>` (its
+  six configs, 345 classes, train and test splits), as `write_cifar`: the
+  catalog builder's own features and version, `per_class` JPEGs per class
+  in train and none but one in test, generated here instead of downloaded."""
+  domainnet = pytest.importorskip(
+      "tensorflow_datasets.image_classification.domainnet")
+
+  def examples(split, n_per_class, seed):
+    rng = np.random.default_rng(seed)
+    for label in range(345):
+      for k in range(n_per_class):
+        buf = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, (48, 64, 3), np.uint8)).save(
+            buf, format="JPEG")
+        yield f"{split}_{label}_{k}", {"image": buf.getvalue(), "label": label}
+
+  class Generated(domainnet.Domainnet, skip_registration=True):
+    def _split_generators(self, dl_manager):
+      del dl_manager
+      seed = len(self.builder_config.name)
+      return {"train": examples("train", per_class, seed),
+              "test": ((k, ex) for k, ex in examples("test", 1, seed + 1)
+                       if ex["label"] == 0)}
+
+  Generated.name = "domainnet"
+  for domain in DOMAINNET_DOMAINS:
+    Generated(config=domain, data_dir=data_dir,
+              file_format="array_record").download_and_prepare()
 
 
 @pytest.fixture
@@ -343,6 +417,13 @@ def _prepare(case: Case, tmp_path) -> tuple[str, str, tuple[str, ...]]:
     write_domainbed(raw, name, case.per_class)
     sources.prepare(name, data_dir=data_dir, manual_dir=raw)
     return data_dir, raw, FOLDERS[name].builder.DOMAINS
+  if name == "mini_domainnet":
+    write_mini_domainnet(raw)
+    sources.prepare(name, data_dir=data_dir, manual_dir=raw)
+    return data_dir, raw, mini_domainnet.DOMAINS
+  if name == "domainnet":
+    write_domainnet(data_dir)
+    return data_dir, "", DOMAINNET_DOMAINS
   if name == "tiny_imagenet":
     write_tiny_imagenet(raw)
     sources.prepare(name, data_dir=data_dir, manual_dir=raw)
@@ -363,6 +444,8 @@ def run_protocol(case: Case, tmp_path, monkeypatch, extra=()) -> dict:
   if case.dataset in FOLDERS:  # the sweep's grid (or the docstring's --set)
     sets += [f"data.name={case.dataset}",
              f"data.targets={FOLDERS[case.dataset].builder.DOMAINS[0]}"]
+  elif case.dataset in ("mini_domainnet", "domainnet"):
+    sets.append(f"data.targets={domains[0]}")
   state = None
   if case.weights:
     path, state = _weights_file(case.weights, tmp_path, 0)
@@ -394,7 +477,8 @@ def test_protocol_runs_one_round(name, tmp_path, monkeypatch, optimized):
   model = out["models"][0]
   size = cfg.data.image_size
   assert model.input_shape == (size, size, 3)
-  want_classes = {"cifar10": 10, "cifar100": 100, "tiny_imagenet": 200}.get(
+  want_classes = {"cifar10": 10, "cifar100": 100, "tiny_imagenet": 200,
+                  "mini_domainnet": 126, "domainnet": 345}.get(
       case.dataset) or len(FOLDERS[case.dataset].classes)
   assert model.num_classes == want_classes
   assert model.name == cfg.model.name
