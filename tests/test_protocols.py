@@ -39,8 +39,10 @@ one XLA device in the test process), shared with 5 other jobs and a
 long sweep, niced: the wall times below are 3-5x an idle machine's.
 
     hfedf_table2_pacs (7 algorithms, Inception CNN 32 px)     445 s, passed
-    hypergenfl_cifar10 (8 algorithms, CIFAR CNN)              not finished
-                                                              in the session
+    hypergenfl_cifar10 (8 algorithms, CIFAR CNN)              passed, under
+                                                              25 min (its
+                                                              summary was cut
+                                                              by a timeout)
     every other case                                          not measured in
                                                               the session (the
                                                               machine's CPU and
@@ -133,15 +135,16 @@ def _hypergenfl_sets(dataset: str) -> tuple[str, ...]:
 
 
 # ViT-B/16 training at the paper's batch (128; VLCS 64) back-propagates
-# through all 12 blocks (the adapters sit inside each): tens of GiB of
-# activations on CPU, more than this shared 23 GiB machine can give one
-# test: the batch is VIT_BATCH, each client one batch.
+# through all 12 blocks (the adapters sit inside each): FedSDAF's round
+# needs 55.8 GiB of XLA:CPU buffers at 128 for one client, 4.2 GiB at 8
+# (docs/protocol.md, "Before booking a GPU"), more than this shared 23 GiB
+# machine can give one test: the batch is VIT_BATCH, each client one batch.
 VIT_BATCH = 8
 # FedCCRL's round at batch 32 (MobileNetV3-Large at 224 px, each image and
-# its augmented views through the network) held more than 6 GiB for one
-# client in flight on this CPU (the test process, killed there), 11.8 GiB
-# for two (`run --estimate` on 2 devices: killed for memory): on this
-# shared machine the batch is FEDCCRL_BATCH.
+# its augmented views through the network) needs 9.5 GiB of XLA:CPU
+# buffers for one client in flight (docs/protocol.md), 11.8 GiB of the
+# process for two (`run --estimate` on 2 devices: killed for memory): on
+# this shared machine the batch is FEDCCRL_BATCH.
 FEDCCRL_BATCH = 8
 FEDCCRL_REDUCED = (f"batch {FEDCCRL_BATCH} (the paper's 32 needs more memory "
                    "than this shared machine gives one test)")
