@@ -14,7 +14,7 @@ FMNIST_DIR ?= /usr/share/datasets/fashion-mnist
 export FEDJAX_DG_DATA_DIR ?= $(abspath .data)
 export FEDJAX_DG_FASHION_MNIST_DIR ?= $(FMNIST_DIR)
 
-.PHONY: setup fashion-mnist data demo test test-slow test-notebooks test-all bench mutation clean
+.PHONY: setup fashion-mnist data demo test test-slow test-notebooks test-protocols test-all bench mutation clean
 
 setup: $(STAMP)
 
@@ -62,7 +62,13 @@ test-slow: data
 test-notebooks: data
 	$(PY) -m pytest -q -m notebooks tests/test_colab.py
 
-# Everything: the default suite, the slow tests, the tutorials (what CI runs).
+# The papers' protocols, one round each at the real model, image size and
+# batch on generated data of the real layout (tests/test_protocols.py; minutes
+# and GiB per case, so one process, and not yet part of CI: docs/testing.md).
+test-protocols: data
+	JAX_DISABLE_MOST_OPTIMIZATIONS=0 $(PY) -m pytest -q -m protocols tests/test_protocols.py
+
+# Everything CI runs: the default suite, the slow tests, the tutorials.
 test-all: test test-slow test-notebooks
 
 # Benchmarks (not part of `make test`): installs the CPU PyTorch build for the reference

@@ -6,10 +6,16 @@ The released FedSDAF code trains its clients with "the Scaffold optimizer"
 (SGD momentum 0.9, weight decay 5e-4, with SCAFFOLD's control variates);
 `scaffold.adapters=True` is that setting as its own algorithm: only the
 domain-invariant adapter and the head train, with their control variates, on
-the frozen ViT (docs/faithfulness.md, "SCAFFOLD" and "FedSDAF"). Here it
-runs with FedAvg (Adapter)'s clients (`fedsdaf.CLIENT` at the offline lr
-5e-2) and adapter start (`adapter_init="zero"`), so the two rows differ only
-in the control variates (and SCAFFOLD's uniform server average, option II).
+the frozen ViT (docs/faithfulness.md, "SCAFFOLD" and "FedSDAF").
+
+Both rows here train with plain SGD (lr 5e-2, the offline lr, weight decay
+5e-4, no momentum) from the same adapter start (`adapter_init="zero"`), so
+they differ only in the control variates (and SCAFFOLD's uniform server
+average, option II). Not momentum 0.9: with it every SCAFFOLD run of this
+benchmark went non-finite by round 6 (12 of 12, 2026-11-27): option II
+estimates c_i+ from the model's move divided by K x lr, which momentum makes
+up to 1 / (1 - 0.9) = 10 times larger than plain steps would, so the control
+variates grow each round (docs/faithfulness.md, "SCAFFOLD").
 
     fedjax-dg prepare styled_fashion_mnist
     python experiments/fedsdaf_pretrain.py runs/vit_tiny_gray.npz
@@ -38,5 +44,7 @@ def get_config():
   c.algorithms = ("fedavg_adapter", "scaffold")
   c.scaffold.adapters = True
   c.scaffold.adapter_init = "zero"
-  c.scaffold.client.update(dict(fedsdaf.CLIENT, lr=c.fedsdaf.client.lr))
+  plain_sgd = dict(fedsdaf.CLIENT, lr=c.fedsdaf.client.lr, momentum=0.0)
+  c.fedsdaf.client.update(plain_sgd)   # FedAvg (Adapter)'s clients
+  c.scaffold.client.update(plain_sgd)
   return c

@@ -33,8 +33,10 @@ weights file was read by the run and its tensors landed where they belong (a
 value of the file equals the loaded parameter after the layout's
 transposition).
 
-Every case is `slow`: `pytest -m slow -k protocol` (or `-m slow tests/
-test_protocols.py`) selects them. Measured on this 2-core CPU (Intel Xeon,
+Every case is marked `protocols`, outside the default suite and outside
+`make test-slow` (CI) until each has been timed on a 2-core machine:
+`make test-protocols` (or `pytest -m protocols tests/test_protocols.py`,
+one process: the ViT-B/16 and MobileNetV3 rounds need several GiB each). Measured on this 2-core CPU (Intel Xeon,
 one XLA device in the test process), shared with 5 other jobs and a
 long sweep, niced: the wall times below are 3-5x an idle machine's.
 
@@ -469,7 +471,7 @@ def run_protocol(case: Case, tmp_path, monkeypatch, extra=()) -> dict:
               domains=domains)
 
 
-@pytest.mark.slow
+@pytest.mark.protocols
 @pytest.mark.parametrize("name", list(CASES))
 def test_protocol_runs_one_round(name, tmp_path, monkeypatch, optimized):
   case = CASES[name]
