@@ -77,6 +77,9 @@ def check_round(results, step):
     assert bf16["note"] == "bf16: model.dtype not available in this checkout"
 
 
+# Slow (~27 s: each step a process that imports JAX and compiles): the
+# default suite's 8-minute budget keeps only the kit's in-process tests.
+@pytest.mark.slow
 def test_dry_run_cheap_steps(tmp_path):
   steps = ["demo", "round_fedavg_C2", "scale"]
   summary, stdout = run_kit(tmp_path, "--steps", "demo,round_fedavg,scale")
