@@ -219,24 +219,11 @@ CASES = {
             "128", "1,024")),
     # FedSDAF Tables 2 and 4: ViT-B/16 at 224 px from a torchvision file,
     # one client per source domain.
-    "fedsdaf_table2_pacs": Case(
-        "fedsdaf_table2.py", "pacs", 1, weights="vit", batch=VIT_BATCH,
-        reduced=VIT_REDUCED),
-    "fedsdaf_table2_vlcs": Case(
-        "fedsdaf_table2.py", "vlcs", 1, weights="vit", batch=VIT_BATCH,
-        reduced=VIT_REDUCED),
-    "fedsdaf_table2_office_home": Case(
-        "fedsdaf_table2.py", "office_home", 1, weights="vit", batch=VIT_BATCH,
-        reduced=VIT_REDUCED),
-    "fedsdaf_table4_pacs": Case(
-        "fedsdaf_table4.py", "pacs", 1, weights="vit", batch=VIT_BATCH,
-        reduced=VIT_REDUCED),
-    "fedsdaf_table4_vlcs": Case(
-        "fedsdaf_table4.py", "vlcs", 1, weights="vit", batch=VIT_BATCH,
-        reduced=VIT_REDUCED),
-    "fedsdaf_table4_office_home": Case(
-        "fedsdaf_table4.py", "office_home", 1, weights="vit", batch=VIT_BATCH,
-        reduced=VIT_REDUCED),
+    **{f"fedsdaf_{table}_{name}": Case(
+        f"fedsdaf_{table}.py", name, 1, weights="vit", batch=VIT_BATCH,
+        reduced=VIT_REDUCED)
+       for table in ("table2", "table4")
+       for name in ("pacs", "vlcs", "office_home")},
 }
 
 def write_domainbed(root: str, name: str, per_class: int, seed: int = 0
