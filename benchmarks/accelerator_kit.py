@@ -1,22 +1,29 @@
-"""The accelerator evidence kit (issue 26): one command that measures, on one
-GPU and in at most 8 minutes, what docs/benchmarks.md's "GPU (accelerator
-kit)" section reports, and writes it to docs/bench-logs/<date>/.
+"""The accelerator evidence kit (issue 26): the commands that measure, on one
+GPU, what docs/benchmarks.md's "GPU (accelerator kit)" section reports, and
+write it to docs/bench-logs/<date>/. It runs in two parts, each one command
+of at most 8 minutes (`--part 1`, `--part 2`): the first GPU run (H200,
+2026-11-27) showed that compiling alone takes 10-33 s per program, and the
+kit compiles about 30 of them.
 
 GPU time is short and lent by chance, so everything is prepared here and the
 kit only runs the existing benchmark scripts, each step a subprocess with its
 arguments, its own time budget and its own log:
 
+  part 1
+  round_<alg>_C<C> one FedAvg / hFedF round of the Table 9 Inception CNN at
+                  32 px, 10 local steps of batch 64 per client, C = 64, 256,
+                  1,024 (benchmarks/round_time.py, its variants' processes
+                  started at once): the engine vmapped in float32 and with
+                  `model.dtype="bfloat16"`, the jitted per-client loop, and
+                  PyTorch (torch_reference.py, on the GPU); medians of 2
+                  timed rounds, the first (compiling) round's time, and
+                  ratios to the float32 engine
+  part 2
   demo            the demo's job as `make demo` runs it after setup:
                   `fedjax-dg prepare rotated_fashion_mnist` then `fedjax-dg
                   demo`, each timed (`make demo` itself would first build
                   .venv with pip, which a machine without network cannot;
                   the setup is not timed)
-  round_<alg>_C<C> one FedAvg / hFedF round of the Table 9 Inception CNN at
-                  32 px, 10 local steps of batch 64 per client, C = 64, 256,
-                  1,024 (benchmarks/round_time.py): the engine vmapped in
-                  float32 and with `model.dtype="bfloat16"`, the jitted
-                  per-client loop, and PyTorch (torch_reference.py, on the
-                  GPU); medians, and ratios to the float32 engine
   scale           benchmarks/scale.py at N = 100 and 10,000 clients (cohort
                   100): round time and device memory, FedAvg and Local-only,
                   host and device placement; ratios N = 10,000 / N = 100
@@ -28,16 +35,19 @@ What is not there is said, never crashed on: without torch the PyTorch rows
 say "torch not installed" (the kit never installs anything), on a checkout
 without `model.dtype` the bf16 rows say so; the hFedF loop and PyTorch rows
 are not run where their C per-client hypernetwork gradients (181 MiB each)
-would not fit in 60 % of the device's memory (the engine holds none).
+would not fit in 60 % of the device's memory (the engine holds none), nor
+FedAvg's PyTorch row at C = 1,024 (10,240 steps one after another a round).
 
-Budgets: each step has one (`BUDGETS`), unused seconds roll over to the next,
-and the kit stops at `--deadline` (480 s): a step that would start with too
-little time left is skipped with a note; a step past its budget is killed
-and keeps what its log holds (round_time's timed rounds as they came). The
-summary (kit_summary.json and .md) is rewritten after every step, so a kit
-stopped at any point keeps what it measured.
+Budgets: each step has one (`BUDGETS`, `--budget STEP=S`), unused seconds
+roll over to the next, and the kit stops at `--deadline` (480 s a part): a
+step that would start with too little time left is skipped with a note; a
+step past its budget is killed and keeps what its log holds (round_time's
+timed rounds as they came). The summary (kit_summary.json and .md) is
+rewritten after every step, so a kit stopped at any point keeps what it
+measured.
 
-    python benchmarks/accelerator_kit.py                      # on the GPU
+    python benchmarks/accelerator_kit.py --part 1             # on the GPU
+    python benchmarks/accelerator_kit.py --part 2             # on the GPU
     python benchmarks/accelerator_kit.py --dry-run            # CPU, tiny sizes
     python benchmarks/accelerator_kit.py --steps demo,round_fedavg --out DIR
 """
@@ -64,13 +74,20 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)  # this checkout's fedjax_dg, not an installed one
 from fedjax_dg.run import config as run_config  # noqa: E402
-DEADLINE_S = 480
-# Seconds per step on the GPU (they sum to under DEADLINE_S); a dry run gives
-# every step DRY_BUDGET_S.
-BUDGETS = {"demo": 100, "round_fedavg_C64": 35, "round_hfedf_C64": 45,
-           "round_fedavg_C256": 40, "round_hfedf_C256": 50,
-           "round_fedavg_C1024": 60, "round_hfedf_C1024": 40, "scale": 45,
-           "fedsdaf": 60}
+DEADLINE_S = 480         # per part: one part fits one 8-minute device call
+# Seconds per step on the GPU; a dry run gives every step DRY_BUDGET_S. From
+# the first GPU run (H200, 2026-11-27, docs/bench-logs/2026-11-27/kit_h200/):
+# each round_time variant took 19-44 s to be ready (set-up 8-11 s, the
+# compiling warm-up round 10-33 s), the demo's prepare 35 s and its first
+# three targets 65 s; the first budgets (35-100 s a step, all variants
+# started one after another) measured no timed round at all.
+BUDGETS = {"demo": 240, "round_fedavg_C64": 60, "round_hfedf_C64": 80,
+           "round_fedavg_C256": 75, "round_hfedf_C256": 100,
+           "round_fedavg_C1024": 90, "round_hfedf_C1024": 75, "scale": 100,
+           "fedsdaf": 130}
+# The kit in two parts, each one command of at most DEADLINE_S: a lease of
+# 15 minutes runs one, or both back to back on the warm machine.
+PARTS = {"1": "round", "2": "demo,scale,fedsdaf"}
 DRY_BUDGET_S = 120
 MIN_STEP_S = 15          # a step starting with less than this is skipped
 # One hFedF hypernetwork gradient of the Inception CNN (47.3 M parameters,
@@ -100,7 +117,7 @@ class Sizes:
 GPU_SIZES = Sizes(
     clients=(64, 256, 1024),
     round_args=("--model", "inception_cnn", "--size", "32", "--steps", "10"),
-    reps=(3, 2, 2),
+    reps=(2, 2, 2),
     scale_args=("--data", "random", "--cohort", "100", "--per-client", "64",
                 "--rounds", "5", "--reps", "2"),
     scale_clients=(100, 10_000),
@@ -206,6 +223,10 @@ def round_steps(sizes: Sizes, facts: dict, dry: bool) -> list[Step]:
       elif dry:
         notes["torch"] = ("not run in a dry run: the PyTorch reference is the "
                           "Inception CNN, the dry run's model the MLP")
+      if alg == "fedavg" and not dry and c >= 1024:
+        notes.setdefault("torch", f"not run at C = {c:,}: {c * 10:,} PyTorch "
+                         "steps one after another a round; C = 256 gives "
+                         "its ratio")
       need = c * HFEDF_GRAD_GIB
       if alg == "hfedf" and not dry and need > 0.6 * memory_gib:
         for v in ("loop", "torch"):
@@ -219,7 +240,7 @@ def round_steps(sizes: Sizes, facts: dict, dry: bool) -> list[Step]:
       cmd = [sys.executable, os.path.join(HERE, "round_time.py"), "--algs", alg,
              "--clients", str(c), "--variants", *run, "--reps", str(reps),
              "--reps-large", str(reps), "--mapping", "vmap", "--cpu-devices",
-             "1", "--no-diagnose", "--torch-device",
+             "1", "--no-diagnose", "--parallel-start", "--torch-device",
              "cuda" if facts["gpu"] else "cpu", *sizes.round_args]
       steps.append(Step(name, [cmd], parse_round, rows))
   return steps
@@ -290,6 +311,8 @@ def parse_demo(log: str, step: Step, walls: list[float]) -> list[dict]:
 
 
 ROUND_REP = re.compile(r"^\[(\w+) C=(\d+) (\w+)\] rep \d+/\d+: ([0-9.]+) s", re.M)
+ROUND_READY = re.compile(
+    r"^\[(\w+) C=(\d+) (\w+)\] ready in .*?warm-up round ([0-9.]+) s", re.M)
 ROUND_ERROR = re.compile(r"^\[(\w+) C=(\d+) (\w+)\] .*?ERROR (.+)$", re.M)
 
 
@@ -303,6 +326,7 @@ def parse_round(log: str, step: Step, walls: list[float]) -> list[dict]:
     times.setdefault(variant, []).append(float(seconds))
   for alg, c, variant, why in ROUND_ERROR.findall(log):
     errors[variant] = why.strip()
+  first = {variant: float(s) for _, _, variant, s in ROUND_READY.findall(log)}
   base = _median(times.get("engine", []))
   rows = []
   for row_id, row in step.rows.items():
@@ -313,6 +337,8 @@ def parse_round(log: str, step: Step, walls: list[float]) -> list[dict]:
       continue
     med = _median(ts)
     measures = dict(median_s=med, rounds=len(ts))
+    if variant in first:       # the warm-up round: compiles, first touches
+      measures["first_round_s"] = first[variant]
     ratio_of = ""
     if variant == "engine_bf16":
       measures["ratio"], ratio_of = base / med, "fp32 / bf16"
@@ -477,7 +503,9 @@ def value_text(row: dict) -> str:
   if not m:
     return row["note"] or "not measured yet"
   if "median_s" in m:
-    return f"{fmt_seconds(m['median_s'])} (median of {m['rounds']})"
+    first = (f"; first round {fmt_seconds(m['first_round_s'])}"
+             if "first_round_s" in m else "")
+    return f"{fmt_seconds(m['median_s'])} (median of {m['rounds']}{first})"
   if "wall_s" in m:
     return f"{fmt_seconds(m['wall_s'])} wall"
   return (f"{m['round_ms']:,.1f} ms / round (CPU {m['cpu_ms']:,.1f} ms), "
@@ -559,16 +587,35 @@ def main(argv=None) -> int:
   p.add_argument("--steps", default="",
                  help="comma-separated step names or prefixes (round = every "
                  "round step); default: all")
-  p.add_argument("--deadline", type=float, default=DEADLINE_S,
-                 help="seconds for the whole kit")
+  p.add_argument("--part", choices=sorted(PARTS) + ["all"], default="all",
+                 help="1: the round steps; 2: demo, scale and FedSDAF; each "
+                 f"fits one {DEADLINE_S} s call (all: both, one after another)")
+  p.add_argument("--deadline", type=float, default=None,
+                 help=f"seconds for the whole kit (default: {DEADLINE_S} per "
+                 "part)")
+  p.add_argument("--budget", action="append", default=[], metavar="STEP=S",
+                 help="seconds for one step instead of BUDGETS' (repeatable)")
   args = p.parse_args(argv)
+  if args.part != "all" and args.steps:
+    p.error("--part and --steps: choose one")
+  if args.deadline is None:
+    args.deadline = float(DEADLINE_S * (len(PARTS) if args.part == "all"
+                                        and not args.steps else 1))
+  wanted = PARTS[args.part] if args.part != "all" else args.steps
+  budgets = dict(BUDGETS)
+  for item in args.budget:
+    name, _, secs = item.partition("=")
+    if name not in budgets or not secs.replace(".", "", 1).isdigit():
+      p.error(f"--budget {item!r}: expected STEP=SECONDS with STEP one of "
+              f"{', '.join(budgets)}")
+    budgets[name] = float(secs)
   started = time.perf_counter()
   out = args.out or default_out(args.dry_run)
   os.makedirs(out, exist_ok=True)
   facts = machine()
   sizes = DRY_SIZES if args.dry_run else GPU_SIZES
   with tempfile.TemporaryDirectory(prefix="accelerator_kit_") as scratch:
-    steps = select(plan(sizes, facts, args.dry_run, scratch), args.steps)
+    steps = select(plan(sizes, facts, args.dry_run, scratch), wanted)
     if args.dry_run:  # tiny programs: compiling is most of a dry run
       for step in steps:
         step.env.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS",
@@ -580,7 +627,7 @@ def main(argv=None) -> int:
     results, budget_end = [], 0.0
     write_summary(out, facts, args, steps, results, started)
     for step in steps:
-      budget = DRY_BUDGET_S if args.dry_run else BUDGETS[step.name]
+      budget = DRY_BUDGET_S if args.dry_run else budgets[step.name]
       budget_end += budget            # unused seconds roll over
       now = time.perf_counter() - started
       timeout = min(budget_end, args.deadline - 5) - now

@@ -251,19 +251,28 @@ def worker_loop(spec, x, y):
   @jax.jit
   def client_keys(r):  # the engine's keys: fold_in(split(fold_in(root, r))[1], i)
     _, ck, _ = jax.random.split(jax.random.fold_in(root, r), 3)
-    return [jax.random.fold_in(ck, i) for i in range(c)]
+    return jax.vmap(lambda i: jax.random.fold_in(ck, i))(jnp.arange(c))
+
+  # The server's sums run as a Python loop of one jitted two-operand step per
+  # client, in the order of a left-to-right sum: a jitted function of all C
+  # models would be one C-ary program per leaf, whose compile grows with C
+  # (on an H200, FedAvg's at C = 256 was not compiled after 150 s).
+  @jax.jit
+  def axpy(acc, w, tree):  # acc + w * tree, leaf by leaf
+    return jax.tree.map(lambda a, p: a + w * p, acc, tree)
+
+  def weighted_sum(ws, trees):
+    acc = jax.tree.map(jnp.zeros_like, trees[0])
+    for i, tree in enumerate(trees):
+      acc = axpy(acc, ws[i], tree)
+    return acc
 
   split = {}
   state = {"server": server, "r": 0}
 
   if spec["alg"] == "fedavg":
-    @jax.jit
-    def weighted_mean(models, weights):
-      w = weights / jnp.sum(weights)
-      return jax.tree.map(lambda *ps: sum(w[i] * p for i, p in enumerate(ps)),
-                          *models)
-
     weights = jnp.full((c,), float(x.shape[1]))
+    weights = weights / jnp.sum(weights)
 
     def one_round():
       params = state["server"]["params"]
@@ -272,7 +281,7 @@ def worker_loop(spec, x, y):
       trained = [local(params, xs[i], ys[i], n, keys[i])[0] for i in range(c)]
       jax.block_until_ready(trained)
       t1 = time.perf_counter()
-      new = weighted_mean(trained, weights)
+      new = weighted_sum(weights, trained)
       jax.block_until_ready(new)
       state["server"] = {"params": new}
       state["r"] += 1
@@ -297,9 +306,6 @@ def worker_loop(spec, x, y):
       _, vjp = jax.vjp(lambda th, emb: h(th, emb[i]), hp.theta, hp.embeddings)
       return vjp(delta)
 
-    @jax.jit
-    def mean(grads):
-      return jax.tree.map(lambda *gs: sum(gs) / len(gs), *grads)
 
     @jax.jit
     def cosines(g, avg):  # (cos theta, cos embeddings) of one client's gradient
@@ -309,13 +315,6 @@ def worker_loop(spec, x, y):
                    / jnp.maximum(optax.tree.norm(a) * optax.tree.norm(b), 1e-30))
       return jnp.stack(out)
 
-    @jax.jit
-    def weighted_sum(grads, cos):  # cos [C, 2] -> GradAlign weights
-      w = jax.nn.softmax(cos, axis=0)
-      theta = jax.tree.map(lambda *gs: sum(w[i, 0] * g for i, g in enumerate(gs)),
-                           *[g[0] for g in grads])
-      emb = sum(w[i, 1] * g[1] for i, g in enumerate(grads))
-      return HyperParams(theta=theta, embeddings=emb)
 
     @jax.jit
     def adam_step(hp, opt_state, grads):
@@ -337,9 +336,11 @@ def worker_loop(spec, x, y):
       jax.block_until_ready(trained)
       t1 = time.perf_counter()
       grads = [client_grad(hp, i, starts[i], trained[i]) for i in range(c)]
-      avg = mean(grads)
+      avg = weighted_sum(jnp.full((c,), 1.0 / c), grads)
       cos = jnp.stack([cosines(g, avg) for g in grads])
-      g = weighted_sum(grads, cos)
+      w = jax.nn.softmax(cos, axis=0)        # [C, 2]: GradAlign's weights
+      g = HyperParams(theta=weighted_sum(w[:, 0], [g[0] for g in grads]),
+                      embeddings=weighted_sum(w[:, 1], [g[1] for g in grads]))
       del grads
       new_hp, opt_state = adam_step(hp, s["opt"], g)
       new_hp, ema_state = ema_step(new_hp, s["ema"])
@@ -438,7 +439,10 @@ def worker_main(spec):
 # -------------------------------------------------------------------------- driver
 
 class Worker:
-  def __init__(self, spec, log):
+  """One variant's process. `wait=False` starts it and returns: `wait_ready`
+  reads its ready message later (--parallel-start)."""
+
+  def __init__(self, spec, log, wait=True):
     self.spec, self.log = spec, log
     # On a GPU, JAX takes 75 % of its memory per process by default: the
     # workers share one device, so each allocates only what it uses.
@@ -448,7 +452,12 @@ class Worker:
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
         env=env)
     self.error = None
-    self.ready = self.read()
+    self.ready = self.read() if wait else None
+
+  def wait_ready(self):
+    if self.ready is None:
+      self.ready = self.read()
+    return self.ready
 
   def read(self):
     for line in self.proc.stdout:
@@ -571,6 +580,10 @@ def main(argv=None):
                   help="torch.set_num_threads (0: torch's default)")
   ap.add_argument("--no-diagnose", action="store_true",
                   help="skip timing the engine's server step alone")
+  ap.add_argument("--parallel-start", action="store_true",
+                  help="start every variant's process at once and time them "
+                  "once all are ready (set-up and compiles overlap: a GPU "
+                  "machine's many cores; on a small CPU they would contend)")
   ap.add_argument("--json", default="", help="also write all measurements here")
   ap.add_argument("--worker", help=argparse.SUPPRESS)
   args = ap.parse_args(argv)
@@ -588,7 +601,7 @@ def main(argv=None):
     for alg in args.algs:
       variants = [v for v in args.variants
                   if not (v.startswith("central") and (c, v) in central_done)]
-      workers = {}
+      workers, t_group = {}, time.perf_counter()
       for v in variants:
         spec = dict(alg=alg, clients=c, variant=v, steps=args.steps,
                     size=args.size, model=args.model,
@@ -599,13 +612,13 @@ def main(argv=None):
                     torch_threads=args.torch_threads,
                     diagnose=not args.no_diagnose)
         t0 = time.perf_counter()
-        w = Worker(spec, log)
-        workers[v] = w
-        r = w.ready
-        print(f"[{alg} C={c} {v}] ready in {time.perf_counter() - t0:.1f} s "
-              f"(setup {r.get('setup_s', float('nan')):.1f} s, warm-up round "
-              f"{r.get('warmup_s', float('nan')):.1f} s) "
-              + (f"ERROR {w.error}" if w.error else ""), flush=True)
+        workers[v] = w = Worker(spec, log, wait=not args.parallel_start)
+        if not args.parallel_start:
+          _print_ready(alg, c, v, w, t0)
+      for v in variants if args.parallel_start else ():
+        w = workers[v]
+        w.wait_ready()
+        _print_ready(alg, c, v, w, t_group, since="all started")
       times = {v: [] for v in variants}
       extras = {v: [] for v in variants}
       rss = {v: workers[v].ready.get("rss_gib", float("nan")) for v in variants}
@@ -647,6 +660,15 @@ def main(argv=None):
   if args.json:
     with open(args.json, "w") as f:
       json.dump(dict(info=info, args=vars(args), rows=rows), f, indent=1)
+
+
+def _print_ready(alg, c, v, w, t0, since=""):
+  r = w.ready
+  print(f"[{alg} C={c} {v}] ready in {time.perf_counter() - t0:.1f} s"
+        f"{' (' + since + ')' if since else ''} (setup "
+        f"{r.get('setup_s', float('nan')):.1f} s, warm-up round "
+        f"{r.get('warmup_s', float('nan')):.1f} s) "
+        + (f"ERROR {w.error}" if w.error else ""), flush=True)
 
 
 def check_fingerprints(rows, alg, c):

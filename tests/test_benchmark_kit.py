@@ -147,7 +147,8 @@ def test_round_log_gives_medians_ratios_and_errors():
                host_memory_gib=16)
   step = kit.round_steps(kit.DRY_SIZES, facts, dry=False)[0]
   log = "\n".join([
-      "[fedavg C=2 engine] ready in 1.0 s (setup 0.5 s, warm-up round 0.5 s) ",
+      "[fedavg C=2 engine] ready in 1.0 s (all started) (setup 0.5 s, "
+      "warm-up round 0.7 s) ",
       "[fedavg C=2 loop] ready in 1.0 s (setup nan s, warm-up round nan s) "
       "ERROR worker died: killed by SIGKILL (out of memory?)",
       "[fedavg C=2 engine] rep 1/3: 0.2000 s (own 1 cores, others 0 cores)",
@@ -156,7 +157,9 @@ def test_round_log_gives_medians_ratios_and_errors():
       "[fedavg C=2 torch] rep 1/3: 0.9000 s (own 1 cores)"])  # then killed
   rows = {r["id"].rsplit("/", 1)[1]: r for r in kit.parse_round(log, step, [])}
   assert rows["engine"]["measures"] == {"median_s": pytest.approx(0.3),
-                                        "rounds": 2}
+                                        "rounds": 2, "first_round_s": 0.7}
+  assert "first round 700.0 ms" in kit.value_text(rows["engine"])
+  assert "first_round_s" not in rows["torch"]["measures"]  # no ready line
   assert rows["engine_bf16"]["measures"]["ratio"] == pytest.approx(3.0)
   assert rows["torch"]["measures"]["ratio"] == pytest.approx(3.0)
   assert "out of memory" in rows["loop"]["note"]
@@ -171,6 +174,38 @@ def test_hfedf_loop_is_not_run_where_its_gradients_do_not_fit():
   assert "loop" not in steps["round_hfedf_C1024"].commands[0]
   assert "loop" in steps["round_hfedf_C64"].commands[0]
   assert not steps["round_fedavg_C1024"].rows["round_fedavg_C1024/loop"]["note"]
+  # FedAvg's PyTorch loop: 10,240 steps one after another at C = 1,024 only
+  facts["torch"] = True
+  steps = {s.name: s for s in kit.round_steps(kit.GPU_SIZES, facts, dry=False)}
+  assert "10,240" in steps["round_fedavg_C1024"].rows[
+      "round_fedavg_C1024/torch"]["note"]
+  assert "torch" in steps["round_fedavg_C256"].commands[0]
+  assert all("--parallel-start" in s.commands[0] for s in steps.values())
+
+
+def test_the_two_parts_hold_every_step_once(tmp_path):
+  facts = dict(bf16=True, torch=True, gpu="H200", gpu_memory_gib=140,
+               host_memory_gib=128)
+  every = [s.name for s in kit.plan(kit.GPU_SIZES, facts, False, str(tmp_path))]
+  parts = [[s.name for s in kit.select(
+      kit.plan(kit.GPU_SIZES, facts, False, str(tmp_path)), kit.PARTS[k])]
+      for k in sorted(kit.PARTS)]
+  assert sorted(sum(parts, [])) == sorted(every)
+  assert set(every) == set(kit.BUDGETS)
+  # each part's budgets fit its one call
+  for names in parts:
+    assert sum(kit.BUDGETS[n] for n in names) <= kit.DEADLINE_S
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--part", "1", "--steps", "scale"], "choose one"),
+    (["--budget", "scale"], "STEP=SECONDS"),
+    (["--budget", "nosuch=3"], "STEP=SECONDS"),
+])
+def test_bad_arguments_say_what_to_do(argv, message, capsys):
+  with pytest.raises(SystemExit) as e:
+    kit.main(["--dry-run"] + argv)
+  assert e.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_steps_near_the_deadline_are_skipped_with_a_note(tmp_path):
