@@ -54,14 +54,22 @@ long sweep, niced: the wall times below are 3-5x an idle machine's.
                                                               data writer was
                                                               fixed (colours,
                                                               800 images)
-    fedccrl_table1_pacs                                       aborted the process
-                                                              inside XLA (SIGABRT,
-                                                              7.5 GiB RSS, two
-                                                              sweeps beside it)
-    every other case                                          not run to the end
-                                                              yet (the machine's
-                                                              CPU and memory were
-                                                              taken)
+    fedccrl_table1_pacs (8 algorithms, MobileNetV3-Large      1196 s, passed
+      224 px, batch 8)                                        (6.6 GiB peak RSS,
+                                                              beside one sweep;
+                                                              an earlier try
+                                                              with two sweeps
+                                                              beside it aborted
+                                                              inside XLA at
+                                                              7.5 GiB: memory)
+    fedccrl_table1_office_home                                1366 s, passed
+                                                              (6.7 GiB)
+    fedccrl_table1_mini_domainnet (128 px)                    1032 s, passed
+                                                              (5.1 GiB)
+    the 7 FedSDAF cases (ViT-B/16 224 px)                     not run to the end
+                                                              yet (each ~30-60
+                                                              min here: run
+                                                              them on a GPU)
 
 The ViT-B/16 and ResNet-50 cases are minutes per algorithm even idle; the
 batches of the FedCCRL and FedSDAF cases are reduced for memory (below).
