@@ -61,7 +61,8 @@ long sweep, niced: the wall times below are 3-5x an idle machine's.
                                                               with two sweeps
                                                               beside it aborted
                                                               inside XLA at
-                                                              7.5 GiB: memory)
+                                                              7.5 GiB: likely
+                                                              memory)
     fedccrl_table1_office_home                                1366 s, passed
                                                               (6.7 GiB)
     fedccrl_table1_mini_domainnet (128 px)                    1032 s, passed
