@@ -35,23 +35,27 @@ TABLE2_SHAPE = ["data.targets=0,30,60", "model.name=small_cnn",
 
 def sweep(out: str, replicas: int, seeds: str, rounds: int, grid: str,
           config: str, extra: list[str]) -> tuple[float, float]:
-  """(wall seconds, peak RSS GiB) of one `fedjax-dg sweep` process."""
-  cmd = ["/usr/bin/time", "-f", "MAXRSS_KB %M", sys.executable, "-m",
-         "fedjax_dg.cli", "sweep", "--config", config,
+  """(wall seconds, peak RSS GiB) of one `fedjax-dg sweep` process (its own
+  peak, from os.wait4: no /usr/bin/time, which GPU images may lack)."""
+  cmd = [sys.executable, "-m", "fedjax_dg.cli", "sweep", "--config", config,
          "--grid", grid, "--seeds", seeds, "--out", out,
          "--replicas", str(replicas), "--set", f"train.rounds={rounds}"]
   for s in TABLE2_SHAPE + extra:
     cmd += ["--set", s]
-  t0 = time.perf_counter()
-  done = subprocess.run(cmd, capture_output=True, text=True)
-  wall = time.perf_counter() - t0
-  if done.returncode != 0:
-    sys.exit(f"sweep --replicas {replicas} failed:\n{done.stdout[-3000:]}\n"
-             f"{done.stderr[-3000:]}")
-  peak_kb = int(done.stderr.rsplit("MAXRSS_KB", 1)[1].split()[0])
+  with tempfile.TemporaryFile("w+") as so, tempfile.TemporaryFile("w+") as se:
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=so, stderr=se, text=True)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    so.seek(0), se.seek(0)
+    stdout, stderr = so.read(), se.read()
+  if proc.returncode != 0:
+    sys.exit(f"sweep --replicas {replicas} failed (exit {proc.returncode}):\n"
+             f"{stdout[-3000:]}\n{stderr[-3000:]}")
   with open(os.path.join(out, "stdout.txt"), "w") as f:
-    f.write(done.stdout)
-  return wall, peak_kb / 2**20
+    f.write(stdout)
+  return wall, usage.ru_maxrss / 2**20      # ru_maxrss: KiB on Linux
 
 
 def finals(out: str) -> dict:
