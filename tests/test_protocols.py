@@ -67,10 +67,26 @@ long sweep, niced: the wall times below are 3-5x an idle machine's.
                                                               (6.7 GiB)
     fedccrl_table1_mini_domainnet (128 px)                    1032 s, passed
                                                               (5.1 GiB)
-    the 7 FedSDAF cases (ViT-B/16 224 px)                     not run to the end
-                                                              yet (each ~30-60
-                                                              min here: run
-                                                              them on a GPU)
+    FedSDAF, ViT-B/16 224 px, batch 8, from the code of 975694a,
+    one process per case sharing one compilation cache, beside
+    the 10-seed Table 1 sweep (nice 10; the cases nice 10, then 0):
+      fedsdaf_table2_pacs (2 algorithms)                      368 s, passed
+                                                              (8.3 GiB)
+      fedsdaf_table4_pacs (6 algorithms)                      684 s, passed
+                                                              (10.1 GiB)
+      fedsdaf_table2_vlcs                                     241 s, passed
+                                                              (8.2 GiB)
+      fedsdaf_table4_vlcs                                     511 s, passed
+                                                              (9.7 GiB)
+      fedsdaf_table2_office_home                              1347 s, passed
+                                                              (11.9 GiB)
+      fedsdaf_table4_office_home                              4328 s, passed
+                                                              (13.2 GiB)
+      fedsdaf_table3_domainnet                                not run to the
+                                                              end yet (its data
+                                                              reduced since to
+                                                              one batch a
+                                                              client)
 
 The ViT-B/16 and ResNet-50 cases are minutes per algorithm even idle; the
 batches of the FedCCRL and FedSDAF cases are reduced for memory (below).
