@@ -133,9 +133,7 @@ def main(argv=None):
       held_out_images=int(fed.packed_val.n.sum()),
       epochs=args.epochs, seed=args.seed, batch_size=128, optimizer="adam",
       lr=1e-3, max_per_domain=args.max_per_domain,
-      **provenance.record(dict(dataset=dataset.name,
-                               images=int(len(dataset.images)),
-                               fingerprint=dataset.fingerprint())))
+      **provenance.record(provenance.data_of(dataset)))
   with open(record_path, "w") as f:
     json.dump(record, f, indent=1)
   print(f"wrote {args.out} and {record_path}")

@@ -187,8 +187,7 @@ def open_run(cfg: ConfigDict, run_dir: str | None = None, *,
   for fed in feds:
     ecfg.validate(fed.num_clients)
 
-  data = dict(dataset=dataset.name, images=int(len(dataset.images)),
-              fingerprint=dataset.fingerprint())
+  data = provenance.data_of(dataset)
   if resume and not os.path.isdir(run_dir or ""):
     raise ConfigError(f"--resume {run_dir}: no such run directory")
   resume = run_dir is not None and (

@@ -136,6 +136,13 @@ def environment() -> dict:
   return env
 
 
+def data_of(dataset) -> dict:
+  """{"dataset", "images", "fingerprint"} of a DomainDataset: the data part of
+  `record` (data.json; a resume refuses other data)."""
+  return dict(dataset=dataset.name, images=int(len(dataset.images)),
+              fingerprint=dataset.fingerprint())
+
+
 def record(data: dict) -> dict:
   """{"source", "data", "environment"}: what results.json records of the
   code, data and machine that produced it (module docstring)."""
