@@ -59,6 +59,34 @@ def test_interval_equals_scipy_paired_t_on_the_seeds_target_means(n):
   assert diff.excludes_zero == (low > 0 or high < 0)
 
 
+def _coverage(n, samples=4000, resamples=1000):
+  """(t, bootstrap): how often the 95 % interval of the mean of n normal
+  values holds the true mean (0), over `samples` draws: `stats.interval`,
+  and the percentile bootstrap of the mean (`resamples` resamples each)."""
+  rng = np.random.default_rng(n)
+  draws = rng.normal(size=(samples, n))
+  t_hits = 0
+  for d in draws:
+    low, high = stats.interval(dict(enumerate(d)))
+    t_hits += low <= 0 <= high
+  idx = rng.integers(0, n, size=(samples, resamples, n))
+  means = np.take_along_axis(draws[:, None, :], idx, axis=2).mean(axis=2)
+  low, high = np.percentile(means, [2.5, 97.5], axis=1)
+  return t_hits / samples, float(np.mean((low <= 0) & (0 <= high)))
+
+
+@pytest.mark.parametrize("n,bootstrap_below", [(3, 0.82), (5, 0.88), (10, 0.93)])
+def test_t_interval_covers_95_percent_where_the_bootstrap_under_covers(
+    n, bootstrap_below):
+  """The module docstring's reason for t over a percentile bootstrap,
+  simulated (4000 normal samples of n seeds): the t interval holds the true
+  mean 95 % of the time (within 3 standard errors of a 4000-draw rate), the
+  bootstrap ~74 / 85 / 90 % at n = 3 / 5 / 10."""
+  t_cover, boot_cover = _coverage(n)
+  assert abs(t_cover - 0.95) < 3 * np.sqrt(0.95 * 0.05 / 4000), t_cover
+  assert boot_cover < bootstrap_below, boot_cover
+
+
 def test_pairs_by_seed_whatever_the_order_and_averages_targets_first():
   """A large seed effect shared by both sides: pairing by seed removes it,
   so the consistent +1 point difference is significant; the reference's
