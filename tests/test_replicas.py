@@ -13,20 +13,24 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import every_algorithm_setup, model_for, synthetic_federation
+from conftest import (TINY_VIT, every_algorithm_setup, model_for,
+                      synthetic_federation)
 from fedjax_dg import algorithms, engine, models
 from fedjax_dg.algorithms import local_only, scaffold
 from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.client import objectives
 from fedjax_dg.data.federated import pack_padded
 from fedjax_dg.engine.replicas import replica_mapping, run_replicas
-from fedjax_dg.errors import ConfigError, NonFiniteError
+from fedjax_dg.errors import ConfigError, NonFiniteError, StandInWarning
 from fedjax_dg.optim import make_optimizer
 
 N = 3
+# ood_eval_max: between chunks 12 of the target's 30 images are scored, at
+# the end all of them (a replica must use each set where its run does);
+# features_max: the final model's features of 10 target images (t-SNE).
 CFG = engine.EngineConfig(rounds=4, eval_every=2, epochs=1, batch_size=8,
                           cohort_size=2, client_mapping="map", progress=False,
-                          eval_batch_size=16)
+                          eval_batch_size=16, ood_eval_max=12, features_max=10)
 
 
 @pytest.fixture(scope="module")
@@ -39,9 +43,17 @@ def setup():
                            num_classes=fed.num_classes, mean=(0.5,),
                            std=(0.25,), hidden=8)
   loss, opt = objectives.cross_entropy(model), make_optimizer("sgd", 0.1)
+  # SCAFFOLD on a ViT's adapters: a shared-frozen backbone drawn from each
+  # replica's own seed (a replica evaluated on another's backbone is wrong).
+  vit = models.get_model("vit_tiny", input_shape=fed.image_shape,
+                         num_classes=fed.num_classes, mean=(0.5,),
+                         std=(0.25,), **dict(TINY_VIT, depth=1))
+  with pytest.warns(StandInWarning, match="no model.weights"):
+    on_adapters = scaffold.build(vit, opt, None, num_clients=N, adapters=True)
   algs = {"fedavg": fedavg(model, opt, loss),
           "local_only": local_only.build(model, opt, loss, num_clients=N),
-          "scaffold": scaffold.build(model, opt, loss, num_clients=N)}
+          "scaffold": scaffold.build(model, opt, loss, num_clients=N),
+          "scaffold_adapters": on_adapters}
   return feds, model, algs
 
 
@@ -61,6 +73,10 @@ def assert_same_run(a, b, atol=0.0):
     assert a.round_metrics == b.round_metrics
     assert a.history == b.history
     assert a.final == b.final
+    assert (a.features is None) == (b.features is None)
+    if a.features is not None:
+      for k in ("features", "labels"):
+        np.testing.assert_array_equal(a.features[k], b.features[k])
 
 
 SEEDS = (3, 7, 3)  # seed 3 twice: on both targets
@@ -72,14 +88,17 @@ def batch(feds):
 
 # FedAvg's (a global model) replica is its separate run in
 # test_a_replica_that_goes_non_finite_stops_alone.
-@pytest.mark.parametrize("name", ["local_only", "scaffold"])
+@pytest.mark.parametrize("name", ["local_only", "scaffold",
+                                  "scaffold_adapters"])
 def test_each_replica_is_its_separate_run(setup, name):
   """Local-only (client state, personalized evaluation), SCAFFOLD (client
-  state written by its client.end and a server state), a cohort
+  state written by its client.end and a server state; on a ViT's adapters:
+  a frozen backbone per seed), a cohort
   of 2 of 3 over chunks of 2 rounds: three replicas (two seeds on one
   target, one on another) mapped one after another ("map") are, bit for
   bit, the three runs engine.run makes: every state leaf, round metric,
-  evaluation and the final scores."""
+  evaluation (on the sampled target images) and the final scores (on all
+  of them)."""
   feds, model, algs = setup
   alg = algs[name]
   datas = batch(feds)
