@@ -811,3 +811,62 @@ def test_batches_group_what_shares_a_program_and_say_why_not(tiny, tmp_path):
   assert "the batch cap" in " ".join(batches.explain(capped, cells))
   for opened in cells:
     opened.log.close()
+
+
+def test_seeds_sharing_a_model_batch_together_each_with_its_own_seed(
+    tiny, tmp_path, monkeypatch):
+  """Where the seeds' models are equal (input statistics that do not
+  depend on the seed: the whole dataset's, without data.max_per_domain;
+  here one constant for every seed), one batch spans both seeds and both
+  targets, and engine.run_replicas gets each replica's own seed and data."""
+  from fedjax_dg import engine
+  from fedjax_dg.errors import NonFiniteError
+  from fedjax_dg.run import batches
+  monkeypatch.setattr(assemble, "normalization",
+                      lambda cfg, dataset, fed: ((0.5,), (0.25,)))
+  cells = _two_seeds_opened(tiny, tmp_path)
+  planned, built = batches.plan(cells)
+  assert sorted(len(b.jobs) for b in planned) == [4, 4]  # per algorithm
+  for b in planned:
+    assert {(j.cell, j.target) for j in b.jobs} == {(0, 0), (0, 1), (1, 0),
+                                                    (1, 1)}
+  calls = []
+  monkeypatch.setattr(engine, "run_replicas", lambda alg, datas, model, cfg,
+                      seeds, **kw: (calls.append((datas, seeds))
+                                    or [NonFiniteError("not trained")] * len(datas)))
+  batches.run(planned, built, cells, echo=lambda *a: None,
+              on_cell_done=lambda c, errors: None)
+  assert [s for _, seeds in calls for s in seeds] == [
+      int(cells[j.cell].cfg.seed) for b in planned for j in b.jobs]
+  assert {tuple(seeds) for _, seeds in calls} == {(0, 0, 1, 1)}
+  for (datas, _), b in zip(calls, planned, strict=True):
+    assert all(d is cells[j.cell].feds[j.target]
+               for d, j in zip(datas, b.jobs, strict=True))
+  for opened in cells:
+    opened.log.close()
+
+
+def test_runs_built_from_their_data_are_planned_alone_and_say_why(tmp_path):
+  """ELCFS builds its amplitude bank from the run's clients: an Algorithm
+  object of one target cannot serve another, so each of its runs is a batch
+  of one, and the plan says why; FedAvg's targets still share a batch."""
+  from fedjax_dg.run import batches, experiment
+  path = tiny_experiment(tmp_path / "elcfs.py", tmp_path / "runs",
+                         algorithms=("fedavg", "elcfs"), max_per_domain=30)
+  p = sweep.plan(path, seeds=[0])
+  loaded = {}
+  sweep.check(p, loaded=loaded)
+  cells = [experiment.open_run(p.configs[0], run_dir=str(tmp_path / "c"),
+                               echo=lambda *a: None, dataset=loaded[0])]
+  planned, _ = batches.plan(cells)
+  by_name = {}
+  for b in planned:
+    by_name.setdefault(b.jobs[0].name, []).append(b)
+  assert [len(b.jobs) for b in by_name["elcfs"]] == [1, 1]
+  assert all(b.key is None for b in by_name["elcfs"])
+  assert [len(b.jobs) for b in by_name["fedavg"]] == [2]
+  lines = batches.explain(planned, cells)
+  assert any(line.startswith("  elcfs: 2 runs in 2 batches of 1; each run "
+                             "alone: it is built from its run's data")
+             for line in lines), lines
+  cells[0].log.close()
