@@ -4,6 +4,7 @@
 a real run's results.json)."""
 
 import csv
+import dataclasses
 import importlib.metadata
 import importlib.util
 import json
@@ -16,6 +17,7 @@ import sys
 import jax
 import pytest
 
+from conftest import synthetic_domains
 from fedjax_dg import cli
 from fedjax_dg.report import origin
 from fedjax_dg.run import provenance
@@ -106,6 +108,18 @@ def test_the_environment_names_versions_devices_and_cpu():
       names = [l.split(":", 1)[1].strip() for l in f
                if l.lower().startswith(("model name", "hardware"))]
     assert names and env["cpu"] == names[0]
+
+
+def test_the_data_record_names_the_dataset_counts_its_images_and_fingerprints():
+  """data.json's record (`data_of`): the name, every image counted, and a
+  fingerprint that changes when one label does."""
+  ds = synthetic_domains(num_domains=3, per_domain=7)
+  rec = provenance.data_of(ds)
+  assert rec == dict(dataset=ds.name, images=21, fingerprint=ds.fingerprint())
+  labels = ds.labels.copy()
+  labels[5] = (labels[5] + 1) % 3
+  other = provenance.data_of(dataclasses.replace(ds, labels=labels))
+  assert other["images"] == 21 and other["fingerprint"] != rec["fingerprint"]
 
 
 def test_a_resume_with_other_code_warns_and_the_same_code_does_not():
