@@ -24,9 +24,9 @@ Why t and not a percentile bootstrap. A sweep has 3 to 10 seeds. Resampling
 n values cannot reach beyond their range and spreads like the plug-in sd
 without the t quantile's allowance for estimating sd from n values, so the
 percentile bootstrap under-covers: a 95 % percentile interval of the mean
-of normal values covers the true mean ~74 % of the time at n = 3, ~85 % at
-n = 5, ~90 % at n = 10 (4000 simulated samples each; the t interval: 94.3 %,
-95.5 %, 94.9 %, within the simulation's error of 95 %;
+of normal values covers the true mean ~73 % of the time at n = 3, ~84 % at
+n = 5, ~90 % at n = 10 (2000 simulated samples each; the t interval: 94.9 %,
+95.9 %, 95.0 %, within the simulation's error of 95 %;
 tests/test_stats.py::test_t_interval_covers_95_percent_where_the_bootstrap_under_covers). The t interval is exact when the d_s are normal and robust for
 means otherwise; each d_s is already an average over targets of accuracies
 over thousands of images.
