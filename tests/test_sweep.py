@@ -745,9 +745,14 @@ def test_a_batched_sweep_equals_one_run_at_a_time(tiny, swept, monkeypatch):
 
 def _two_seeds_opened(tiny, tmp_path):
   """The tiny sweep's cells for seeds 0 and 1, checked and opened."""
+  return _opened(tiny[0], tmp_path, seeds=[0, 1])
+
+
+def _opened(path, tmp_path, seeds):
+  """The cells of the experiment file `path` for `seeds`, checked and
+  opened (run directories under tmp_path)."""
   from fedjax_dg.run import experiment
-  path, _ = tiny
-  p = sweep.plan(path, seeds=[0, 1])
+  p = sweep.plan(path, seeds=seeds)
   loaded = {}
   sweep.check(p, loaded=loaded)
   return [experiment.open_run(cfg, run_dir=str(tmp_path / c.name),
@@ -850,14 +855,10 @@ def test_runs_built_from_their_data_are_planned_alone_and_say_why(tmp_path):
   """ELCFS builds its amplitude bank from the run's clients: an Algorithm
   object of one target cannot serve another, so each of its runs is a batch
   of one, and the plan says why; FedAvg's targets still share a batch."""
-  from fedjax_dg.run import batches, experiment
+  from fedjax_dg.run import batches
   path = tiny_experiment(tmp_path / "elcfs.py", tmp_path / "runs",
                          algorithms=("fedavg", "elcfs"), max_per_domain=30)
-  p = sweep.plan(path, seeds=[0])
-  loaded = {}
-  sweep.check(p, loaded=loaded)
-  cells = [experiment.open_run(p.configs[0], run_dir=str(tmp_path / "c"),
-                               echo=lambda *a: None, dataset=loaded[0])]
+  cells = _opened(path, tmp_path, seeds=[0])
   planned, _ = batches.plan(cells)
   by_name = {}
   for b in planned:

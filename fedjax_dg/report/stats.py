@@ -26,9 +26,9 @@ without the t quantile's allowance for estimating sd from n values, so the
 percentile bootstrap under-covers: a 95 % percentile interval of the mean
 of normal values covers the true mean ~73 % of the time at n = 3, ~84 % at
 n = 5, ~90 % at n = 10 (2000 simulated samples each; the t interval: 94.9 %,
-95.9 %, 95.0 %, within the simulation's error of 95 %;
-tests/test_stats.py::test_t_interval_covers_95_percent_where_the_bootstrap_under_covers). The t interval is exact when the d_s are normal and robust for
-means otherwise; each d_s is already an average over targets of accuracies
+95.9 %, 95.0 %, within the simulation's error of 95 %; tests/test_stats.py,
+test_t_interval_covers_95_percent_where_the_bootstrap_under_covers). The t
+interval is exact when the d_s are normal and robust for means otherwise; each d_s is already an average over targets of accuracies
 over thousands of images.
 
 Missing pairs. A (seed, target) that only one side finished is left out:
