@@ -2,6 +2,7 @@
 dataset), the table functions on constructed results, and the experiment files."""
 
 import csv
+import datetime
 import glob
 import json
 import os
@@ -69,6 +70,27 @@ def test_sweep_writes_manifest_and_one_run_directory_per_cell(swept):
         (a, t) for a in ("fedavg", "local_only") for t in ("0", "75")}
   # The sweep ends with its report.
   assert os.path.isfile(os.path.join(swept, "report", "table2.md"))
+
+
+def test_a_batched_cell_counts_its_share_of_the_batches_not_the_sweep(swept):
+  """Both cells trained in the same two batches (2 cells x 2 targets each)
+  and finished together, in the last one: each cell's seconds is its runs'
+  share of those batches (their run seconds plus the batches' overhead),
+  the same for both, and together no more than the sweep's wall time; the
+  time since the sweep began would count both cells' work in each (the
+  manifest says the same as results.json)."""
+  manifest = _json(os.path.join(swept, "sweep.json"))
+  seconds = []
+  for entry in manifest["cells"]:
+    res = _json(os.path.join(swept, entry["name"], "results.json"))
+    assert {r["replicas"] for r in res["runs"]} == {4}
+    assert res["seconds"] == res["seconds_this_part"] == entry["seconds"]
+    assert sum(r["seconds"] for r in res["runs"]) <= res["seconds"]
+    seconds.append(res["seconds"])
+  assert seconds[0] == seconds[1]
+  at = lambda stamp: datetime.datetime.fromisoformat(stamp).timestamp()
+  wall = max(at(c["finished"]) for c in manifest["cells"]) - at(manifest["created"])
+  assert sum(seconds) <= wall + 1.0  # the stamps are whole seconds
 
 
 def test_resume_skips_finished_cells_and_finishes_an_interrupted_one(

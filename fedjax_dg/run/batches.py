@@ -191,8 +191,13 @@ def run(batches: list[Batch], built: dict, cells: list[experiment.OpenRun],
         mapping: str = "auto") -> None:
   """Trains every batch and records each run in its cell; a cell whose last
   run is recorded (or failed) is handed to `on_cell_done(cell, errors)`.
-  A run that went non-finite, or a batch that failed, is an error of its
-  cells; the other batches go on. Ctrl-C and a full disk stop the sweep."""
+  Each batch's wall time is charged to its cells, shared evenly among its
+  runs (`OpenRun.charged`: a cell's `seconds` is its own share, not the
+  time since the sweep began). A run that went non-finite, or a batch that
+  failed, is an error of its cells; the other batches go on. Ctrl-C and a
+  full disk stop the sweep."""
+  for opened in cells:
+    opened.charged = 0.0
   left = {c: sum(1 for b in batches for j in b.jobs if j.cell == c)
           for c in range(len(cells))}
   errors: dict[int, list[str]] = {c: [] for c in range(len(cells))}
@@ -218,6 +223,7 @@ def run(batches: list[Batch], built: dict, cells: list[experiment.OpenRun],
         f"{cells[j.cell].run_dir.rsplit('/', 1)[-1]}" for j in b.jobs))
     echo(f"[sweep] batch {k}/{len(batches)}: {b.jobs[0].name} x{len(b.jobs)} "
          f"({where}); runs {done}/{total} done, elapsed {hms(elapsed)}, {eta}")
+    t_batch = time.perf_counter()
     try:
       results = _train(b, built, cells, mapping, forget=last.get(b.key) == k)
     except (KeyboardInterrupt, DiskFull):
@@ -229,6 +235,10 @@ def run(batches: list[Batch], built: dict, cells: list[experiment.OpenRun],
         finished(j, f"{j.name} / {cells[j.cell].targets[j.target]}: {message}")
       done += len(b.jobs)
       continue
+    finally:
+      share = (time.perf_counter() - t_batch) / len(b.jobs)
+      for j in b.jobs:
+        cells[j.cell].charged += share
     for j, res in zip(b.jobs, results):
       opened = cells[j.cell]
       if isinstance(res, NonFiniteError):

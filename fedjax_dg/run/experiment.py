@@ -69,6 +69,10 @@ class OpenRun:
   log: object = dataclasses.field(default_factory=metrics_log.NoLog)
   t0: float = dataclasses.field(default_factory=time.perf_counter)
   before: float = 0.0   # results.json's seconds when this part began
+  # A sweep's replica batches (`run.batches`) train several cells in turn:
+  # their wall time shared evenly among each batch's runs, charged to their
+  # cells. None: this part's wall clock since the directory was opened.
+  charged: float | None = None
   _models: dict = dataclasses.field(default_factory=dict)
 
   @property
@@ -107,8 +111,10 @@ class OpenRun:
 
   def write(self) -> None:
     """results.json, its `seconds` counting every part up to now (an
-    interrupted run and its resumes; `seconds_this_part`: this call's)."""
-    self.results["seconds_this_part"] = time.perf_counter() - self.t0
+    interrupted run and its resumes; `seconds_this_part`: this call's, the
+    time `charged` in a sweep's batches)."""
+    self.results["seconds_this_part"] = (
+        time.perf_counter() - self.t0 if self.charged is None else self.charged)
     self.results["seconds"] = self.before + self.results["seconds_this_part"]
     if self.main:
       directory.write_results(self.run_dir, self.results)

@@ -418,7 +418,6 @@ def _cells_in_batches(p: Plan, manifest: dict, sweep_dir: str, loaded: dict,
       echo(f"{name} / {opened.targets[i]}: already finished, kept from "
            "results.json")
     _mark(sweep_dir, manifest, entry, "running")
-  started = {c: time.perf_counter() for c in range(len(cells))}
 
   def cell_done(c: int, errors: list[str]) -> None:
     nonlocal failures
@@ -434,7 +433,7 @@ def _cells_in_batches(p: Plan, manifest: dict, sweep_dir: str, loaded: dict,
     if distributed.is_main():
       _cell_outputs(opened.results, opened.run_dir, echo)
     _mark(sweep_dir, manifest, entry, "done",
-          seconds=time.perf_counter() - started[c])
+          seconds=opened.results["seconds_this_part"])
     echo(f"[sweep] cell {index[c] + 1}/{n} {name}: done")
 
   planned, built = batches.plan(cells, max_replicas)
