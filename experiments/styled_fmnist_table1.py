@@ -41,6 +41,10 @@ per domain, experiments/styled_fmnist_fedccrl.py) would double it: halved
 here to 1,000, the paper's 10 x 3 schedule kept. Shorter: one seed first
 (`--seeds 0`, a third); `--set data.max_per_domain=500` halves again
 (50 id-validation images per client, coarse).
+
+Measured since (issue 25, the sweep alone on a 2-core Intel Xeon): one seed
+(45 runs) took 2977-3766 s of runs, ~50-65 min; ten seeds ~9 h
+(docs/results/styled_fmnist_table1_10seeds/README.md).
 """
 
 import os
