@@ -13,6 +13,13 @@ targets 0/30/60, d = 1, 2, 3) with `--seeds 0`, caps 1 and 0 (by memory).
     # a GPU: seeds share a program only without the per-seed subsample
     python benchmarks/sweep_batches.py --seeds 0,1,2,3,4,5,6,7 \
         --caps 1,4,16,64 --set data.max_per_domain=0
+    # where a cap's time goes: each sweep under cProfile, the top of its
+    # cumulative times printed and the .pstats files kept in DIR
+    python benchmarks/sweep_batches.py ... --profile DIR
+
+The profile is of the host's Python (cProfile slows Python-heavy phases, so
+its walls are not the timing's); the device's work shows where the host
+waits for it (`block_until_ready`, transfers to the host).
 """
 
 from __future__ import annotations
@@ -21,12 +28,14 @@ import argparse
 import glob
 import json
 import os
+import pstats
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
+PROFILE_TOP = 40
 TABLE2_SHAPE = ["data.targets=0,30,60", "model.name=small_cnn",
                 "data.image_size=16", "data.max_per_domain=400",
                 "train.epochs=1", "train.eval_every=5",
@@ -34,10 +43,13 @@ TABLE2_SHAPE = ["data.targets=0,30,60", "model.name=small_cnn",
 
 
 def sweep(out: str, replicas: int, seeds: str, rounds: int, grid: str,
-          config: str, extra: list[str]) -> tuple[float, float]:
+          config: str, extra: list[str],
+          profile: str | None = None) -> tuple[float, float]:
   """(wall seconds, peak RSS GiB) of one `fedjax-dg sweep` process (its own
-  peak, from os.wait4: no /usr/bin/time, which GPU images may lack)."""
-  cmd = [sys.executable, "-m", "fedjax_dg.cli", "sweep", "--config", config,
+  peak, from os.wait4: no /usr/bin/time, which GPU images may lack);
+  `profile`: run it under cProfile, writing its stats there."""
+  prof = ["-m", "cProfile", "-o", profile] if profile else []
+  cmd = [sys.executable, *prof, "-m", "fedjax_dg.cli", "sweep", "--config", config,
          "--grid", grid, "--seeds", seeds, "--out", out,
          "--replicas", str(replicas), "--set", f"train.rounds={rounds}"]
   for s in TABLE2_SHAPE + extra:
@@ -80,18 +92,25 @@ def main(argv=None) -> None:
                   help="--replicas values (1: one run at a time; 0: by memory)")
   ap.add_argument("--set", action="append", default=[], dest="extra",
                   help="more KEY=VALUE settings of every sweep")
+  ap.add_argument("--profile", metavar="DIR",
+                  help="run each sweep under cProfile: DIR/r<cap>_<repeat>"
+                  ".pstats, and the top cumulative times printed")
   ap.add_argument("--config", default=os.path.join(
       os.path.dirname(__file__), "..", "experiments", "table2.py"))
   args = ap.parse_args(argv)
   caps = [int(c) for c in args.caps.split(",")]
   walls = {c: [] for c in caps}
   peaks = {c: [] for c in caps}
+  if args.profile:
+    os.makedirs(args.profile, exist_ok=True)
   with tempfile.TemporaryDirectory() as tmp:
     for k in range(args.repeats):
       for cap in caps:  # alternating: the same load on every cap
         out = os.path.join(tmp, f"r{cap}_{k}")
+        prof = (os.path.join(args.profile, f"r{cap}_{k}.pstats")
+                if args.profile else None)
         wall, peak = sweep(out, cap, args.seeds, args.rounds, args.grid,
-                           args.config, args.extra)
+                           args.config, args.extra, prof)
         walls[cap].append(wall)
         peaks[cap].append(peak)
         print(f"repeat {k}: --replicas {cap}: {wall:.0f} s wall, "
@@ -121,6 +140,12 @@ def main(argv=None) -> None:
   for cap in caps:
     if plans[cap]:
       print(f"\nthe batches of --replicas {cap}:\n" + "".join(plans[cap]))
+  if args.profile:
+    for cap in caps:
+      print(f"\n--replicas {cap}, repeat 0, under cProfile: the {PROFILE_TOP} "
+            "largest cumulative times of fedjax_dg's functions")
+      stats = pstats.Stats(os.path.join(args.profile, f"r{cap}_0.pstats"))
+      stats.sort_stats("cumulative").print_stats("fedjax_dg", PROFILE_TOP)
 
 
 if __name__ == "__main__":
