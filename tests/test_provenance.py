@@ -277,3 +277,40 @@ def test_the_best_client_on_the_target_is_in_runs_csv_and_summary(tmp_path):
   (row,) = _csv(os.path.join(out, "summary.csv"))
   assert float(row["best_client_ood_acc"]) == pytest.approx(50.0)
   assert "best client" in open(os.path.join(out, "summary.md")).read()
+
+
+_spec1 = importlib.util.spec_from_file_location(
+    "results_table1_section",
+    os.path.join(REPO, "docs", "results", "table1_section.py"))
+table1_section = importlib.util.module_from_spec(_spec1)
+_spec1.loader.exec_module(table1_section)
+
+
+def test_the_table1_sections_tables_are_the_committed_reports(capsys):
+  """docs/results/table1_section.py prints docs/results.md's FedCCRL Table 1
+  tables from the three committed reports: every algorithm's per-domain row
+  (FedAvg's too) and, in the differences table, each column's interval as
+  the right report's differences.csv holds it."""
+  src = os.path.join(REPO, "docs", "results", "styled_fmnist_table1_10seeds")
+  reports = {"FedAvg": src, "FedCCRL": os.path.join(src, "vs_fedccrl"),
+             "FedProx": os.path.join(src, "vs_fedprox")}
+  table1_section.main(reports["FedAvg"], reports["FedCCRL"], reports["FedProx"])
+  out = capsys.readouterr().out
+  names = [r["variant"] for r in _csv(os.path.join(src, "per_domain_d1.csv"))]
+  assert len(names) == 9 and names[0] == "FedAvg"
+  per_domain, diffs = out.split("\n\n")[:2]
+  assert [l.split("|")[1].strip() for l in per_domain.splitlines()[2:]] == names
+  rows = {l.split("|")[1].strip(): [c.strip() for c in l.split("|")[2:6]]
+          for l in diffs.splitlines()[2:]}
+  assert list(rows) == names
+  columns = [("FedAvg", "id"), ("FedAvg", "ood"), ("FedProx", "ood"),
+             ("FedCCRL", "ood")]
+  for col, (ref, metric) in enumerate(columns):
+    for r in _csv(os.path.join(reports[ref], "differences.csv")):
+      if r["evaluation"] != "final" or r["metric"] != metric:
+        continue
+      lo, hi = float(r["ci_low"]), float(r["ci_high"])
+      mark = "↑" if lo > 0 else ("↓" if hi < 0 else "≈")
+      assert rows[r["variant"]][col] == (
+          f"{float(r['difference']):+.1f} [{lo:+.1f}, {hi:+.1f}] {mark}")
+  assert rows["FedAvg"][0] == rows["FedProx"][2] == rows["FedCCRL"][3] == ""
