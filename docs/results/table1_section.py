@@ -49,9 +49,10 @@ def per_domain(report: str) -> list[str]:
 
 
 def main(fedavg: str, fedccrl: str, fedprox: str) -> None:
-  print("\n".join(per_domain(fedavg)), end="\n\n")
+  rows = per_domain(fedavg)
+  print("\n".join(rows), end="\n\n")
   da, dc, dp = differences(fedavg), differences(fedccrl), differences(fedprox)
-  variants = [r.split("|")[1].strip() for r in per_domain(fedavg)[2:]]
+  variants = [r.split("|")[1].strip() for r in rows[2:]]
   print("| algorithm | μ_id − FedAvg | μ_ood − FedAvg | μ_ood − FedProx | "
         "μ_ood − FedCCRL |\n|---|---:|---:|---:|---:|")
   for v in variants:
