@@ -335,9 +335,9 @@ def test_every_algorithm_sharded_over_two_devices_matches_one_device(name):
   rows = [line.split() for line in out.stdout.splitlines()
           if line.startswith("DIFF")]
   assert [r[1] for r in rows] == [name]
-  for _, name, diff, finite in rows:
-    assert finite == "True", name
-    assert float(diff) < (5e-2 if name == "hypergenfl" else 1e-4), (name, diff)
+  (_, _, diff, finite), = rows
+  assert finite == "True", name
+  assert float(diff) < (5e-2 if name == "hypergenfl" else 1e-4), (name, diff)
 
 
 @pytest.mark.slow
