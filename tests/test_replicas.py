@@ -223,10 +223,14 @@ SHARDED = textwrap.dedent("""
     # algorithms' server step inside the replica map in another float order
     # (hFedF 7.5e-9, HyperGenFL 1.4e-9 there; every other algorithm 0), so
     # 1e-6: a replica fed another's key or data is off by >1e-3. "shard":
-    # float order only.
+    # float order only: 1e-6 or less on CI's AMD EPYC (MOON 8.8e-6), but for
+    # two amplifiers: HyperGenFL's hypernetwork (1.3e-2 there), and FedDF's
+    # server Adam, which turns rounding-sized gradients into steps of up to
+    # its lr (1e-3, 2 steps a round): 1.3e-4 there, where another seed's run
+    # is 0.65 away (docs/bench-logs/2026-11-29/, "replicas_sharded_*").
+    shard = {"hypergenfl": 5e-2, "feddf": 5e-3}
     bad = {k: v for k, v in worst.items()
-           if v > {"map": 1e-6, "shard": 5e-2 if k[0] == "hypergenfl"
-                   else 1e-4}[k[1]]}
+           if v > {"map": 1e-6, "shard": shard.get(k[0], 1e-4)}[k[1]]}
     print("WORST", worst)
     print("BAD" if bad else "SAME", bad)
 """)
@@ -242,7 +246,8 @@ def test_every_algorithm_sharded_replicas_match_separate_runs(name):
   CI's); sharded over the devices (each device maps its replicas and
   their clients) within 1e-4, HyperGenFL within 5e-2 (its hypernetwork
   moves with the float summation order, as tests/test_placement.py states
-  for vmap vs map). One subprocess per algorithm: all of them in one took
+  for vmap vs map), FedDF within 5e-3 (its server's Adam: the script's
+  comment). One subprocess per algorithm: all of them in one took
   over 1,800 s on CI's AMD EPYC, too long for the slow tests' CI budget
   (tests/slow_budget.py)."""
   tests = os.path.dirname(__file__)
