@@ -224,10 +224,11 @@ SHARDED = textwrap.dedent("""
     # (hFedF 7.5e-9, HyperGenFL 1.4e-9 there; every other algorithm 0), so
     # 1e-6: a replica fed another's key or data is off by >1e-3. "shard":
     # float order only: on CI's AMD EPYC MOON 8.8e-6, the others 1.1e-6 or
-    # less, but for two amplifiers: HyperGenFL's hypernetwork (1.3e-2 there), FedDF's
-    # server Adam, which turns rounding-sized gradients into steps of up to
-    # its lr (1e-3, 2 steps a round): 1.3e-4 there, where another seed's run
-    # is 0.65 away (docs/bench-logs/2026-11-29/, "replicas_sharded_*").
+    # less, but for two amplifiers: HyperGenFL's hypernetwork (1.3e-2
+    # there), FedDF's server Adam, which turns rounding-sized gradients into
+    # steps of up to its lr (1e-3, 2 steps a round): 1.3e-4 there, where
+    # another seed's run is 0.65 away (docs/bench-logs/2026-11-29/,
+    # "replicas_sharded_*").
     shard = {"hypergenfl": 5e-2, "feddf": 5e-3}
     bad = {k: v for k, v in worst.items()
            if v > {"map": 1e-6, "shard": shard.get(k[0], 1e-4)}[k[1]]}
