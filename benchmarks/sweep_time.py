@@ -202,7 +202,7 @@ class Timeline:
 def instrument(tl: Timeline) -> None:
   """Wraps, in this process, what a sweep calls with `tl`'s timers."""
   from fedjax_dg import engine
-  from fedjax_dg.engine import checkpoint, loop, placement
+  from fedjax_dg.engine import checkpoint, placement, runner
   from fedjax_dg.report import metrics_log, run_summary
   from fedjax_dg.run import assemble, directory, experiment, reports, sweep
 
@@ -235,14 +235,13 @@ def instrument(tl: Timeline) -> None:
                         on_eval=on_eval)
   engine.run = run_one
 
-  make_programs = loop.programs
+  make_programs = runner.programs
 
   def programs(*args, **kwargs):
     progs = make_programs(*args, **kwargs)
     return progs._replace(chunk=tl.timed("chunk", progs.chunk, block=True))
-  loop.programs = programs
-  loop.check_finite = tl.timed("guard", loop.check_finite)
-  loop._to_host = tl.timed("guard", loop._to_host)
+  runner.programs = programs
+  runner._nonfinite = tl.timed("guard", runner._nonfinite)
 
   for store in (placement.DeviceStore, placement.HostStore):
     evaluate = store.evaluate

@@ -70,3 +70,10 @@ class StandInWarning(UserWarning):
   pretrained network belongs (CCST's AdaIN, a frozen ViT backbone), source
   domains left out of a partition. `experiment.run` records each in
   results.json's `warnings` and table.md, not only on stderr."""
+
+
+class CheckpointWarning(UserWarning):
+  """A run's checkpoint could not be read (damaged: a process killed while
+  writing it, a full disk): the run resumed from an older one or started
+  over. Only that run is affected; `experiment.run` records the warning in
+  results.json's `warnings`."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import optax
 
@@ -9,6 +10,13 @@ from fedjax_dg.client.update import RunProgress
 from fedjax_dg.errors import ConfigError
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
+
+
+def is_concrete(x) -> bool:
+  """Whether `x` is a value, not a tracer: a recipe's values
+  (`algorithms.base.Recipe`) are traced inside the engine's programs, where
+  the checks that ran on their concrete values are skipped."""
+  return not isinstance(x, jax.core.Tracer)
 # The clients' learning-rate schedules (`client.schedule`).
 SCHEDULES = ("constant", "cosine")
 
@@ -26,7 +34,7 @@ def make_optimizer(name: str, lr: float, weight_decay: float = 0.0,
   """
   if name not in OPTIMIZERS:
     raise ConfigError(f"optimizer={name!r} is not supported; allowed: {OPTIMIZERS}")
-  if lr <= 0:
+  if is_concrete(lr) and lr <= 0:  # a traced lr was checked when concrete
     raise ConfigError(f"learning rate must be > 0, got {lr}")
   parts = []
   if clip_norm and clip_norm > 0:

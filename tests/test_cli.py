@@ -367,10 +367,11 @@ def test_a_resumed_runs_seconds_count_every_part(tiny_config, tmp_path,
       out, "--set", "data.targets=0", "--set", "train.rounds=2")
   real_save = Checkpointer.save
 
-  def save(self, step, carry, meta):
+  def save(self, step, carry, meta, **kw):
     if step == 2:
       raise KeyboardInterrupt
-    real_save(self, step, carry, dict(meta, seconds=meta["seconds"] + 1000.0))
+    real_save(self, step, carry, dict(meta, seconds=meta["seconds"] + 1000.0),
+              **kw)
 
   monkeypatch.setattr(Checkpointer, "save", save)
   assert cli.main(args) == 130

@@ -236,7 +236,7 @@ def test_an_engine_import_of_a_data_module_is_found():
 # The engine's modules, each importing only modules before it (docs: the
 # package docstring of fedjax_dg/engine).
 ENGINE_ORDER = ("settings", "checkpoint", "layout", "round", "placement",
-                "evaluation", "programs", "loop", "replicas")
+                "evaluation", "programs", "runner")
 
 
 def engine_upward_imports(edges) -> list[tuple[str, str]]:
@@ -251,9 +251,9 @@ def test_the_engine_modules_import_one_way():
   assert engine_upward_imports(graph()) == []
   edges = graph()  # planted: an upward import is found
   edges["fedjax_dg.engine.round"] = (edges["fedjax_dg.engine.round"]
-                                     | {"fedjax_dg.engine.loop"})
+                                     | {"fedjax_dg.engine.runner"})
   assert engine_upward_imports(edges) == [("fedjax_dg.engine.round",
-                                           "fedjax_dg.engine.loop")]
+                                           "fedjax_dg.engine.runner")]
 
 
 ALGORITHMS = "fedjax_dg.algorithms"

@@ -20,8 +20,10 @@ from fedjax_dg.algorithms import local_only, scaffold
 from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.client import objectives
 from fedjax_dg.data.federated import pack_padded
-from fedjax_dg.engine.replicas import replica_mapping, run_replicas
-from fedjax_dg.errors import ConfigError, NonFiniteError, StandInWarning
+from fedjax_dg.engine.programs import replica_mapping
+from fedjax_dg.engine.runner import run_replicas
+from fedjax_dg.errors import (CheckpointWarning, ConfigError, NonFiniteError,
+                              StandInWarning)
 from fedjax_dg.optim import make_optimizer
 
 N = 3
@@ -126,8 +128,9 @@ def test_vmapped_replicas_match_to_float_order(setup):
 
 def test_a_resumed_batch_equals_the_uninterrupted_one(setup, tmp_path):
   """A batch stopped after 2 of 4 rounds resumes from its replicas'
-  checkpoints; one replica's checkpoint of round 4 (written before the
-  stop reached the others) is dropped and recomputed: every replica ends
+  checkpoints, each from its own: replica 0 got further alone (its round 4
+  written, the others' not), so it is not trained again (no evaluation
+  after the resume) while the others train rounds 3-4; every replica ends
   as in the uninterrupted batch, history included."""
   feds, model, algs = setup
   alg = algs["local_only"]
@@ -136,14 +139,41 @@ def test_a_resumed_batch_equals_the_uninterrupted_one(setup, tmp_path):
   whole = run_replicas(alg, datas, model, CFG, SEEDS, mapping="map")
   run_replicas(alg, datas, model, dataclasses.replace(CFG, rounds=2), SEEDS,
                checkpoint_dirs=dirs, mapping="map")
-  # Replica 0 alone got further (its round 4 written, the others' not).
   run_replicas(alg, datas[:1], model, CFG, SEEDS[:1],
                checkpoint_dirs=dirs[:1], mapping="map")
-  seen = []
+  seen = [[], [], []]
   resumed = run_replicas(alg, datas, model, CFG, SEEDS, checkpoint_dirs=dirs,
-                         mapping="map",
-                         on_eval=[seen.append, None, None])
-  assert [e["round"] for e in seen] == [4]  # only the rounds after the resume
+                         mapping="map", on_eval=[s.append for s in seen])
+  assert [[e["round"] for e in s] for s in seen] == [[], [4], [4]]
+  for a, b in zip(resumed, whole, strict=True):
+    assert_same_run(a, b)
+
+
+def test_a_damaged_checkpoint_costs_only_its_replica(setup, tmp_path):
+  """Replica 1's latest checkpoint is damaged (its state file truncated):
+  it alone starts over (a CheckpointWarning names it), the others resume
+  from their own; all end as in the uninterrupted batch."""
+  feds, model, algs = setup
+  alg = algs["local_only"]
+  datas = batch(feds)
+  dirs = [str(tmp_path / f"r{r}") for r in range(3)]
+  whole = run_replicas(alg, datas, model, CFG, SEEDS, mapping="map")
+  run_replicas(alg, datas, model, dataclasses.replace(CFG, rounds=2), SEEDS,
+               checkpoint_dirs=dirs, mapping="map")
+  damaged = 0
+  for root, _, files in os.walk(os.path.join(dirs[1], "2")):
+    for f in files:
+      if "state" in root and not f.startswith("_"):
+        with open(os.path.join(root, f), "r+b") as fh:
+          fh.truncate(max(os.path.getsize(os.path.join(root, f)) // 2, 1))
+        damaged += 1
+  assert damaged
+  seen = [[], [], []]
+  with pytest.warns(CheckpointWarning, match="seed 7.*damaged.*started over"):
+    resumed = run_replicas(alg, datas, model, CFG, SEEDS,
+                           checkpoint_dirs=dirs, mapping="map",
+                           on_eval=[s.append for s in seen])
+  assert [[e["round"] for e in s] for s in seen] == [[4], [2, 4], [4]]
   for a, b in zip(resumed, whole, strict=True):
     assert_same_run(a, b)
 
@@ -194,7 +224,7 @@ SHARDED = textwrap.dedent("""
     engine.use_cpu_devices(2)
     import jax, numpy as np
     from conftest import every_algorithm_setup, model_for
-    from fedjax_dg.engine.replicas import run_replicas
+    from fedjax_dg.engine.runner import run_replicas
     from fedjax_dg.run import assemble
     assert jax.device_count() == 2
     fed, cfg = every_algorithm_setup()

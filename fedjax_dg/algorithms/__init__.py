@@ -12,6 +12,13 @@
     MODELS              optional (any): the `model.name`s it runs on, e.g.
                         FedSDAF's ("vit_b16", "vit_tiny"); a run on another
                         model is refused before any data is read
+    TRACED              optional (()): float hyperparameters that are
+                        arguments of the compiled programs (`recipe`), not
+                        constants: `build` must accept tracers for them (its
+                        checks skip them, `optim.is_concrete`); a grid over
+                        them then shares one compile
+    STATIC_CLIENT_LR    optional (False): the clients' learning rate is a
+                        constant of the programs (`build` needs its value)
     VARIANTS            optional: {name: (display name, hyperparameter
                         overrides)}, more algorithm names built by this module
     ABLATIONS           optional ({}): {hyperparameter: label} of the switches
@@ -53,8 +60,10 @@ import pkgutil
 from types import ModuleType
 from typing import Any, Mapping
 
+import numpy as np
+
 from fedjax_dg.algorithms.base import (Algorithm, ClientContext, ClientData,
-                                       ClientResult, ServerState)
+                                       ClientResult, Recipe, ServerState)
 from fedjax_dg.client import objectives
 from fedjax_dg.client.update import RunProgress
 from fedjax_dg.errors import ConfigError
@@ -102,6 +111,15 @@ class Spec:
   @property
   def federated(self) -> bool:
     return bool(getattr(self.module, "FEDERATED", True))
+
+  @property
+  def traced(self) -> tuple[str, ...]:
+    """The hyperparameters its recipes take as values (`TRACED`)."""
+    return tuple(getattr(self.module, "TRACED", ()))
+
+  @property
+  def static_client_lr(self) -> bool:
+    return bool(getattr(self.module, "STATIC_CLIENT_LR", False))
 
   @property
   def variants(self) -> tuple[str, ...]:
@@ -317,8 +335,66 @@ def build(name: str, model, *, hyperparameters: Mapping[str, Any],
   return alg
 
 
+def takes_context(name: str, what: str) -> bool:
+  """Whether algorithm `name`'s `build` takes context argument `what`
+  ("seed", "data", ...)."""
+  return what in inspect.signature(spec(name).module.build).parameters
+
+
+def recipe(name: str, model, *, hyperparameters: Mapping[str, Any],
+           client: Mapping[str, Any], num_clients: int, data=None,
+           seed: int = 0) -> Recipe:
+  """Algorithm `name` (the arguments of `build`) as a `Recipe`: what its
+  runs may differ in without another compile is an argument of its
+  programs, `Recipe.values`:
+
+      mean, std   the model's input normalization (float32 [channels])
+      lr          the clients' learning rate (not with STATIC_CLIENT_LR)
+      hp          its module's TRACED float hyperparameters
+
+  Everything else (the other hyperparameters and client settings, the
+  model's architecture, the number of clients; the seed where `build`
+  reads it, the data where it derives something from them) is the recipe's
+  key: recipes with equal keys share their compiled programs. The template
+  is built from the given values, so every check of `build` runs on them."""
+  s = spec(name)
+  hp, client = dict(hyperparameters), dict(client)
+  traced = tuple(k for k in s.traced if k in hp
+                 and isinstance(hp[k], (int, float))
+                 and not isinstance(hp[k], bool))
+  lr_traced = not s.static_client_lr
+  static_hp = {k: v for k, v in hp.items() if k not in traced}
+  static_client = {k: v for k, v in client.items()
+                   if not (lr_traced and k == "lr")}
+  values = dict(mean=np.asarray(model.mean, np.float32),
+                std=np.asarray(model.std, np.float32),
+                hp={k: np.float32(hp[k]) for k in traced})
+  if lr_traced:
+    values["lr"] = np.float32(client["lr"])
+  reads = [k for k in ("seed", "data") if takes_context(name, k)]
+  key = ("registry", name, model.structure(),
+         tuple(sorted((k, repr(v)) for k, v in static_hp.items())),
+         tuple(sorted((k, repr(v)) for k, v in static_client.items())),
+         int(num_clients), traced, lr_traced,
+         int(seed) if "seed" in reads else None,
+         id(data) if "data" in reads and s.uses_data(hp) else None)
+  base = model.structure()
+
+  def make(v):
+    m = base.normalized_by(v["mean"], v["std"])
+    c = dict(static_client, **({"lr": v["lr"]} if lr_traced else {}))
+    alg = build(name, m, hyperparameters={**static_hp, **v["hp"]}, client=c,
+                num_clients=num_clients, data=data, seed=seed)
+    return alg, alg.model or m
+
+  template = build(name, model, hyperparameters=hp, client=client,
+                   num_clients=num_clients, data=data, seed=seed)
+  return Recipe(key, make, values, template=(template,
+                                             template.model or model))
+
+
 __all__ = ["Algorithm", "ClientContext", "ClientData", "ClientResult",
            "REFERENCE", "ServerState", "Spec", "TABLE_ORDER", "available", "build", "client_defaults", "describe",
            "client_optimizer", "client_settings", "create", "hyperparameters",
-           "modules", "needs_server_data", "reads_client_data", "spec",
-           "uses_data"]
+           "modules", "needs_server_data", "reads_client_data", "recipe",
+           "spec", "takes_context", "uses_data"]

@@ -233,3 +233,65 @@ def with_frozen(frozen: PyTree, params: PyTree) -> PyTree:
     raise ValueError(f"frozen and trained parameters both hold {sorted(overlap)}: "
                      "the frozen pytree must name entries the trained one lacks")
   return {**frozen, **params}
+
+
+class Recipe:
+  """An algorithm as a function of the values its runs differ in.
+
+  Runs whose programs have the same shapes (other seeds, targets, splits,
+  learning rates, input normalizations) share one compiled program when
+  everything they differ in is an argument of it, not a constant baked into
+  it. A Recipe says how: `make(values) -> (Algorithm, model)` builds the
+  algorithm and its model from a pytree of arrays `values` (called inside
+  the engine's traced programs, so `values` are tracers there), and `key`
+  is what the programs are cached by: two recipes with equal keys make the
+  same programs for values of equal shapes.
+
+  `template` is `make(values)` for one run's concrete values: what the
+  engine reads outside a trace (the algorithm's name, whether it is
+  pooled or personalized, its state's shapes, its shared-frozen
+  parameters). `values` are that run's values (None: the recipe has none,
+  `Recipe.of`).
+  """
+
+  def __init__(self, key, make: Callable[[Any], tuple[Algorithm, Any]],
+               values: Any = None, owner: Any = None, template=None):
+    self.key = key
+    self._make = make
+    self.values = values
+    self.template = template if template is not None else make(values)
+    self.owner = owner if owner is not None else key
+
+  @classmethod
+  def of(cls, alg: "Algorithm | Recipe", model=None) -> "Recipe":
+    """`alg` itself if it is a Recipe; else the recipe of an Algorithm
+    built by hand: no values, everything a constant of its programs
+    (cached per Algorithm and model object, as before recipes)."""
+    if isinstance(alg, Recipe):
+      return alg
+    model = alg.model or model
+    return cls((alg, model), lambda values: (alg, model), None, owner=alg)
+
+  @property
+  def alg(self) -> Algorithm:
+    return self.template[0]
+
+  @property
+  def model(self):
+    return self.template[1]
+
+  def make(self, values) -> tuple[Algorithm, Any]:
+    """(Algorithm, model) of `values` (the template where the recipe has
+    none)."""
+    if self.values is None:
+      return self.template
+    return self._make(values)
+
+  def __hash__(self) -> int:
+    return hash(self.key)
+
+  def __eq__(self, other) -> bool:
+    return isinstance(other, Recipe) and self.key == other.key
+
+  def __repr__(self) -> str:
+    return f"Recipe({self.alg.name})"

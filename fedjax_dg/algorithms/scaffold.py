@@ -59,6 +59,7 @@ from fedjax_dg.client import objectives
 from fedjax_dg.client.passes import sum_over_chunks
 from fedjax_dg.client.update import Batch, RunProgress
 from fedjax_dg.errors import ConfigError
+from fedjax_dg.optim import is_concrete
 from fedjax_dg.models.vit_adapters import adapter_setting
 
 DISPLAY_NAME = "SCAFFOLD"
@@ -111,16 +112,17 @@ def on_frozen(loss):
   return objective
 
 
-def step_size(optimizer: optax.GradientTransformation) -> float:
+def step_size(optimizer: optax.GradientTransformation):
   """eta_l as the optimizer's first step on a unit gradient at parameters 0:
   the learning rate for SGD (neither momentum nor PyTorch-style weight decay
-  acts on that step), lr / (1 + 1e-8) for Adam."""
+  acts on that step), lr / (1 + 1e-8) for Adam. A float, or a traced scalar
+  where the learning rate is one (a recipe's value)."""
   with jax.ensure_compile_time_eval():
     zero = jnp.zeros(())
     extra = {"progress": 0.0} if isinstance(optimizer, RunProgress) else {}
     update, _ = optimizer.update(jnp.ones(()), optimizer.init(zero), zero,
                                  **extra)
-    return float(-update)
+    return float(-update) if is_concrete(update) else -update
 
 
 def build(model, optimizer, loss, *, num_clients: int, variant: str = "II",
@@ -150,7 +152,7 @@ def build(model, optimizer, loss, *, num_clients: int, variant: str = "II",
   if grad_chunk < 1:
     raise ConfigError(f"scaffold.grad_chunk={grad_chunk!r}: must be >= 1")
   eta_l = step_size(optimizer) if variant == "II" else 1.0
-  if not eta_l > 0:
+  if is_concrete(eta_l) and not eta_l > 0:
     raise ConfigError(f"scaffold.variant='II' needs a client optimizer whose "
                       f"first step descends (measured step size {eta_l})")
   frozen = None

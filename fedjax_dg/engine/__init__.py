@@ -11,10 +11,10 @@ Round body (inside the scan, nothing crosses to the host):
     server = algorithm.server.update(server, ClientResult(...), key)
 
 (the full contract: `algorithms.base`). Between chunks of `eval_every` rounds
-(and only there) the host evaluates, logs, moves the progress bar and writes an
-orbax checkpoint. Randomness: one root key; round key = fold_in(root, r); client
-key = fold_in(round key, client id), so results do not depend on the mapping,
-the placement or the number of devices.
+(and only there) the host evaluates, logs, moves the progress bar and writes
+orbax checkpoints. Randomness: one root key; round key = fold_in(root, r);
+client key = fold_in(round key, client id), so results do not depend on the
+mapping, the placement or the number of devices.
 
 Where each question is answered:
 
@@ -32,16 +32,17 @@ Where each question is answered:
                    keep them (`DeviceStore`, `HostStore`), the host's rows
     evaluation.py  how a run is scored: id / target accuracy, calibration,
                    divergence, extras (`make_eval`), the target sets, features
-    programs.py    what is compiled, keyed by what (`programs`, `Programs`,
-                   `program_key`), and forgetting it (`forget_programs`)
+    programs.py    what is compiled, keyed by what: one run's programs
+                   (`programs`, `Programs`, `program_key`), a batch of R
+                   replicas' (`replica_programs`, `replica_mapping`), and
+                   forgetting them (`forget_programs`)
     checkpoint.py  the orbax checkpoints and what they cost on disk
-    loop.py        `run`: the chunks, the NaN guard, the progress bar, resume
-    replicas.py    `run_replicas`: R runs of one algorithm (seeds, targets,
-                   splits of equal shapes) as one program with a leading
-                   [R] axis, each replica equal to its separate run
+    runner.py      `run_batch`: R >= 1 runs as one batch (the chunks, the
+                   NaN guard, evaluation, checkpoints, resume, the progress
+                   bar); `run`: a batch of one
 
 Imports inside the package point one way: settings <- layout <- round <-
-placement <- evaluation <- programs <- loop <- replicas; checkpoint imports no engine
+placement <- evaluation <- programs <- runner; checkpoint imports no engine
 module. The engine imports no data module: it asks the data objects
 (`PackedClients.streamed`, `FederatedData.target_streamed`).
 
@@ -51,10 +52,10 @@ imported from its module.
 
 from fedjax_dg.engine.checkpoint import checkpoint_bytes, checkpoints_held
 from fedjax_dg.engine.layout import use_cpu_devices
-from fedjax_dg.engine.loop import run
 from fedjax_dg.engine.programs import forget_programs
-from fedjax_dg.engine.replicas import run_replicas
+from fedjax_dg.engine.runner import run, run_batch, run_replicas
 from fedjax_dg.engine.settings import EngineConfig, RunResult
 
 __all__ = ["EngineConfig", "RunResult", "checkpoint_bytes", "checkpoints_held",
-           "forget_programs", "run", "run_replicas", "use_cpu_devices"]
+           "forget_programs", "run", "run_batch", "run_replicas",
+           "use_cpu_devices"]

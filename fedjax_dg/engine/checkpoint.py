@@ -85,7 +85,11 @@ class Checkpointer:
     shapes = [f"{np.dtype(x.dtype)}{list(x.shape)}" for x in leaves]
     return f"{treedef} {shapes}"
 
-  def save(self, step: int, carry, meta: dict) -> None:
+  def save(self, step: int, carry, meta: dict, fresh: bool = False) -> None:
+    """Writes `carry` (device or host leaves) and `meta` as round `step`,
+    asynchronously. `fresh`: the caller's host (numpy) leaves are its own
+    copy, never changed after (a batch's one host copy of its carry), so
+    they are not copied again."""
     ocp = self._ocp
     # A copy of the meta too: the engine goes on appending to the history and
     # round metrics lists while the asynchronous write may not have read them
@@ -93,8 +97,8 @@ class Checkpointer:
     meta = copy.deepcopy(dict(meta, layout=self.layout(carry)))
     # A copy of host (numpy) leaves: the write is asynchronous and the "host"
     # placement updates its client state in place.
-    leaves = {str(i): np.array(x) if isinstance(x, np.ndarray) else np.asarray(x)
-              for i, x in enumerate(jax.tree.leaves(carry))}
+    leaves = {str(i): np.array(x) if not fresh and isinstance(x, np.ndarray)
+              else np.asarray(x) for i, x in enumerate(jax.tree.leaves(carry))}
     # Asynchronous: the next chunk runs while this one is written (an
     # earlier write's failure surfaces here or at `close`).
     try:

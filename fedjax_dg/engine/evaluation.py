@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dg import evaluate
-from fedjax_dg.algorithms.base import Algorithm, with_frozen
+from fedjax_dg.algorithms.base import Algorithm, Recipe, with_frozen
 from fedjax_dg.engine.placement import EvalBlocks, pad_clients, take_rows
 from fedjax_dg.engine.settings import EngineConfig, eval_batch
 
@@ -85,49 +85,93 @@ def divergence_ids(num_clients: int) -> np.ndarray:
       num_clients, DIVERGENCE_CLIENTS, replace=False))
 
 
-def make_eval(alg: Algorithm, model, eval_batch_size: int):
-  """Returns (eval, eval_blocks), each -> dict of host floats/lists.
+def client_scores(alg: Algorithm, model, frozen, params, val, ood, bs_val,
+                  bs_ood) -> dict:
+  """Device scores of the evaluated `params` (one global model, or stacked
+  [N, ...] where `alg` is personalized): "id" on the padded id-validation
+  arrays `val` ([N, V, ...] x, y, mask), "ood" on the target block `ood`
+  (x, y, mask); a None input leaves its key out. Traceable (the engine
+  jits it, alone or mapped over replicas)."""
+  # One copy of the frozen parameters, merged per model inside the maps.
+  apply_fn = lambda p, x: model.apply(with_frozen(frozen, p), x, train=False)
+  stacked, shared = (params, None) if alg.server.personalized else (None, params)
+  out = {}
+  if val is not None:
+    vx, vy, vm = val
+    out["id"] = evaluate.per_client_scores(apply_fn, stacked, shared, vx, vy, vm,
+                                           bs_val)
+  if ood is not None:
+    ox, oy, om = ood
+    if alg.server.personalized:
+      out["ood"] = evaluate.models_on_shared_data(apply_fn, params, ox, oy, om,
+                                                  bs_ood)
+    else:
+      out["ood"] = evaluate.scores(apply_fn, params, ox, oy, om, bs_ood)
+  return out
 
-  eval(carry, frozen, val, ood): every client at once (the "device"
-  placement; `val` the padded [N, V, ...] arrays). eval_blocks((server,
-  host client state), frozen, EvalBlocks, ood): the same numbers, clients a
-  block at a time (the "host" placement: no [N, ...] device array).
-  `val` / `ood` None: that evaluation is skipped and its keys are absent. A
-  client without id-validation examples is None in id_acc_per_client and left
-  out of id_acc (the mean over clients).
+
+def carry_scores(alg: Algorithm, model, carry, frozen, arrays, bs_val,
+                 bs_ood) -> dict:
+  """`client_scores` of a scan carry (server, client state) with
+  `arrays` = (val, ood)."""
+  server, clients = carry
+  return client_scores(alg, model, frozen,
+                       alg.server.eval_params(server, clients), *arrays,
+                       bs_val, bs_ood)
+
+
+def summary(alg: Algorithm, s: dict, details: bool, personal, extras) -> dict:
+  """The evaluation's dict from host scores `s` (`client_scores`, on the
+  host); `personal()` the evaluated models of `divergence_ids(N)` (weight
+  divergence), `extras()` the algorithm's (host values), both read only
+  with `details`. A client without id-validation examples is None in
+  id_acc_per_client and left out of id_acc (the mean over clients)."""
+  out = {}
+  if "id" in s:
+    count = np.asarray(s["id"].count)
+    id_acc = np.asarray(s["id"].correct) / np.maximum(count, 1)
+    out.update(id_acc=float(np.mean(id_acc[count > 0])),
+               id_acc_per_client=[float(a) if c > 0 else None
+                                  for a, c in zip(id_acc, count)])
+  if "ood" in s:
+    ood_acc = np.atleast_1d(s["ood"].correct / np.maximum(s["ood"].count, 1))
+    out.update(ood_acc=float(np.mean(ood_acc)), ood_acc_per_client=ood_acc.tolist())
+  if details:  # calibration over all clients' predictions, divergence, extras
+    bins = lambda b: np.asarray(b).reshape(-1, *np.asarray(b).shape[-2:]).sum(0)
+    out["calibration"] = {k: evaluate.calibration_summary(bins(v.bins))
+                          for k, v in s.items()}
+    if alg.server.personalized:
+      out["weight_divergence"] = evaluate.weight_divergence(personal())
+    out["extras"] = jax.tree.map(lambda a: np.asarray(a).tolist(), extras())
+  return out
+
+
+def make_eval(recipe: Recipe, eval_batch_size: int):
+  """Returns (eval, eval_blocks), each -> dict of host floats/lists
+  (`summary`), of the algorithm and model `recipe.make(values)`.
+
+  eval(carry, frozen, val, ood, details=False, values=None): every client
+  at once (the "device" placement; `val` the padded [N, V, ...] arrays).
+  eval_blocks((server, host client state), frozen, EvalBlocks, ood,
+  details=False, values=None): the same numbers, clients a block at a time
+  (the "host" placement: no [N, ...] device array). `val` / `ood` None:
+  that evaluation is skipped and its keys are absent.
   """
-  eval_params = jax.jit(alg.server.eval_params)
-  eval_rows = jax.jit(alg.eval_rows)
+  alg, make = recipe.alg, recipe.make
+  eval_params = jax.jit(lambda server, clients, values:
+                        make(values)[0].server.eval_params(server, clients))
+  eval_rows = jax.jit(lambda server, rows, ids, values:
+                      make(values)[0].eval_rows(server, rows, ids))
+  scores = jax.jit(lambda carry, frozen, arrays, values, bs_val, bs_ood:
+                   carry_scores(*make(values), carry, frozen, arrays, bs_val,
+                                bs_ood), static_argnums=(4, 5))
 
-  def client_scores(frozen, params, val, ood, bs_val, bs_ood):
-    # One copy of the frozen parameters, merged per model inside the maps.
-    apply_fn = lambda p, x: model.apply(with_frozen(frozen, p), x, train=False)
-    stacked, shared = (params, None) if alg.server.personalized else (None, params)
-    out = {}
-    if val is not None:
-      vx, vy, vm = val
-      out["id"] = evaluate.per_client_scores(apply_fn, stacked, shared, vx, vy, vm,
-                                             bs_val)
-    if ood is not None:
-      ox, oy, om = ood
-      if alg.server.personalized:
-        out["ood"] = evaluate.models_on_shared_data(apply_fn, params, ox, oy, om,
-                                                    bs_ood)
-      else:
-        out["ood"] = evaluate.scores(apply_fn, params, ox, oy, om, bs_ood)
-    return out
-
-  @functools.partial(jax.jit, static_argnums=(3, 4))
-  def scores(carry, frozen, arrays, bs_val, bs_ood):
-    server, clients = carry
-    return client_scores(frozen, alg.server.eval_params(server, clients), *arrays,
-                         bs_val, bs_ood)
-
-  @functools.partial(jax.jit, static_argnums=(5, 6))
-  def block_scores(server, rows, ids, frozen, arrays, bs_val, bs_ood):
-    params = (alg.eval_rows(server, rows, ids) if alg.server.personalized
-              else alg.server.eval_params(server, None))
-    return client_scores(frozen, params, *arrays, bs_val, bs_ood)
+  @functools.partial(jax.jit, static_argnums=(6, 7))
+  def block_scores(server, rows, ids, frozen, arrays, values, bs_val, bs_ood):
+    alg_, model = make(values)
+    params = (alg_.eval_rows(server, rows, ids) if alg_.server.personalized
+              else alg_.server.eval_params(server, None))
+    return client_scores(alg_, model, frozen, params, *arrays, bs_val, bs_ood)
 
   batch = lambda arrays, axis: (None if arrays is None else
                                 min(eval_batch_size, arrays[0].shape[axis]))
@@ -143,48 +187,32 @@ def make_eval(alg: Algorithm, model, eval_batch_size: int):
       s["ood"] = jax.tree.map(np.add, s["ood"], score(None, block, bs_ood)["ood"])
     return s
 
-  def summary(s, details, personal, extras):
-    """The evaluation's dict from host scores `s`; `personal()` the
-    evaluated models of `divergence_ids(N)` (weight divergence), `extras()`
-    the algorithm's."""
-    out = {}
-    if "id" in s:
-      count = np.asarray(s["id"].count)
-      id_acc = np.asarray(s["id"].correct) / np.maximum(count, 1)
-      out.update(id_acc=float(np.mean(id_acc[count > 0])),
-                 id_acc_per_client=[float(a) if c > 0 else None
-                                    for a, c in zip(id_acc, count)])
-    if "ood" in s:
-      ood_acc = np.atleast_1d(s["ood"].correct / np.maximum(s["ood"].count, 1))
-      out.update(ood_acc=float(np.mean(ood_acc)), ood_acc_per_client=ood_acc.tolist())
-    if details:  # calibration over all clients' predictions, divergence, extras
-      bins = lambda b: np.asarray(b).reshape(-1, *np.asarray(b).shape[-2:]).sum(0)
-      out["calibration"] = {k: evaluate.calibration_summary(bins(v.bins))
-                            for k, v in s.items()}
-      if alg.server.personalized:
-        out["weight_divergence"] = evaluate.weight_divergence(personal())
-      out["extras"] = jax.tree.map(lambda a: np.asarray(a).tolist(),
-                                   jax.device_get(extras()))
-    return out
+  extras = jax.jit(lambda server, clients, values:
+                   make(values)[0].server.extras(server, clients))
 
-  def run_eval(carry, frozen, val, ood, details=False):
+  def extras_of(server, clients, values):
+    return lambda: jax.device_get(extras(server, clients, values))
+
+  def run_eval(carry, frozen, val, ood, details=False, values=None):
     s = over_blocks(lambda v, o, bs: jax.device_get(scores(
-        carry, frozen, (v, o), batch(v, 1), bs)), val, ood)
+        carry, frozen, (v, o), values, batch(v, 1), bs)), val, ood)
     server, clients = carry
 
     def personal():
-      models = jax.device_get(eval_params(server, clients))
+      models = jax.device_get(eval_params(server, clients, values))
       pick = divergence_ids(jax.tree.leaves(models)[0].shape[0])
       return jax.tree.map(lambda a: a[pick], models)
 
-    return summary(s, details, personal, lambda: alg.server.extras(server, clients))
+    return summary(alg, s, details, personal,
+                   extras_of(server, clients, values))
 
   def blocks_of(num_clients, size):
     """The ids of each block, the last padded to `size` with the last id."""
     for start in range(0, num_clients, size):
       yield np.minimum(np.arange(start, start + size), num_clients - 1)
 
-  def run_eval_blocks(state, frozen, blocks: EvalBlocks, ood, details=False):
+  def run_eval_blocks(state, frozen, blocks: EvalBlocks, ood, details=False,
+                      values=None):
     server, clients = state
     per_client_ood = ood if alg.server.personalized else None
     parts = []
@@ -194,46 +222,67 @@ def make_eval(alg: Algorithm, model, eval_batch_size: int):
             blocks.val.gather(ids), blocks.multiple))))
         rows = jax.device_put(take_rows(clients, ids))
         parts.append(over_blocks(lambda v, o, bs: jax.device_get(block_scores(
-            server, rows, jnp.asarray(ids), frozen, (v, o), batch(v, 1), bs)),
-                                 val, per_client_ood))
+            server, rows, jnp.asarray(ids), frozen, (v, o), values,
+            batch(v, 1), bs)), val, per_client_ood))
     n = blocks.num_clients
     s = jax.tree.map(lambda *a: np.concatenate(a)[:n], *parts) if parts else {}
     if ood is not None and not alg.server.personalized:
       s["ood"] = over_blocks(lambda v, o, bs: jax.device_get(scores(
-          (server, None), frozen, (v, o), None, bs)), None, ood)["ood"]
+          (server, None), frozen, (v, o), values, None, bs)), None, ood)["ood"]
 
     def personal():
       pick = divergence_ids(n)
       got = [jax.device_get(eval_rows(server, jax.device_put(
-          take_rows(clients, pick[ids])), jnp.asarray(pick[ids])))
+          take_rows(clients, pick[ids])), jnp.asarray(pick[ids]), values))
              for ids in blocks_of(len(pick), blocks.size)]
       return jax.tree.map(lambda *a: np.concatenate(a)[:len(pick)], *got)
 
-    return summary(s, details, personal, lambda: alg.server.extras(server, clients))
+    return summary(alg, s, details, personal,
+                   extras_of(server, clients, values))
 
   return run_eval, run_eval_blocks
 
 
-@functools.partial(jax.jit, static_argnums=(0, 3))
-def _features(model, params, x, batch: int):
-  xb = x.reshape((-1, batch) + x.shape[1:])
-  return jax.lax.map(lambda b: model.features(params, b), xb).reshape(
-      x.shape[0], -1)
-
-
-def target_features(alg: Algorithm, model, carry, frozen, data,
-                    cfg: EngineConfig) -> dict | None:
-  """Features of up to `cfg.features_max` target examples (a seeded pick) under
-  the evaluated model: `RunResult.features`."""
+def feature_pick(data, cfg: EngineConfig):
+  """(x, y, n, batch) of the `cfg.features_max` target examples whose
+  features a run keeps (a seeded pick, padded to a multiple of the batch),
+  or None: none asked for, or no target split."""
   tx, ty = data.target_x, np.asarray(data.target_y)  # tx: read at `pick`
-  if cfg.features_max == 0 or tx.shape[0] == 0 or alg.server.personalized:
+  if cfg.features_max == 0 or tx.shape[0] == 0:
     return None
   n = min(cfg.features_max, tx.shape[0])
   pick = np.sort(np.random.default_rng(cfg.seed).choice(tx.shape[0], n,
                                                         replace=False))
   batch = eval_batch(cfg, n)
   x, y, _ = evaluate.pad_to_multiple(tx[pick], ty[pick], batch)
+  return x, y, n, batch
+
+
+def features_of(alg: Algorithm, model, carry, frozen, x, batch: int):
+  """[n, F] features of examples `x` ([n, ...], n a multiple of `batch`)
+  under the evaluated (global) model of `carry`. Traceable."""
   server, clients = carry
-  params = with_frozen(frozen, jax.jit(alg.server.eval_params)(server, clients))
-  feats = np.asarray(_features(model, params, jnp.asarray(x), batch))[:n]
+  params = with_frozen(frozen, alg.server.eval_params(server, clients))
+  xb = x.reshape((-1, batch) + x.shape[1:])
+  return jax.lax.map(lambda b: model.features(params, b), xb).reshape(
+      x.shape[0], -1)
+
+
+def target_features(recipe: Recipe, carry, frozen, data, cfg: EngineConfig,
+                    values=None) -> dict | None:
+  """Features of up to `cfg.features_max` target examples (a seeded pick) under
+  the evaluated model: `RunResult.features` (None for a personalized
+  algorithm: one model per client)."""
+  picked = (None if recipe.alg.server.personalized
+            else feature_pick(data, cfg))
+  if picked is None:
+    return None
+  x, y, n, batch = picked
+  feats = np.asarray(_features(recipe, carry, frozen, jnp.asarray(x), values,
+                               batch))[:n]
   return dict(features=feats.astype(np.float32), labels=np.asarray(y[:n]))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 5))
+def _features(recipe, carry, frozen, x, values, batch):
+  return features_of(*recipe.make(values), carry, frozen, x, batch)

@@ -202,10 +202,11 @@ class DeviceStore:
   [N, ...] client state (in the scan carry) on the devices for the whole run;
   every round draws and gathers its cohort there."""
 
-  def __init__(self, progs, train, val, cfg: EngineConfig):
+  def __init__(self, progs, train, val, cfg: EngineConfig, values=None):
     """`progs`: the run's `programs.Programs`; `train` / `val`: the padded
-    views (ClientArrays [N, N_max, ...])."""
-    self.progs = progs
+    views (ClientArrays [N, N_max, ...]); `values`: the run's recipe
+    values (`algorithms.base.Recipe`)."""
+    self.progs, self.values = progs, values
     self.train = progs.layout.put_clients(train)
     # No id-validation examples at all (data.val_fraction = 0): no id
     # evaluation; the history then has no id_acc (reports show "-").
@@ -213,7 +214,7 @@ class DeviceStore:
         val, eval_batch(cfg, val.x.shape[1])))) if np.any(val.n) else None)
 
   def initial(self, key):
-    return self.progs.init(key)
+    return self.progs.init(key, self.values)
 
   def placed(self, restored):
     return self.progs.layout.put_carry(jax.tree.map(jnp.asarray, restored))
@@ -234,7 +235,8 @@ class DeviceStore:
     return state
 
   def evaluate(self, state, frozen, ood, details=False):
-    return self.progs.eval(state, frozen, self.val, ood, details=details)
+    return self.progs.eval(state, frozen, self.val, ood, details=details,
+                           values=self.values)
 
 
 class HostStore:
@@ -250,10 +252,11 @@ class HostStore:
   current chunk runs (`prefetch`)."""
 
   def __init__(self, progs, train, val, cfg: EngineConfig,
-               root_key: jax.Array, r0: int):
+               root_key: jax.Array, r0: int, values=None):
     """`progs`: the run's `programs.Programs`; `train` / `val`: the packed
-    clients (`PackedClients`); the schedule from round `r0`."""
-    self.progs, self.train = progs, train
+    clients (`PackedClients`); the schedule from round `r0`; `values`: the
+    run's recipe values."""
+    self.progs, self.train, self.values = progs, train, values
     n = train.num_clients
     m = cfg.cohort_size or n
     self.table_rows = min(n, cfg.eval_every * m)
@@ -274,9 +277,9 @@ class HostStore:
     self.union = None
 
   def initial(self, key):
-    return (self.progs.server_init(key),
-            host_rows(self.progs.init_rows, key, self.train.num_clients,
-                      self.table_rows))
+    return (self.progs.server_init(key, self.values),
+            host_rows(lambda k, ids: self.progs.init_rows(k, ids, self.values),
+                      key, self.train.num_clients, self.table_rows))
 
   def placed(self, restored):
     server, clients = restored
@@ -322,4 +325,4 @@ class HostStore:
 
   def evaluate(self, state, frozen, ood, details=False):
     return self.progs.eval_blocks(state, frozen, self.blocks, ood,
-                                  details=details)
+                                  details=details, values=self.values)

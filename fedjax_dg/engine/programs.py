@@ -3,7 +3,31 @@
 one algorithm and model (`Programs`), cached per (Algorithm, model, the
 settings that shape a program: `program_key`, number of clients), so other
 target domains with equal shapes, other seeds and resumed runs reuse the
-traced and compiled programs.
+traced and compiled programs; and the same over a leading replica axis [R]
+(`ReplicaPrograms`: R runs of equal shapes as one program, chunk,
+finiteness flags, evaluation and features each one call for all of them).
+
+How the replica axis is mapped (`replica_mapping`):
+
+* "map": one replica after another (`lax.map`), each replica's clients
+  mapped as a single run maps them (`layout.Layout.of`: sharded over the CPU
+  devices by "auto"), so each replica is its separate run: bit for bit where
+  XLA compiles the mapped body as it compiles the run's (tests/test_replicas.py
+  states the tolerance);
+* "shard": the replicas split over the devices (a 1-D mesh "replicas",
+  `jax.shard_map`), each device running its share one after another on CPU
+  (`lax.map`) or batched on accelerators (`vmap`); R is padded to a multiple
+  of the devices with copies of replica 0, whose results are dropped. The
+  clients of a replica then run on its device ("map" on CPU, "vmap"
+  elsewhere): no collective crosses devices inside a round, and the float
+  summation order is not the separate run's;
+* "vmap": every replica batched (accelerators).
+
+"auto": "map" on CPU, where batching replicas does not make a round cheaper
+(one device already keeps both cores busy and vmapped convolutions are slow:
+docs/architecture.md), so a batch saves what each run pays alone (compiles,
+set-up, host work) and gives the same numbers; "vmap" on GPU/TPU, where a
+small model fills a fraction of the chip.
 """
 
 from __future__ import annotations
@@ -16,12 +40,15 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from fedjax_dg.algorithms.base import Algorithm
+from fedjax_dg.algorithms.base import Algorithm, Recipe
 from fedjax_dg.client.update import RunProgress
-from fedjax_dg.engine.evaluation import make_eval
-from fedjax_dg.engine.layout import Layout
+from fedjax_dg.engine.evaluation import carry_scores, features_of, make_eval
+from fedjax_dg.engine.layout import Layout, mesh_size
 from fedjax_dg.engine.round import Cohort, make_round, step_rows
 from fedjax_dg.engine.settings import EngineConfig
+from fedjax_dg.errors import ConfigError
+
+REPLICA_MAPPINGS = ("auto", "map", "vmap", "shard")
 
 
 def program_key(cfg: EngineConfig, alg: Algorithm) -> EngineConfig:
@@ -64,8 +91,8 @@ class Programs(NamedTuple):
 
 
 def per_algorithm_lru(maxsize: int):
-  """`functools.lru_cache(maxsize)` over calls whose first argument is an
-  Algorithm, which can also drop every entry of one Algorithm
+  """`functools.lru_cache(maxsize)` over calls whose first argument is a
+  `Recipe`, which can also drop every entry of one Algorithm or recipe
   (`forget_programs`): a sweep forgets an algorithm's compiled programs, and
   what their closures hold (its model; its data, where it is built from its
   data), once its last batch has run, instead of keeping up to `maxsize` of
@@ -83,8 +110,8 @@ def per_algorithm_lru(maxsize: int):
         entries.popitem(last=False)
       return value
 
-    def forget(alg: Algorithm) -> int:
-      gone = [k for k in entries if k[0] is alg]
+    def forget(alg) -> int:
+      gone = [k for k in entries if k[0].owner is alg or k[0] == alg]
       for k in gone:
         del entries[k]
       return len(gone)
@@ -99,33 +126,35 @@ def per_algorithm_lru(maxsize: int):
 _CACHES: list = []
 
 
-def forget_programs(alg: Algorithm) -> int:
-  """Drops every compiled program of `alg` (single runs' and replica
-  batches'); the number of entries dropped. A later run of `alg` compiles
-  again (from the persistent compilation cache, where it is on)."""
+def forget_programs(alg) -> int:
+  """Drops every compiled program of `alg` (an Algorithm, or a Recipe and
+  every recipe of equal key; single runs' and replica batches'); the number
+  of entries dropped. A later run of `alg` compiles again (from the
+  persistent compilation cache, where it is on)."""
   return sum(cache.forget(alg) for cache in _CACHES)
 
 
-def programs(alg: Algorithm, model, cfg: EngineConfig,
-             num_clients: int) -> Programs:
-  """The jitted programs `loop.run` uses for `alg` (for benchmarks and tools
-  that drive the chunks themselves); place training data with
-  `layout.put_clients`. `run` resolves `vmap_lanes` = 0 from the clients'
-  sizes first (`layout.resolve_lanes`); here 0 is one lane per client. The
-  same for `host_gather` (`placement.resolve_gather`): here only "rows" is
-  the row gather."""
-  return _programs(alg, alg.model or model, program_key(cfg, alg),
-                   num_clients)
+def programs(alg, model, cfg: EngineConfig, num_clients: int) -> Programs:
+  """The jitted programs a single run (`runner.run`) uses for `alg` (an
+  Algorithm, or a `Recipe` whose programs take the run's values as their
+  last argument, `values=`), for benchmarks and tools that drive the chunks
+  themselves; place training data with `layout.put_clients`. `run`
+  resolves `vmap_lanes` = 0 from the clients' sizes first
+  (`layout.resolve_lanes`); here 0 is one lane per client. The same for
+  `host_gather` (`placement.resolve_gather`): here only "rows" is the row
+  gather."""
+  recipe = Recipe.of(alg, model)
+  return _programs(recipe, program_key(cfg, recipe.alg), num_clients)
 
 
 @per_algorithm_lru(maxsize=32)
-def _programs(alg: Algorithm, model, cfg: EngineConfig,
-              num_clients: int) -> Programs:
-  """Jitted (init, chunk, eval) of one algorithm, shared by every run that uses the
-  same Algorithm and model objects: other target domains with equal shapes, other
-  seeds and resumed runs reuse the traced and compiled programs."""
+def _programs(recipe: Recipe, cfg: EngineConfig, num_clients: int) -> Programs:
+  """Jitted (init, chunk, eval) of one recipe, shared by every run of an
+  equal recipe: other target domains with equal shapes, other seeds (and,
+  for a registry recipe, other normalizations and learning rates: its
+  values) and resumed runs reuse the traced and compiled programs."""
   layout = Layout.of(cfg, num_clients)
-  round_fn = make_round(alg, cfg, num_clients, layout)
+  alg, make = recipe.alg, recipe.make
 
   # Sharded: the carry stays replicated (the same sharding in and out, so the
   # second chunk reuses the first chunk's compiled program).
@@ -133,7 +162,9 @@ def _programs(alg: Algorithm, model, cfg: EngineConfig,
             else dict(out_shardings=NamedSharding(layout.mesh, P())))
 
   @functools.partial(jax.jit, static_argnums=(5,), donate_argnums=(0,), **placed)
-  def run_chunk(carry, r0, train, root_key, frozen, length, rounds):
+  def run_chunk(carry, r0, train, root_key, frozen, length, rounds,
+                values=None):
+    round_fn = make_round(make(values)[0], cfg, num_clients, layout)
     indices = r0 + jnp.arange(length)
     rounds = jnp.asarray(rounds, jnp.int32)
     if isinstance(train, Cohort):  # one cohort per round: the scan's input
@@ -146,21 +177,185 @@ def _programs(alg: Algorithm, model, cfg: EngineConfig,
 
   # One compiled program (not dozens of eager ops), and distinct output buffers
   # even where init aliases (EMA copy = params): the chunk donates its carry.
-  init = jax.jit(alg.init)
+  init = jax.jit(lambda key, values=None: make(values)[0].init(key))
   # Held once, outside the carry; replicated over the mesh like the carry.
   # Not jitted here: a pretrained file read inside a trace would become a
-  # constant of the program (`Model.init` jits its own sampling).
+  # constant of the program (`Model.init` jits its own sampling). It may not
+  # depend on the recipe's values (the template's is used).
   frozen = alg.frozen if alg.frozen is not None else lambda key: None
-  evaluate_, eval_blocks = make_eval(alg, model, cfg.eval_batch_size)
+  evaluate_, eval_blocks = make_eval(recipe, cfg.eval_batch_size)
   # Compiled without the client state (XLA drops what the output does not use).
-  server_init = jax.jit(lambda key: alg.init(key)[0])
+  server_init = jax.jit(lambda key, values=None: make(values)[0].init(key)[0])
+  init_rows = jax.jit(lambda key, ids, values=None:
+                      make(values)[0].initial_rows(key, ids))
   return Programs(
-      layout=layout, init=lambda key: layout.put_carry(init(key)),
+      layout=layout,
+      init=lambda key, values=None: layout.put_carry(init(key, values)),
       frozen=lambda key: layout.put_carry(frozen(key)), chunk=run_chunk,
       eval=lambda carry, frozen, *a, **kw: evaluate_(
           layout.to_one_device(carry), layout.to_one_device(frozen), *a, **kw),
-      server_init=lambda key: layout.put_carry(server_init(key)),
-      init_rows=jax.jit(alg.initial_rows), step_rows=step_rows(alg, cfg),
+      server_init=lambda key, values=None: layout.put_carry(
+          server_init(key, values)),
+      init_rows=init_rows, step_rows=step_rows(alg, cfg),
       eval_blocks=lambda state, frozen, *a, **kw: eval_blocks(
           (layout.to_one_device(state[0]), state[1]),
           layout.to_one_device(frozen), *a, **kw))
+
+
+@jax.jit
+def finite_leaves(tree_) -> jax.Array:
+  """[leaves] bool: every value of the leaf is finite (integer leaves are)."""
+  return jnp.stack([jnp.all(jnp.isfinite(x)) if jnp.issubdtype(x.dtype, jnp.inexact)
+                    else jnp.bool_(True) for x in jax.tree.leaves(tree_)])
+
+
+def replica_mapping(mapping: str, replicas: int) -> str:
+  """The replica axis' mapping ("auto": "map" on CPU, "vmap" on
+  accelerators; a single replica: "map")."""
+  if mapping not in REPLICA_MAPPINGS:
+    raise ConfigError(f"replica mapping {mapping!r}: allowed values are "
+                      f"{REPLICA_MAPPINGS}")
+  if mapping != "auto":
+    return mapping
+  return "map" if jax.default_backend() == "cpu" or replicas == 1 else "vmap"
+
+
+def _replica_mesh(replicas: int) -> jax.sharding.Mesh:
+  size = mesh_size(replicas)
+  return jax.make_mesh((size,), ("replicas",),
+                       axis_types=(jax.sharding.AxisType.Auto,),
+                       devices=jax.devices()[:size])
+
+
+def _over(how: str, fn: Callable, *stacked):
+  """fn(*one replica's args) over the leading replica axis of `stacked`:
+  batched ("vmap") or one replica after another ("map")."""
+  if how == "vmap":
+    return jax.vmap(fn)(*stacked)
+  return jax.lax.map(lambda a: fn(*a), stacked)
+
+
+class ReplicaPrograms(NamedTuple):
+  """The compiled programs of a batch of R replicas (`replica_programs`),
+  each one call for all of them; R' = R padded to the mesh ("shard")."""
+  chunk: Callable     # chunk(carry [R'], r0, train [R'], root_keys [R'],
+                      #   frozen [R'], values [R'], length, rounds) ->
+                      #   (carry, metrics [R', length, ...])
+  padded: int         # R'
+  put: Callable       # put(stacked [R', ...]) -> on the devices
+  finite: Callable    # finite(carry [R']) -> bool [R', leaves]
+  scores: Callable    # scores(carry, frozen, (val, ood), values, bs_val,
+                      #   bs_ood) -> device scores [R', ...] (`carry_scores`)
+  features: Callable  # features(carry, frozen, x [R', n, ...], values,
+                      #   batch) -> [R', n, F]
+  eval_params: Callable  # eval_params(carry, values) -> [R', ...]
+  extras: Callable    # extras(carry, values) -> the algorithm's extras
+
+
+def replica_programs(alg, model, cfg: EngineConfig, num_clients: int,
+                     replicas: int, mapping: str) -> ReplicaPrograms:
+  """The jitted programs of `replicas` runs of `alg` (an Algorithm or a
+  `Recipe`; cached like `programs`: per recipe, `program_key`, N, R and
+  the mapping)."""
+  recipe = Recipe.of(alg, model)
+  return _replica_programs(recipe, program_key(cfg, recipe.alg), num_clients,
+                           replicas, mapping)
+
+
+@per_algorithm_lru(maxsize=16)
+def _replica_programs(recipe, cfg, num_clients, replicas, mapping):
+  make = recipe.make
+  sharded = mapping == "shard"
+  inner = ("map" if jax.default_backend() == "cpu" else "vmap")
+  if sharded and cfg.client_mapping == "shard":
+    raise ConfigError(
+        "train.client_mapping='shard' spreads one run's clients over the "
+        "devices, but the replicas of this batch are already spread over "
+        "them: use train.client_mapping='auto' (or 'map' / 'vmap')")
+  layout = (Layout(inner if cfg.client_mapping == "auto" else
+                   cfg.client_mapping) if sharded
+            else Layout.of(cfg, num_clients))
+
+  def one(carry, r0, train, root_key, frozen, values, length, rounds):
+    round_fn = make_round(make(values)[0], cfg, num_clients, layout)
+    indices = r0 + jnp.arange(length)
+    return jax.lax.scan(
+        lambda c, r: round_fn(c, r, train, root_key, frozen, rounds), carry,
+        indices)
+
+  def chunk_over(how, carry, r0, train, keys, frozen, values, length, rounds):
+    return _over(how, lambda c, t, k, fz, v: one(c, r0, t, k, fz, v, length,
+                                                 rounds),
+                 carry, train, keys, frozen, values)
+
+  def finite(carry):
+    return jnp.stack([
+        jnp.all(jnp.isfinite(x).reshape(x.shape[0], -1), axis=1)
+        if jnp.issubdtype(x.dtype, jnp.inexact)
+        else jnp.ones(x.shape[:1], bool) for x in jax.tree.leaves(carry)],
+                     axis=1)
+
+  scores_one = lambda c, f, a, v, bs_val, bs_ood: carry_scores(
+      *make(v), c, f, a, bs_val, bs_ood)
+  features_one = lambda c, f, x, v, batch: features_of(*make(v), c, f, x,
+                                                       batch)
+  eval_params_one = lambda c, v: make(v)[0].server.eval_params(*c)
+  extras_one = lambda c, v: make(v)[0].server.extras(*c)
+
+  if not sharded:
+    # Each replica's clients mapped as a single run maps them (sharded over
+    # a "clients" mesh where there is one): the carry replicated over it,
+    # the same sharding in and out (one compile for every chunk).
+    placed = ({} if layout.mesh is None else
+              dict(out_shardings=NamedSharding(layout.mesh, P())))
+
+    @functools.partial(jax.jit, static_argnums=(6,), donate_argnums=(0,),
+                       **placed)
+    def chunk(carry, r0, train, keys, frozen, values, length, rounds):
+      return chunk_over(mapping, carry, r0, train, keys, frozen, values,
+                        length, jnp.asarray(rounds, jnp.int32))
+
+    over = lambda fn: lambda *a: _over(mapping, fn, *a)
+    put = (layout.put_carry if layout.mesh is not None else jax.device_put)
+    padded = replicas
+  else:
+    mesh = _replica_mesh(replicas)
+    spec = NamedSharding(mesh, P("replicas"))
+    padded = -(-replicas // mesh.size) * mesh.size
+
+    @functools.partial(jax.jit, static_argnums=(6,), donate_argnums=(0,),
+                       out_shardings=spec)
+    def chunk(carry, r0, train, keys, frozen, values, length, rounds):
+      rounds = jnp.asarray(rounds, jnp.int32)
+      body = lambda c, r0_, t, k, fz, v, n: chunk_over(inner, c, r0_, t, k, fz,
+                                                       v, length, n)
+      # Every value a replica differs in is sharded (its carry, data, key and
+      # frozen parameters); no collective is needed, so the varying-axes
+      # check is off: the algorithms' own scans start from constants (zeros)
+      # that it would have to be told vary over the replicas.
+      return jax.shard_map(
+          body, mesh=mesh,
+          in_specs=(P("replicas"), P(), P("replicas"), P("replicas"),
+                    P("replicas"), P("replicas"), P()),
+          out_specs=P("replicas"), check_vma=False)(carry, r0, train, keys,
+                                                     frozen, values, rounds)
+
+    def over(fn):
+      # Each device maps its own replicas: no collective, no gather.
+      return lambda *a: jax.shard_map(
+          lambda *local: _over(inner, fn, *local), mesh=mesh,
+          in_specs=(P("replicas"),) * len(a), out_specs=P("replicas"),
+          check_vma=False)(*a)
+
+    put = lambda stacked: jax.device_put(stacked, spec)
+
+  return ReplicaPrograms(
+      chunk=chunk, padded=padded, put=put, finite=jax.jit(finite),
+      scores=jax.jit(lambda carry, frozen, arrays, values, bs_val, bs_ood: over(
+          lambda c, f, a, v: scores_one(c, f, a, v, bs_val, bs_ood))(
+              carry, frozen, arrays, values), static_argnums=(4, 5)),
+      features=jax.jit(lambda carry, frozen, x, values, batch: over(
+          lambda c, f, xs, v: features_one(c, f, xs, v, batch))(
+              carry, frozen, x, values), static_argnums=(4,)),
+      eval_params=jax.jit(over(eval_params_one)),
+      extras=jax.jit(over(extras_one)))

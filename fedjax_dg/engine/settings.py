@@ -101,7 +101,7 @@ class EngineConfig:
 
 @dataclasses.dataclass
 class RunResult:
-  """One finished run (`loop.run`)."""
+  """One finished run (`runner.run`, `runner.run_batch`)."""
   algorithm: str
   server: PyTree
   clients: PyTree

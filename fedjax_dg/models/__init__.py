@@ -63,8 +63,10 @@ class Model:
     """Samples the 'params' collection (a plain nested dict); jitted. With
     `weights`, the file's tensors replace the samples (all but the head's,
     `fc2` / `head`, when `skip_head`; a ViT's adapters are always sampled)."""
-    params = _jitted_init(dataclasses.replace(self, weights="",
-                                              skip_head=False))(key)
+    # The normalization is not read by the sampling (and may be traced:
+    # a recipe's values), so it is no part of the cached program's key.
+    params = _jitted_init(dataclasses.replace(self, weights="", skip_head=False,
+                                              mean=(), std=()))(key)
     if not self.weights:
       return params
     if self.name in _VIT:
@@ -85,6 +87,17 @@ class Model:
     mean = jnp.asarray(self.mean, jnp.float32)
     std = jnp.asarray(self.std, jnp.float32)
     return (x - mean) / std
+
+  def structure(self) -> "Model":
+    """This model without its input normalization: what its programs are
+    built from when the normalization is an argument of them
+    (`algorithms.recipe`)."""
+    return dataclasses.replace(self, mean=(), std=())
+
+  def normalized_by(self, mean, std) -> "Model":
+    """This model with another per-channel normalization (arrays, possibly
+    traced)."""
+    return dataclasses.replace(self, mean=mean, std=std)
 
   @property
   def dtype(self):

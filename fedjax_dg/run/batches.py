@@ -15,7 +15,7 @@ a server split) runs alone: its Algorithm object belongs to one federation.
 
 A batch holds at most `max_replicas` runs; 0 chooses from memory: as many
 as fit in `placement.AUTO_DEVICE_SHARE` of one device's memory, each
-replica holding its padded data and carry (`engine.replicas.replica_bytes`)
+replica holding its padded data and carry (`engine.runner.replica_bytes`)
 for the whole batch. What is shared and why the rest is apart is printed at
 the start (`explain`).
 """
@@ -31,7 +31,7 @@ import numpy as np
 
 from fedjax_dg import engine
 from fedjax_dg.engine.placement import AUTO_DEVICE_SHARE, device_capacity
-from fedjax_dg.engine.replicas import replica_bytes
+from fedjax_dg.engine.runner import replica_bytes
 from fedjax_dg.errors import DiskFull, NonFiniteError
 from fedjax_dg.run import assemble, disk, experiment
 

@@ -50,10 +50,8 @@ import numpy as np
 
 from fedjax_dg import engine
 from fedjax_dg.data import sources
-from fedjax_dg.engine.evaluation import ood_sets
-from fedjax_dg.engine.layout import resolve_lanes
-from fedjax_dg.engine.placement import DeviceStore, resolve_placement
-from fedjax_dg.engine.programs import programs
+from fedjax_dg.engine import runner
+from fedjax_dg.engine.placement import resolve_placement
 from fedjax_dg.run import assemble, checks, sweep
 from fedjax_dg.run.config import ConfigDict
 
@@ -185,41 +183,39 @@ def local_steps(ecfg: engine.EngineConfig, alg, counts) -> int:
 
 def measure(alg, fed, model, ecfg: engine.EngineConfig, echo=print) -> dict:
   """One round of `alg` and one evaluation, each timed after its compile,
-  and the round program's memory (the engine's programs, "device"
-  placement). The memory is echoed before the round runs: a round that
-  does not fit has said what it needs."""
-  train = fed.pooled().packed_train if alg.client.pooled else fed.packed_train
-  if alg.client.pooled:
-    ecfg = dataclasses.replace(ecfg, cohort_size=0)
-  ecfg = resolve_lanes(ecfg, alg, train.n)
-  ecfg = dataclasses.replace(ecfg, host_gather="clients")
-  progs = programs(alg, alg.model or model, ecfg, train.num_clients)
-  root_key = jax.random.key(ecfg.seed)
-  init_key = jax.random.fold_in(root_key, 2**31 - 1)
-  frozen = progs.frozen(init_key)
-  feed = DeviceStore(progs, fed.pooled().train if alg.client.pooled
-                     else fed.train, fed.val, ecfg)
-  carry, inputs = feed.begin(feed.initial(init_key), 0, 1)
+  and the round program's memory (the runner's own set-up and programs,
+  "device" placement). The memory is echoed before the round runs: a round
+  that does not fit has said what it needs."""
+  placement = resolve_placement("auto", alg, (
+      fed.pooled() if alg.client.pooled else fed).packed_train, fed.packed_val)
+  ecfg, _, recipe, (rep,) = runner.setup(
+      alg, [fed], model, dataclasses.replace(ecfg, placement="device",
+                                             host_gather="clients"),
+      [ecfg.seed])
+  alg = recipe.alg
+  feed = runner.SingleFeed(recipe, ecfg, rep, "device")
+  progs, frozen = feed.progs, feed.frozen
+  carry, inputs = feed.store.begin(feed.state, 0, 1)
   jax.block_until_ready(carry)
   rounds = jnp.int32(ecfg.rounds)
   t = time.perf_counter()
-  compiled = progs.chunk.lower(carry, jnp.int32(0), inputs, root_key, frozen,
-                               1, rounds).compile()
+  compiled = progs.chunk.lower(carry, jnp.int32(0), inputs, rep.root, frozen,
+                               1, rounds, rep.values).compile()
   compile_s = time.perf_counter() - t
   echo(f"[estimate] {alg.name}: compiled in {hms(compile_s)}; the round's "
        f"own buffers {gib(_program_bytes(compiled))}, frozen parameters "
        f"{gib(_nbytes(frozen))}, carry {gib(engine.checkpoint_bytes(alg))}; "
        "running one round")
   t = time.perf_counter()
-  carry, metrics = compiled(carry, jnp.int32(0), inputs, root_key, frozen,
-                            rounds)
-  jax.block_until_ready((carry, metrics))
+  feed.state, metrics = compiled(carry, jnp.int32(0), inputs, rep.root, frozen,
+                                 rounds, rep.values)
+  jax.block_until_ready((feed.state, metrics))
   round_s = time.perf_counter() - t
-  _, ood = ood_sets(fed, ecfg)
-  jax.block_until_ready(feed.evaluate(carry, frozen, ood))  # compiles
+  jax.block_until_ready(feed.evaluate(1))  # compiles
   t = time.perf_counter()
-  jax.block_until_ready(feed.evaluate(carry, frozen, ood))
+  jax.block_until_ready(feed.evaluate(1))
   eval_s = time.perf_counter() - t
+  train = fed.pooled().packed_train if alg.client.pooled else fed.packed_train
   return dict(compile_s=compile_s, round_s=round_s, eval_s=eval_s,
               program_bytes=_program_bytes(compiled),
               frozen_bytes=_nbytes(frozen),
@@ -227,7 +223,7 @@ def measure(alg, fed, model, ecfg: engine.EngineConfig, echo=print) -> dict:
               data_bytes=(train.nbytes(padded=True)
                           + fed.packed_val.nbytes(padded=True)),
               carry_bytes=engine.checkpoint_bytes(alg),
-              placement=resolve_placement("auto", alg, train, fed.packed_val))
+              placement=placement)
 
 
 def full_images(cfg: ConfigDict, loaded: int) -> int:

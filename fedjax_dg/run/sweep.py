@@ -257,7 +257,7 @@ def run_sweep(config_path: str | None = None, sets=(), grid=(), seeds=None, *,
   cells). `max_replicas`: runs per replica batch (`batches`; 0: as many as
   fit in memory; 1: one run after another, each cell an `experiment.run`);
   `replica_mapping`: how a batch's replicas are mapped
-  (`engine.replicas.replica_mapping`)."""
+  (`engine.programs.replica_mapping`)."""
   if max_replicas < 0:
     raise ConfigError(f"--replicas {max_replicas}: allowed values are 0 (as "
                       "many as fit in memory), 1 (one run at a time) or a "
