@@ -272,9 +272,8 @@ def test_ctrl_c_says_how_to_continue(tiny_config, monkeypatch, capsys):
   capsys.readouterr()
 
   # A sweep is continued as a whole: `fedjax-dg sweep --resume SWEEP_DIR`,
-  # stopped in a replica batch or (--replicas 1) in a cell's run.
-  monkeypatch.setattr(experiment, "run", interrupted)
-  monkeypatch.setattr(engine, "run_replicas", interrupted)
+  # stopped in a replica batch or (--replicas 1) in a run.
+  monkeypatch.setattr(engine, "run_batch", interrupted)
   for replicas in ("0", "1"):
     sweep_dir = os.path.join(os.path.dirname(out), f"sweep{replicas}")
     assert cli.main(["sweep", "--config", path, "--out", sweep_dir,
@@ -465,14 +464,12 @@ def test_a_run_failing_at_build_leaves_no_run_directory(tiny_config, tmp_path,
   from fedjax_dg.run import assemble
   path, _ = tiny_config
   out = tmp_path / "runs"
-  real = assemble.algorithm
-
   def build(name, model, num_clients, cfg, data=None):
-    if data is not None:  # the run's build, after the run directory exists
-      raise errors.ConfigError("fedavg: a setting only the data refute")
-    return real(name, model, num_clients, cfg, data=data)
+    # The run's build (the checks before the directory exists build
+    # stand-ins with assemble.algorithm, not recipes).
+    raise errors.ConfigError("fedavg: a setting only the data refute")
 
-  monkeypatch.setattr(assemble, "algorithm", build)
+  monkeypatch.setattr(assemble, "recipe", build)
   assert cli.main(["run", "--config", path]
                   + _small(out, "--set", "data.targets=0")) == 2
   assert "a setting only the data refute" in capsys.readouterr().err

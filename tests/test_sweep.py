@@ -9,6 +9,7 @@ import os
 import shlex
 import statistics
 
+import numpy as np
 import pytest
 
 from conftest import tiny_experiment
@@ -785,7 +786,7 @@ def _opened(path, tmp_path, seeds):
 def test_a_sweep_forgets_each_algorithms_programs_after_its_last_batch(
     tiny, tmp_path, monkeypatch):
   """A long sweep holds only the programs still to run: each batch key's
-  Algorithm leaves `built` and the engine's caches (`forget_programs`)
+  recipe leaves `built` and the engine's caches (`forget_programs`)
   right after its last batch, once, and never before (the batches are
   interleaved across keys here: a key forgotten early would recompile)."""
   from fedjax_dg import engine
@@ -794,45 +795,67 @@ def test_a_sweep_forgets_each_algorithms_programs_after_its_last_batch(
   cells = _two_seeds_opened(tiny, tmp_path)
   planned, built = batches.plan(cells, max_replicas=1)
   keys = [b.key for b in planned]
-  algs = {k: alg for k, (alg, _) in built.items()}
+  recipes = {k: rec for k, (rec, _) in built.items()}
   events = []
-  monkeypatch.setattr(engine, "run_replicas", lambda alg, datas, *a, **kw: (
-      events.append(("train", alg))
+  monkeypatch.setattr(engine, "run_batch", lambda rec, datas, *a, **kw: (
+      events.append(("train", rec))
       or [NonFiniteError("not trained")] * len(datas)))
   monkeypatch.setattr(engine, "forget_programs",
-                      lambda alg: events.append(("forget", alg)))
+                      lambda rec: events.append(("forget", rec)))
   batches.run(planned, built, cells, echo=lambda *a: None,
               on_cell_done=lambda c, errors: None)
-  assert len(set(keys)) == 4 and len(keys) == 8
+  assert len(set(keys)) == 2 and len(keys) == 8  # per algorithm
   assert keys != sorted(keys, key=keys.index)  # interleaved
   want = []
   for i, key in enumerate(keys):
-    want.append(("train", algs[key]))
+    want.append(("train", recipes[key]))
     if key not in keys[i + 1:]:
-      want.append(("forget", algs[key]))
+      want.append(("forget", recipes[key]))
   assert [(e, id(a)) for e, a in events] == [(e, id(a)) for e, a in want]
   assert not built
   for opened in cells:
     opened.log.close()
 
 
-def test_batches_group_what_shares_a_program_and_say_why_not(tiny, tmp_path):
+def test_seeds_batch_together_each_with_its_own_seed_data_and_values(
+    tiny, tmp_path, monkeypatch):
   """Two seeds x two targets: each seed's max_per_domain subsample gives
-  its own input normalization, a constant of the program, so the seeds'
-  runs are apart and the printed reason names the model; within a seed both
-  targets share one batch; --replicas caps a batch."""
+  its own input normalization, but the normalization (like the learning
+  rate) is an argument of the program, not a constant of it: one batch per
+  algorithm spans both seeds and both targets, and engine.run_batch gets
+  each replica's own seed, data and values (its cell's normalization).
+  --replicas caps a batch, and the plan says so."""
+  from fedjax_dg import engine
+  from fedjax_dg.errors import NonFiniteError
   from fedjax_dg.run import batches
   cells = _two_seeds_opened(tiny, tmp_path)
+  means = [tuple(c.model(0).mean) for c in cells]
+  assert means[0] != means[1]  # the subsamples' statistics differ
   planned, built = batches.plan(cells)
-  assert sorted(len(b.jobs) for b in planned) == [2, 2, 2, 2]
+  assert sorted(len(b.jobs) for b in planned) == [4, 4]  # per algorithm
+  assert len(built) == 2
   for b in planned:
-    assert len({j.cell for j in b.jobs}) == 1        # one seed each
-    assert len({j.target for j in b.jobs}) == 2      # both targets
+    assert {(j.cell, j.target) for j in b.jobs} == {(0, 0), (0, 1), (1, 0),
+                                                    (1, 1)}
     assert len({j.name for j in b.jobs}) == 1
-  assert len(built) == 4  # (algorithm, seed) keys
   lines = batches.explain(planned, cells)
-  assert any(line.startswith("  fedavg: 4 runs in 2 batches of 2; apart "
-                             "because of the model") for line in lines), lines
+  assert any(line.startswith("  fedavg: 4 runs in 1 batch of 4; it spans "
+                             "seeds 0,1 x targets") for line in lines), lines
+  calls = []
+  monkeypatch.setattr(engine, "run_batch", lambda rec, datas, model, cfg,
+                      seeds, **kw: (calls.append((datas, seeds, kw["values"]))
+                                    or [NonFiniteError("not trained")] * len(datas)))
+  batches.run(planned, built, cells, echo=lambda *a: None,
+              on_cell_done=lambda c, errors: None)
+  assert [s for _, seeds, _ in calls for s in seeds] == [
+      int(cells[j.cell].cfg.seed) for b in planned for j in b.jobs]
+  assert {tuple(seeds) for _, seeds, _ in calls} == {(0, 0, 1, 1)}
+  for (datas, _, values), b in zip(calls, planned, strict=True):
+    assert all(d is cells[j.cell].feds[j.target]
+               for d, j in zip(datas, b.jobs, strict=True))
+    for v, j in zip(values, b.jobs, strict=True):
+      np.testing.assert_array_equal(v["mean"], np.float32(
+          cells[j.cell].model(j.target).mean))
   capped, _ = batches.plan(cells, max_replicas=1)
   assert len(capped) == 8
   assert "the batch cap" in " ".join(batches.explain(capped, cells))
@@ -840,42 +863,9 @@ def test_batches_group_what_shares_a_program_and_say_why_not(tiny, tmp_path):
     opened.log.close()
 
 
-def test_seeds_sharing_a_model_batch_together_each_with_its_own_seed(
-    tiny, tmp_path, monkeypatch):
-  """Where the seeds' models are equal (input statistics that do not
-  depend on the seed: the whole dataset's, without data.max_per_domain;
-  here one constant for every seed), one batch spans both seeds and both
-  targets, and engine.run_replicas gets each replica's own seed and data."""
-  from fedjax_dg import engine
-  from fedjax_dg.errors import NonFiniteError
-  from fedjax_dg.run import batches
-  monkeypatch.setattr(assemble, "normalization",
-                      lambda cfg, dataset, fed: ((0.5,), (0.25,)))
-  cells = _two_seeds_opened(tiny, tmp_path)
-  planned, built = batches.plan(cells)
-  assert sorted(len(b.jobs) for b in planned) == [4, 4]  # per algorithm
-  for b in planned:
-    assert {(j.cell, j.target) for j in b.jobs} == {(0, 0), (0, 1), (1, 0),
-                                                    (1, 1)}
-  calls = []
-  monkeypatch.setattr(engine, "run_replicas", lambda alg, datas, model, cfg,
-                      seeds, **kw: (calls.append((datas, seeds))
-                                    or [NonFiniteError("not trained")] * len(datas)))
-  batches.run(planned, built, cells, echo=lambda *a: None,
-              on_cell_done=lambda c, errors: None)
-  assert [s for _, seeds in calls for s in seeds] == [
-      int(cells[j.cell].cfg.seed) for b in planned for j in b.jobs]
-  assert {tuple(seeds) for _, seeds in calls} == {(0, 0, 1, 1)}
-  for (datas, _), b in zip(calls, planned, strict=True):
-    assert all(d is cells[j.cell].feds[j.target]
-               for d, j in zip(datas, b.jobs, strict=True))
-  for opened in cells:
-    opened.log.close()
-
-
 def test_runs_built_from_their_data_are_planned_alone_and_say_why(tmp_path):
-  """ELCFS builds its amplitude bank from the run's clients: an Algorithm
-  object of one target cannot serve another, so each of its runs is a batch
+  """ELCFS builds its amplitude bank from the run's clients: a recipe
+  of one target cannot serve another, so each of its runs is a batch
   of one, and the plan says why; FedAvg's targets still share a batch."""
   from fedjax_dg.run import batches
   path = tiny_experiment(tmp_path / "elcfs.py", tmp_path / "runs",

@@ -341,12 +341,61 @@ def takes_context(name: str, what: str) -> bool:
   return what in inspect.signature(spec(name).module.build).parameters
 
 
+def _traced(name: str, hp: Mapping[str, Any]) -> tuple[str, ...]:
+  """The hyperparameters of `hp` its recipes take as values: the module's
+  TRACED ones that are numbers (not bools)."""
+  return tuple(k for k in spec(name).traced if k in hp
+               and isinstance(hp[k], (int, float)) and not isinstance(hp[k], bool))
+
+
+# The parts of `recipe_key`, named (`fedjax_dg.run.batches.explain`).
+RECIPE_KEY_PARTS = (
+    "the recipe kind", "the algorithm", "the model's architecture",
+    "the algorithm's hyperparameters (those not in its module's TRACED)",
+    "the clients' optimizer (other than its learning rate)",
+    "the number of clients", "which hyperparameters are traced",
+    "whether the learning rate is traced", "the seed (its build reads it)",
+    "its run's data (it is built from them)")
+
+
+def recipe_key(name: str, model, *, hyperparameters: Mapping[str, Any],
+               client: Mapping[str, Any], num_clients: int, data=None,
+               seed: int = 0) -> tuple:
+  """What `recipe(...)` with these arguments is cached and batched by
+  (`RECIPE_KEY_PARTS`), computed without building it."""
+  s = spec(name)
+  hp = dict(hyperparameters)
+  traced = _traced(name, hp)
+  lr_traced = not s.static_client_lr
+  static_hp = {k: v for k, v in hp.items() if k not in traced}
+  static_client = {k: v for k, v in client.items()
+                   if not (lr_traced and k == "lr")}
+  return ("registry", name, model.structure(),
+          tuple(sorted((k, repr(v)) for k, v in static_hp.items())),
+          tuple(sorted((k, repr(v)) for k, v in static_client.items())),
+          int(num_clients), traced, lr_traced,
+          int(seed) if takes_context(name, "seed") else None,
+          id(data) if takes_context(name, "data") and s.uses_data(hp) else None)
+
+
+def recipe_values(name: str, model, *, hyperparameters: Mapping[str, Any],
+                  client: Mapping[str, Any]) -> dict:
+  """A run's values of its recipe (`recipe`): float32 arrays."""
+  hp = dict(hyperparameters)
+  values = dict(mean=np.asarray(model.mean, np.float32),
+                std=np.asarray(model.std, np.float32),
+                hp={k: np.float32(hp[k]) for k in _traced(name, hp)})
+  if not spec(name).static_client_lr:
+    values["lr"] = np.float32(client["lr"])
+  return values
+
+
 def recipe(name: str, model, *, hyperparameters: Mapping[str, Any],
            client: Mapping[str, Any], num_clients: int, data=None,
            seed: int = 0) -> Recipe:
   """Algorithm `name` (the arguments of `build`) as a `Recipe`: what its
   runs may differ in without another compile is an argument of its
-  programs, `Recipe.values`:
+  programs, `Recipe.values` (`recipe_values`):
 
       mean, std   the model's input normalization (float32 [channels])
       lr          the clients' learning rate (not with STATIC_CLIENT_LR)
@@ -355,29 +404,35 @@ def recipe(name: str, model, *, hyperparameters: Mapping[str, Any],
   Everything else (the other hyperparameters and client settings, the
   model's architecture, the number of clients; the seed where `build`
   reads it, the data where it derives something from them) is the recipe's
-  key: recipes with equal keys share their compiled programs. The template
-  is built from the given values, so every check of `build` runs on them."""
-  s = spec(name)
+  key (`recipe_key`): recipes with equal keys share their compiled
+  programs. The template is built from the given values, so every check
+  of `build` runs on them. An algorithm built from its run's data
+  (`uses_data`) is a recipe without values (`Recipe.of`): its programs
+  belong to that run.
+
+  Example::
+
+      rec = algorithms.recipe("fedprox", model, hyperparameters={"mu": 0.01},
+                              client=client, num_clients=fed.num_clients)
+      other = algorithms.recipe_values("fedprox", model,
+                                       hyperparameters={"mu": 0.1},
+                                       client=client)
+      a, b = engine.run_batch(rec, [fed, fed], None, cfg, seeds=(0, 0),
+                              values=[rec.values, other])
+  """
   hp, client = dict(hyperparameters), dict(client)
-  traced = tuple(k for k in s.traced if k in hp
-                 and isinstance(hp[k], (int, float))
-                 and not isinstance(hp[k], bool))
-  lr_traced = not s.static_client_lr
+  if spec(name).uses_data(hp):
+    # Built from its run's data (numpy on concrete arrays): everything a
+    # constant of its programs, as an Algorithm built by hand.
+    return Recipe.of(build(name, model, hyperparameters=hp, client=client,
+                           num_clients=num_clients, data=data, seed=seed),
+                     model)
+  key = recipe_key(name, model, hyperparameters=hp, client=client,
+                   num_clients=num_clients, data=data, seed=seed)
+  traced, lr_traced = key[6], key[7]
   static_hp = {k: v for k, v in hp.items() if k not in traced}
   static_client = {k: v for k, v in client.items()
                    if not (lr_traced and k == "lr")}
-  values = dict(mean=np.asarray(model.mean, np.float32),
-                std=np.asarray(model.std, np.float32),
-                hp={k: np.float32(hp[k]) for k in traced})
-  if lr_traced:
-    values["lr"] = np.float32(client["lr"])
-  reads = [k for k in ("seed", "data") if takes_context(name, k)]
-  key = ("registry", name, model.structure(),
-         tuple(sorted((k, repr(v)) for k, v in static_hp.items())),
-         tuple(sorted((k, repr(v)) for k, v in static_client.items())),
-         int(num_clients), traced, lr_traced,
-         int(seed) if "seed" in reads else None,
-         id(data) if "data" in reads and s.uses_data(hp) else None)
   base = model.structure()
 
   def make(v):
@@ -389,12 +444,14 @@ def recipe(name: str, model, *, hyperparameters: Mapping[str, Any],
 
   template = build(name, model, hyperparameters=hp, client=client,
                    num_clients=num_clients, data=data, seed=seed)
-  return Recipe(key, make, values, template=(template,
-                                             template.model or model))
+  return Recipe(key, make, recipe_values(name, model, hyperparameters=hp,
+                                         client=client),
+                template=(template, template.model or model))
 
 
 __all__ = ["Algorithm", "ClientContext", "ClientData", "ClientResult",
            "REFERENCE", "ServerState", "Spec", "TABLE_ORDER", "available", "build", "client_defaults", "describe",
            "client_optimizer", "client_settings", "create", "hyperparameters",
            "modules", "needs_server_data", "reads_client_data", "recipe",
-           "spec", "takes_context", "uses_data"]
+           "recipe_key", "recipe_values", "spec", "takes_context",
+           "uses_data"]

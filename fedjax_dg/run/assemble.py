@@ -62,6 +62,33 @@ def algorithm(name: str, model, num_clients: int, cfg: ConfigDict,
                           num_clients=num_clients, data=data, seed=cfg.seed)
 
 
+def recipe(name: str, model, num_clients: int, cfg: ConfigDict, data=None):
+  """Algorithm `name` of a run config as a `Recipe` (`algorithms.recipe`):
+  what its runs differ in (input normalization, learning rate, traced
+  hyperparameters) is an argument of its programs."""
+  return algorithms.recipe(name, model,
+                           hyperparameters=hyperparameters(cfg, name),
+                           client=client_settings(cfg, name),
+                           num_clients=num_clients, data=data, seed=cfg.seed)
+
+
+def recipe_key(name: str, model, num_clients: int, cfg: ConfigDict,
+               data=None) -> tuple:
+  """`recipe(...)`'s key, without building it (`algorithms.recipe_key`)."""
+  return algorithms.recipe_key(name, model,
+                               hyperparameters=hyperparameters(cfg, name),
+                               client=client_settings(cfg, name),
+                               num_clients=num_clients, data=data,
+                               seed=cfg.seed)
+
+
+def recipe_values(name: str, model, cfg: ConfigDict) -> dict:
+  """A run's values of its recipe (`algorithms.recipe_values`)."""
+  return algorithms.recipe_values(name, model,
+                                  hyperparameters=hyperparameters(cfg, name),
+                                  client=client_settings(cfg, name))
+
+
 def uses_data(name: str, cfg: ConfigDict) -> bool:
   """Whether algorithm `name` of this config derives something from the
   run's data (`algorithms.uses_data`)."""

@@ -17,37 +17,16 @@ import json
 import os
 import shutil
 import time
-import warnings
 from typing import Callable
 
 import numpy as np
 
 from fedjax_dg import algorithms, distributed, engine
-from fedjax_dg.errors import (ConfigError, DiskFull, StandInWarning, Stopped,
+from fedjax_dg.errors import (ConfigError, DiskFull, Stopped,
                               is_disk_full)
 from fedjax_dg.report import metrics_log
-from fedjax_dg.run import assemble, checks, directory, disk, provenance
+from fedjax_dg.run import assemble, batches, checks, directory, provenance
 from fedjax_dg.run.config import ConfigDict
-
-
-def stand_ins(call, where: str, echo=None):
-  """(call(), the `StandInWarning`s it raised as "where: message" strings):
-  what `run` records in results.json's `warnings`. Each is also echoed
-  (`echo`), never only a stderr line."""
-  with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always", StandInWarning)
-    out = call()
-  said = []
-  for w in caught:
-    if issubclass(w.category, StandInWarning):
-      text = str(w.message)
-      said.append(text if text.startswith(f"{where}:") else f"{where}: {text}")
-    else:  # another warning: as it would have been shown
-      warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-  for line in said:
-    if echo is not None:
-      echo(f"WARNING: {line}")
-  return out, said
 
 
 @dataclasses.dataclass
@@ -185,7 +164,7 @@ def open_run(cfg: ConfigDict, run_dir: str | None = None, *,
   targets = assemble.target_domains(cfg, dataset.domain_names)
   feds, said = [], []
   for target in targets:
-    fed, w = stand_ins(lambda t=target: assemble.federate(cfg, dataset, t),
+    fed, w = batches.stand_ins(lambda t=target: assemble.federate(cfg, dataset, t),
                        f"target {target}")
     feds.append(fed)
     said += w
@@ -243,50 +222,50 @@ def open_run(cfg: ConfigDict, run_dir: str | None = None, *,
 
 
 def run(cfg: ConfigDict, run_dir: str | None = None, *, resume: bool = False,
-        echo=print) -> dict:
+        echo=print, replicas: int = 1, mapping: str = "auto") -> dict:
   """Runs every (target domain, algorithm) of `cfg`; returns the results dict.
 
+  The runs are trained as a sweep's are (`batches`): runs of one algorithm
+  that share a program go `replicas` at a time (1: one after another; 0: as
+  many as fit in memory; `mapping`: how a batch's replicas are mapped).
   `run_dir` (a sweep's cell, or `resume`: an earlier run to continue) is
   continued if it holds a run: only with the same settings and data. A run
   directory this call made is removed again when the run fails before
-  leaving anything to continue (no finished run, no checkpoint).
+  leaving anything to continue (no finished run, no checkpoint). A run that
+  failed (went non-finite, or raised) does not stop the others; the first
+  failure is raised once they have all ended, every finished run recorded.
   """
   opened = open_run(cfg, run_dir, resume=resume, echo=echo)
   with opened.guard():
     try:
-      _run_all(opened)
+      _run_all(opened, replicas, mapping)
     finally:  # a stopped run keeps its metrics up to its last evaluation
       opened.log.close()
   return opened.results
 
 
-def _run_all(opened: OpenRun) -> None:
-  """`run`'s runs, one after another, after every check and with the run
-  directory made; results.json after each run, at the end and at Ctrl-C (a
-  killed process loses the time since its last write; each run's own
-  `seconds` also counts its parts, up to its last checkpoint: `engine.run`)."""
+def _run_all(opened: OpenRun, replicas: int = 1, mapping: str = "auto"
+             ) -> None:
+  """`run`'s runs in batches, after every check and with the run directory
+  made; results.json after each run, at the end and at Ctrl-C (a killed
+  process loses the time since its last write; each run's own `seconds`
+  also counts its parts, up to its last checkpoint: `engine.run_batch`)."""
+  failed: list = []
   try:
-    _run_each(opened)
+    for i in range(len(opened.targets)):
+      opened.echo(describe_target(opened, i))
+    for i, name in opened.finished():
+      opened.echo(f"{name} / {opened.targets[i]}: already finished, kept "
+                  "from results.json")
+    planned, built = batches.plan([opened], replicas)
+    batches.run(planned, built, [opened], echo=opened.echo, mapping=mapping,
+                on_cell_done=lambda c, errors: failed.extend(errors))
   except KeyboardInterrupt:  # the time so far counts in the total
     opened.write()
     raise
   opened.write()
-
-
-def build_algorithm(opened: OpenRun, name: str, i: int, runs: int):
-  """Algorithm `name` for target `i`'s federation and model (its stand-in
-  warnings echoed and noted), after the disk check for `runs` runs' checkpoints."""
-  fed = opened.feds[i]
-  alg, said = stand_ins(
-      lambda: assemble.algorithm(name, opened.model(i), fed.num_clients,
-                                 opened.cfg, data=fed), name, opened.echo)
-  opened.note(said)
-  # Finished runs keep their checkpoints (keep_checkpoints): every run of
-  # this algorithm still to do adds its own.
-  disk.check_disk(name, alg, opened.run_dir, opened.echo,
-                  keep=opened.ecfg.checkpoints_to_keep,
-                  runs=runs if opened.cfg.train.keep_checkpoints else 1)
-  return alg
+  if failed:
+    raise failed[0][1]
 
 
 def describe_target(opened: OpenRun, i: int) -> str:
@@ -298,29 +277,3 @@ def describe_target(opened: OpenRun, i: int) -> str:
           f"{holding}{' | ...' if fed.num_clients > 12 else ''}), "
           f"{int(np.sum(fed.packed_train.n))} training examples"
           + (f", server split {fed.server_size}" if fed.server_size else ""))
-
-
-def _run_each(opened: OpenRun) -> None:
-  """`_run_all`'s loop over (target, algorithm)."""
-  # One Algorithm object per client count and model: runs with equal shapes
-  # (other target domains) reuse the same traced and compiled programs.
-  cfg, built = opened.cfg, {}
-  pending = opened.pending()
-  for i, target in enumerate(opened.targets):
-    model = opened.model(i)
-    opened.echo(describe_target(opened, i))
-    fed = opened.feds[i]
-    for name in cfg.algorithms:
-      if (name, str(target)) in opened.done:
-        opened.echo(f"{name} / {target}: already finished, kept from "
-                    "results.json")
-        continue
-      key = (name, fed.num_clients, model,
-             id(fed) if assemble.uses_data(name, cfg) else None)
-      if key not in built:
-        later = sum(1 for j, n in pending if n == name and j >= i)
-        built[key] = build_algorithm(opened, name, i, later)
-      res = engine.run(built[key], fed, model, opened.ecfg,
-                       checkpoint_dir=opened.checkpoint_dir(name, target),
-                       on_eval=opened.log.callback(name, target))
-      opened.record(name, i, res)

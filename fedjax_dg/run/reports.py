@@ -15,7 +15,7 @@ import os
 
 from fedjax_dg import algorithms
 from fedjax_dg.errors import ConfigError, DataError
-from fedjax_dg.report import comparisons, origin, plots, tables
+from fedjax_dg.report import comparisons, origin, plots, run_summary, tables
 from fedjax_dg.report.records import (ablation_sections, ablation_table_name,
                                       display_name, finished, missing_run,
                                       records_from_cell)
@@ -349,6 +349,19 @@ def compare(dirs: list[str], out: str | None = None) -> list[str]:
   return paths
 
 
+def run_figures(run_dir: str) -> list[str]:
+  """A single run directory's own table.md and figures
+  (`run_summary.write_all`, what `fedjax-dg run` writes at its end), drawn
+  from its results.json; [] for a sweep directory (its report draws
+  them once for all cells)."""
+  path = os.path.join(run_dir, "results.json")
+  if os.path.isfile(os.path.join(run_dir, MANIFEST)) or not os.path.isfile(path):
+    return []
+  with open(path) as f:
+    results = json.load(f)
+  return run_summary.write_all(results, run_dir)
+
+
 def main_report(args) -> int:
   if len(args.dirs) > 1:
     if args.d:
@@ -364,6 +377,7 @@ def main_report(args) -> int:
   else:  # report.md's head (what finished, what is missing), first table
     # and the confidence intervals of the differences with the reference
     paths = write_report(args.dirs[0], args.out, args.d, args.reference)
+    paths += run_figures(args.dirs[0])
     with open(next(p for p in paths if p.endswith("report.md"))) as f:
       text = f.read()
     second = text.find("\n### ", text.find("### ") + 1)

@@ -6,8 +6,8 @@ config. Each product element (a *cell*) is one run directory (what
 its own subdirectory, named from its settings (`data.d=2__seed=1`). The runs
 of every cell are trained in replica batches (`batches`: runs of one
 algorithm that share a program, e.g. seeds x targets x splits, as one
-`engine.run_replicas`), each recorded in its own cell; `--replicas 1` runs
-one cell after another, each an `experiment.run`. `sweep.json` in the
+`engine.run_batch`), each recorded in its own cell; `--replicas 1` runs
+one at a time, by the same path. `sweep.json` in the
 sweep directory lists the config, the overrides, the grid, the seeds and every
 cell with its status (pending / running / done / failed), so `--resume DIR` skips
 finished cells and continues an interrupted one (experiment.run resumes a run
@@ -21,8 +21,10 @@ An experiment file may define `SWEEP = dict(grid={"data.d": (1, 2, 3)},
 seeds=(0, 1, 2))`: the grid and seeds used when the command line gives none
 (`--grid KEY=...` replaces that key's values, `--seeds` the seeds).
 
-When the sweep ends, its report is written (`reports.write_report`: what
-`fedjax-dg report DIR` writes).
+When the sweep ends, its report is written once (`reports.write_report`:
+what `fedjax-dg report DIR` writes); the cells hold their records
+(results.json, metrics.jsonl, TensorBoard events), not tables or figures of
+their own: `fedjax-dg report CELL_DIR` draws one cell's.
 """
 
 from __future__ import annotations
@@ -39,7 +41,6 @@ import time
 
 from fedjax_dg import distributed
 from fedjax_dg.errors import ConfigError, DiskFull, Stopped
-from fedjax_dg.report import run_summary
 from fedjax_dg.run import (assemble, batches, checks, directory, experiment,
                            presets, reports)
 from fedjax_dg.run import config as config_lib
@@ -322,11 +323,8 @@ def run_sweep(config_path: str | None = None, sets=(), grid=(), seeds=None, *,
   echo(f"[sweep] directory: {sweep_dir}" + (" (resuming)" if resume else ""))
 
   n, t_start = len(p.cells), time.perf_counter()
-  if max_replicas == 1:
-    failures = _cells_one_by_one(p, manifest, sweep_dir, work, echo)
-  else:
-    failures = _cells_in_batches(p, manifest, sweep_dir, loaded, max_replicas,
-                                 replica_mapping, echo)
+  failures = _cells_in_batches(p, manifest, sweep_dir, loaded, max_replicas,
+                               replica_mapping, echo)
   echo(f"[sweep] {sum(c['status'] == 'done' for c in manifest['cells'])}/{n} cells "
        f"done, {failures} failed, {batches.hms(time.perf_counter() - t_start)}; "
        f"manifest {os.path.join(sweep_dir, directory.MANIFEST)}")
@@ -336,51 +334,6 @@ def run_sweep(config_path: str | None = None, sets=(), grid=(), seeds=None, *,
     echo(f"[sweep] report: {os.path.dirname(paths[0])} "
          f"(fedjax-dg report {sweep_dir} rewrites it)")
   return sweep_dir, failures
-
-
-def _cells_one_by_one(p: Plan, manifest: dict, sweep_dir: str, work: list,
-                      echo) -> int:
-  """Each pending cell an `experiment.run`, one after another; returns the
-  failed cells."""
-  n, failures = len(p.cells), 0
-  spent, spent_work = 0.0, 0.0
-  t_start = time.perf_counter()
-  for k, (cell, cfg, entry) in enumerate(zip(p.cells, p.configs,
-                                             manifest["cells"]), 1):
-    cell_dir = os.path.join(sweep_dir, cell.name)
-    if entry["status"] == "done" and directory.cell_complete(cell_dir):
-      echo(f"[sweep] cell {k}/{n} {cell.name}: finished earlier, skipped")
-      continue
-    left = sum(w for w, e in zip(work[k - 1:], manifest["cells"][k - 1:])
-               if e["status"] != "done")
-    eta = (batches.hms(spent / spent_work * left) if spent_work
-           else "after the first cell")
-    state = ("resuming" if os.path.exists(os.path.join(cell_dir, "config.json"))
-             else "starting")
-    echo(f"[sweep] cell {k}/{n} {cell.name}: {state} ({describe(cell)}); "
-         f"elapsed {batches.hms(time.perf_counter() - t_start)}, ETA {eta}")
-    _mark(sweep_dir, manifest, entry, "running")
-    t0 = time.perf_counter()
-    try:
-      results = experiment.run(cfg, run_dir=cell_dir, echo=echo)
-    except KeyboardInterrupt as e:  # the sweep continues, not the cell
-      raise Stopped(sweep_dir) from e
-    except DiskFull as e:  # every later cell would fail the same way
-      e.run_dir = sweep_dir  # `sweep --resume` continues this cell
-      raise
-    except Exception as e:  # noqa: BLE001 -- recorded; the next cell still runs
-      failures += 1
-      _mark(sweep_dir, manifest, entry, "failed",
-            error=f"{type(e).__name__}: {e}")
-      echo(f"[sweep] cell {k}/{n} {cell.name}: FAILED: {entry['error']}")
-      continue
-    dt = time.perf_counter() - t0
-    if distributed.is_main():
-      _cell_outputs(results, cell_dir, echo)
-    spent, spent_work = spent + dt, spent_work + work[k - 1]
-    _mark(sweep_dir, manifest, entry, "done", seconds=dt)
-    echo(f"[sweep] cell {k}/{n} {cell.name}: done in {batches.hms(dt)}")
-  return failures
 
 
 def _cells_in_batches(p: Plan, manifest: dict, sweep_dir: str, loaded: dict,
@@ -427,11 +380,10 @@ def _cells_in_batches(p: Plan, manifest: dict, sweep_dir: str, loaded: dict,
     name = p.cells[index[c]].name
     if errors:
       failures += 1
-      _mark(sweep_dir, manifest, entry, "failed", error="; ".join(errors))
+      _mark(sweep_dir, manifest, entry, "failed",
+            error="; ".join(message for message, _ in errors))
       echo(f"[sweep] cell {index[c] + 1}/{n} {name}: FAILED: {entry['error']}")
       return
-    if distributed.is_main():
-      _cell_outputs(opened.results, opened.run_dir, echo)
     _mark(sweep_dir, manifest, entry, "done",
           seconds=opened.results["seconds_this_part"])
     echo(f"[sweep] cell {index[c] + 1}/{n} {name}: done")
@@ -445,7 +397,7 @@ def _cells_in_batches(p: Plan, manifest: dict, sweep_dir: str, loaded: dict,
     echo(line)
   try:
     batches.run(planned, built, cells, echo=echo, on_cell_done=cell_done,
-                mapping=mapping)
+                mapping=mapping, prefix="[sweep] ")
   except KeyboardInterrupt as e:
     for opened in cells:
       opened.write()
@@ -469,16 +421,6 @@ def _mark(sweep_dir: str, manifest: dict, entry: dict, status: str,
   else:
     entry.update(status=status, **fields)
   directory.write_manifest(sweep_dir, manifest)
-
-
-def _cell_outputs(results: dict, cell_dir: str, echo) -> None:
-  """The cell's own table.md and figures, as `fedjax-dg run` writes them; a
-  failure here is reported and does not fail the cell (results.json is written)."""
-  try:
-    run_summary.write_all(results, cell_dir)
-  except Exception as e:  # noqa: BLE001
-    echo(f"[sweep] {cell_dir}: table.md / figures not written: "
-         f"{type(e).__name__}: {e}")
 
 
 # -------------------------------------------------------------------- report
