@@ -12,6 +12,7 @@
     disk          the disk the checkpoints take (the check, `fedjax-dg algorithms`)
     experiment    one config: algorithms x held-out targets, one engine run each
     sweep         grid values x seeds of a config, one run directory per cell
+    lock          one sweep per folder: an OS file lock held for the sweep's life
     estimate      `run --estimate`: one measured round per algorithm, the
                   protocol's memory per device, round time and total
     reports       `fedjax-dg report`: a directory's tables, or several compared

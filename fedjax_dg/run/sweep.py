@@ -41,7 +41,7 @@ from fedjax_dg import distributed
 from fedjax_dg.errors import ConfigError, DiskFull, Stopped
 from fedjax_dg.report import run_summary
 from fedjax_dg.run import (assemble, batches, checks, directory, experiment,
-                           presets, reports)
+                           lock, presets, reports)
 from fedjax_dg.run import config as config_lib
 
 
@@ -231,6 +231,16 @@ def check(p: Plan, *, data: bool = True, loaded: dict | None = None
   return num_targets
 
 
+def _check_fresh(out: str) -> None:
+  """`--out` can start a new sweep: it holds no sweep and nothing else (but
+  a lock file, `lock.LOCK`); checked before the validation and again under
+  the folder's lock."""
+  if os.path.exists(os.path.join(out, directory.MANIFEST)):
+    raise ConfigError(f"{out} already holds a sweep: continue it with --resume {out}")
+  if os.path.isdir(out) and set(os.listdir(out)) - {lock.LOCK}:
+    raise ConfigError(f"--out {out} exists and is not empty")
+
+
 def _work(cfg, num_targets: int) -> float:
   """Relative cost of a cell (for the ETA): rounds x epochs x runs."""
   t = cfg.train
@@ -248,6 +258,7 @@ def _config_json(cfg) -> dict:
 # ----------------------------------------------------------------------- run
 
 
+@lock.released  # the folder's sweep lock (`lock.hold`) until it returns
 def run_sweep(config_path: str | None = None, sets=(), grid=(), seeds=None, *,
               out: str | None = None, resume: str | None = None,
               dry_run: bool = False, report: bool = True,
@@ -265,6 +276,9 @@ def run_sweep(config_path: str | None = None, sets=(), grid=(), seeds=None, *,
   echo = distributed.main_only(echo)
   if resume:
     manifest = directory.read_manifest(resume)
+    if not dry_run:  # one sweep per folder: read again under the lock
+      lock.hold(resume)
+      manifest = directory.read_manifest(resume)
     p = plan(manifest["config"], manifest["sets"],
              [(k, v) for k, v in manifest["grid"]], manifest["seeds"],
              use_defaults=False)
@@ -279,11 +293,8 @@ def run_sweep(config_path: str | None = None, sets=(), grid=(), seeds=None, *,
     if not config_path:
       raise ConfigError("sweep needs --config experiments/<file>.py (or --resume DIR)")
     p = plan(config_path, sets, grid, seeds)
-    if out and os.path.exists(os.path.join(out, directory.MANIFEST)):
-      raise ConfigError(f"{out} already holds a sweep: continue it with --resume {out}")
-    if out and os.path.isdir(out) and os.listdir(out):
-      raise ConfigError(f"--out {out} exists and is not empty")
     if out:
+      _check_fresh(out)
       directory.check_output_dir(out, "--out")
     else:
       directory.check_output_dir(p.base.output_dir)
@@ -311,6 +322,8 @@ def run_sweep(config_path: str | None = None, sets=(), grid=(), seeds=None, *,
         raise ConfigError(f"--out {sweep_dir}: cannot create it "
                           f"({type(e).__name__}: {e}): give a writable "
                           "folder") from None
+      lock.hold(sweep_dir)  # one sweep per folder: checked again under it
+      _check_fresh(sweep_dir)
     manifest = dict(
         version=1, name=p.base.name, config=p.config_path, sets=p.sets,
         grid=[[k, v] for k, v in p.grid], seeds=p.seeds,

@@ -1,0 +1,86 @@
+"""A sweep survives bad inputs and neighbours: one sweep per folder, no
+ignored setting, diverged runs flagged, damaged files and bad settings said
+in one message (docs/testing.md, "Sweep drills")."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from conftest import tiny_experiment
+from fedjax_dg import cli
+from fedjax_dg.run import lock
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+  d = tmp_path_factory.mktemp("faults")
+  path = d / "tiny.py"
+  tiny_experiment(path, d / "runs", algorithms=("fedavg",), targets="0",
+                  max_per_domain=20)
+  return str(path), str(d)
+
+
+def _holder(folder):
+  """A second process that holds `folder`'s sweep lock until its stdin
+  closes; returns once it says it holds it."""
+  code = ("import sys\nfrom fedjax_dg.run import lock\n"
+          f"lock.hold({str(folder)!r})\nprint('held', flush=True)\n"
+          "sys.stdin.read()\n")
+  proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, text=True)
+  assert proc.stdout.readline().strip() == "held"
+  return proc
+
+
+def _cli(*args):
+  return subprocess.run([sys.executable, "-m", "fedjax_dg.cli", *args],
+                        capture_output=True, text=True, timeout=600)
+
+
+def test_a_second_sweep_on_a_held_folder_is_refused(tiny, tmp_path):
+  """Item 4: a sweep (new, or --resume) on a folder another process holds
+  stops before it writes anything, naming the holder's process id and host;
+  the lock goes with the holder's process (SIGKILL)."""
+  path, _ = tiny
+  out = tmp_path / "sw"
+  out.mkdir()
+  holder = _holder(out)
+  try:
+    new = _cli("sweep", "--config", path, "--out", str(out))
+    assert new.returncode == 2, new.stderr
+    want = f"process {holder.pid} on host {socket.gethostname()}"
+    assert want in new.stderr and "in use by another sweep" in new.stderr
+    assert "Traceback" not in new.stderr
+    assert sorted(os.listdir(out)) == [lock.LOCK]       # nothing written
+    # A --resume beside it: refused the same way, before it reads the config.
+    with open(out / "sweep.json", "w") as f:
+      json.dump(dict(config=path, sets=[], grid=[], seeds=[0], cells=[]), f)
+    again = _cli("sweep", "--resume", str(out))
+    assert again.returncode == 2 and want in again.stderr, again.stderr
+  finally:
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+  lock.released(lock.hold)(str(out))     # free once its holder is gone
+
+
+def test_the_lock_is_released_when_the_sweep_returns(tmp_path):
+  """Item 4: a function under `lock.released` gives its locks back when it
+  returns or raises, so the same process (or another) can take them again."""
+  @lock.released
+  def fails():
+    lock.hold(str(tmp_path))
+    raise RuntimeError("boom")
+
+  with pytest.raises(RuntimeError):
+    fails()
+  proc = _holder(tmp_path)        # another process takes it at once
+  proc.stdin.close()
+  assert proc.wait() == 0
+  with pytest.raises(lock.Busy):  # while one call holds it, a second is refused
+    lock.released(lambda: (lock.hold(str(tmp_path)),
+                           lock.hold(str(tmp_path))))()
