@@ -84,3 +84,70 @@ def test_the_lock_is_released_when_the_sweep_returns(tmp_path):
   with pytest.raises(lock.Busy):  # while one call holds it, a second is refused
     lock.released(lambda: (lock.hold(str(tmp_path)),
                            lock.hold(str(tmp_path))))()
+
+
+def _no_run_figures(monkeypatch):
+  from fedjax_dg.report import plots
+  monkeypatch.setattr(plots, "ALL", {})
+
+
+@pytest.fixture(scope="module")
+def swept(tiny):
+  """A finished tiny sweep (one cell: FedAvg on one target); tests damage
+  copies of it (`_copy`)."""
+  path, d = tiny
+  out = os.path.join(d, "swept")
+  with pytest.MonkeyPatch.context() as mp:
+    _no_run_figures(mp)
+    assert cli.main(["sweep", "--config", path, "--seeds", "0",
+                     "--out", out]) == 0
+  return out
+
+
+def _copy(swept, tmp_path):
+  import shutil
+  out = str(tmp_path / "copy")
+  shutil.copytree(swept, out)
+  return out
+
+
+def _cut(path):
+  """`path` cut to half its bytes, as a copy that stopped part way."""
+  data = open(path, "rb").read()
+  with open(path, "wb") as f:
+    f.write(data[:len(data) // 2])
+
+
+@pytest.mark.parametrize("damaged", ["sweep.json", "seed=0/results.json"])
+def test_a_damaged_sweep_file_is_one_message_naming_it(swept, tmp_path, capsys,
+                                                       damaged):
+  """Item 8: a truncated sweep.json or cell results.json gives, on `report`
+  and on `sweep --resume`, one message naming the file and what to do (no
+  JSONDecodeError traceback)."""
+  out = _copy(swept, tmp_path)
+  _cut(os.path.join(out, damaged))
+  for args in (["report", out], ["sweep", "--resume", out]):
+    capsys.readouterr()
+    assert cli.main(args) == 2, args
+    err = capsys.readouterr().err
+    assert os.path.join(out, damaged) in err and "is damaged" in err, err
+    assert ("Restore it from a copy" in err
+            and ("delete it" in err) == damaged.endswith("results.json")), err
+
+
+def test_report_names_a_missing_folder_and_an_out_that_is_a_file(
+    swept, tmp_path, capsys):
+  """Items 8 and 10: `report` on a folder that does not exist says so;
+  `report --out FILE` says FILE is a file (no FileExistsError)."""
+  assert cli.main(["report", str(tmp_path / "nowhere")]) == 2
+  assert "nowhere: no such folder" in capsys.readouterr().err
+  assert cli.main(["sweep", "--resume", str(tmp_path / "nowhere")]) == 2
+  assert "nowhere: no such folder" in capsys.readouterr().err
+  afile = tmp_path / "report.txt"
+  afile.write_text("mine")
+  for args in (["report", swept, "--out", str(afile)],
+               ["report", swept, swept + "/seed=0", "--out", str(afile)]):
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert f"--out {afile}: a file, not a folder" in err, err
+  assert afile.read_text() == "mine"

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import shutil
 import time
@@ -223,8 +222,8 @@ def open_run(cfg: ConfigDict, run_dir: str | None = None, *,
       if main:
         directory.write_start(run_dir, cfg, record)
       if resume and os.path.exists(os.path.join(run_dir, "results.json")):
-        with open(os.path.join(run_dir, "results.json")) as f:
-          before = json.load(f)
+        before = directory.read_json(os.path.join(run_dir, "results.json"),
+                                     directory.REDO_RESULTS)
         results["runs"] = before["runs"]
         results["warnings"] = list(before.get("warnings", []))
         results["seconds"] = opened.before = float(before.get("seconds") or 0.0)

@@ -10,7 +10,6 @@ when it ends (`sweep.run_sweep`).
 from __future__ import annotations
 
 import copy
-import json
 import os
 
 from fedjax_dg import algorithms
@@ -50,8 +49,8 @@ def _cell_config(cell_dir: str, manifest: dict, cell: dict) -> dict:
   config with the cell's overrides."""
   path = os.path.join(cell_dir, "config.json")
   if os.path.isfile(path):
-    with open(path) as f:
-      return json.load(f)
+    return directory.read_json(path, "Restore it from a copy (fedjax-dg "
+                               "wrote it when the run began)")
   config = copy.deepcopy(manifest.get("base_config") or {})
   for item in cell.get("overrides", ()):
     try:
@@ -73,6 +72,10 @@ def load_records(sweep_dir: str) -> tuple[dict, list[dict]]:
   `manifest["origins"]`: every results.json read (their `source`, `data`
   and `environment`: `origin.provenance_lines`).
   """
+  if not os.path.isdir(sweep_dir):
+    raise DataError(f"{sweep_dir}: no such folder (give a sweep directory, "
+                    "with its sweep.json, or a run directory, with its "
+                    "results.json)")
   if os.path.isfile(os.path.join(sweep_dir, MANIFEST)):
     manifest = read_manifest(sweep_dir)
   elif os.path.isfile(os.path.join(sweep_dir, "results.json")):
@@ -90,8 +93,8 @@ def load_records(sweep_dir: str) -> tuple[dict, list[dict]]:
     if not os.path.isfile(path):
       unstarted.append((cell, name, config))
       continue
-    with open(path) as f:
-      results = json.load(f)
+    results = directory.read_json(path, directory.REDO_RESULTS + ", then "
+                                  "report again")
     loaded.append((cell, name, config, results))
     manifest.setdefault("origins", []).append(results)
     if results.get("warnings"):
@@ -203,7 +206,7 @@ def write_report(sweep_dir: str, out: str | None = None, ds=None,
   else:
     check_reference(sweep_dir, records, reference)
   out = out or os.path.join(sweep_dir, REPORT_DIR)
-  os.makedirs(out, exist_ok=True)
+  make_out(out)
   paths = []
 
   def write(name, text):
@@ -262,6 +265,20 @@ def write_report(sweep_dir: str, out: str | None = None, ds=None,
   return paths
 
 
+def make_out(out: str) -> None:
+  """The report's folder `out` (`--out`), made if missing; a path that is a
+  file, or a folder that cannot be made, is a ConfigError naming it."""
+  if os.path.exists(out) and not os.path.isdir(out):
+    raise ConfigError(f"report --out {out}: a file, not a folder; give a "
+                      "folder for the report's files (made if missing)")
+  try:
+    os.makedirs(out, exist_ok=True)
+  except OSError as e:
+    raise ConfigError(f"report --out {out}: cannot make that folder "
+                      f"({type(e).__name__}: {e}); give a writable "
+                      "folder") from None
+
+
 def provenance_lines(manifest: dict, records: list[dict]) -> list[str]:
   """The report's provenance (`origin.provenance_lines`): the commit of every
   finished run, the data and environment of every run directory read."""
@@ -312,9 +329,10 @@ def compare(dirs: list[str], out: str | None = None) -> list[str]:
       raise ConfigError(f"{d}: no finished run yet, nothing to compare")
   check_comparable(labels, [m for m, _ in loaded])
   groups = [(label, records) for label, (_, records) in zip(labels, loaded)]
+  if out:
+    make_out(out)
   out = out or directory.make_run_dir(
       os.path.dirname(os.path.abspath(dirs[0])), "compare", field="--out")
-  os.makedirs(out, exist_ok=True)
   written = {}
   parts = [(stem, table) for stem, table in (
       (stem, tables.comparison(groups, metric)) for stem, metric in COMPARED)
