@@ -151,3 +151,58 @@ def test_report_names_a_missing_folder_and_an_out_that_is_a_file(
     err = capsys.readouterr().err
     assert f"--out {afile}: a file, not a folder" in err, err
   assert afile.read_text() == "mine"
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--seeds", ""], "--seeds '' names no seed"),
+    (["--seeds", "0,4294967296"], "seed=4294967296: allowed values are "
+                                  "integers 0 .. 4294967295"),
+    (["--seeds", str(2**63)], f"seed={2**63}: allowed"),
+    (["--set", "data.normalization=imagenet"],
+     "data.normalization='imagenet' needs RGB images"),
+])
+def test_bad_seeds_and_normalization_stop_at_dry_run(tiny, tmp_path, capsys,
+                                                     args, needle):
+  """Item 9: an empty --seeds (not the config's seed, silently), a seed
+  JAX would fold onto another (>= 2**32: its keys keep 32 bits) or
+  overflow on, and ImageNet's RGB normalization on grayscale data are
+  refused by --dry-run, before any folder is made."""
+  path, _ = tiny
+  out = tmp_path / "never"
+  assert cli.main(["sweep", "--config", path, "--out", str(out), "--dry-run"]
+                  + args) == 2
+  err = capsys.readouterr().err
+  assert needle in err and "Traceback" not in err, err
+  assert not out.exists()
+
+
+def test_a_sweep_failing_at_its_start_leaves_no_cell_running(
+    tiny, swept, tmp_path, capsys, monkeypatch):
+  """Item 9: a sweep that fails once its folder is made (here: planning
+  its batches) leaves no cell "running": a new sweep that computed nothing
+  is removed again, so the same --out starts afresh; a resumed one keeps
+  its folder with the cell marked failed (with the error) for --resume."""
+  from fedjax_dg.run import batches
+  from fedjax_dg.errors import ConfigError
+
+  def broken(*args, **kwargs):
+    raise ConfigError("planned to fail")
+
+  monkeypatch.setattr(batches, "plan", broken)
+  path, _ = tiny
+  out = str(tmp_path / "sw")
+  assert cli.main(["sweep", "--config", path, "--out", out]) == 2
+  assert "planned to fail" in capsys.readouterr().err
+  assert sorted(os.listdir(out)) == [lock.LOCK]
+  assert cli.main(["sweep", "--config", path, "--out", out, "--dry-run"]) == 0
+
+  resumed = _copy(swept, tmp_path)
+  manifest = json.load(open(os.path.join(resumed, "sweep.json")))
+  manifest["cells"][0]["status"] = "running"
+  with open(os.path.join(resumed, "sweep.json"), "w") as f:
+    json.dump(manifest, f)
+  os.remove(os.path.join(resumed, "seed=0", "results.json"))
+  assert cli.main(["sweep", "--resume", resumed]) == 2
+  (cell,) = json.load(open(os.path.join(resumed, "sweep.json")))["cells"]
+  assert cell["status"] == "failed"
+  assert cell["error"] == "ConfigError: planned to fail"

@@ -11,10 +11,20 @@ from fedjax_dg.errors import ConfigError
 from fedjax_dg.run import assemble
 from fedjax_dg.run.config import ConfigDict
 
+# The largest seed with its own random stream (`jax.random.key` keeps 32 bits).
+MAX_SEED = 2**32 - 1
+
 
 def validate(cfg: ConfigDict) -> None:
   """Checks settings that need no data, before any compute."""
   cfg = assemble.resolve(cfg)
+  seed = cfg.seed
+  if not 0 <= seed <= MAX_SEED:
+    raise ConfigError(
+        f"invalid setting seed={seed!r}: allowed values are integers 0 .. "
+        f"{MAX_SEED} (2**32 - 1): JAX's random keys keep a seed's low 32 "
+        "bits, so a larger seed would repeat a smaller one's draws (2**32 + 5 "
+        "is seed 5), and the data's numpy generators refuse a negative one")
   algs = tuple(cfg.algorithms)
   if not algs:
     raise ConfigError("algorithms is empty: name at least one of "

@@ -150,16 +150,22 @@ def read_started(run_dir: str) -> tuple[dict | None, dict | None]:
   return out[0], out[1]
 
 
+def holds_work(run_dir: str) -> bool:
+  """Whether a run directory holds something computed: its results.json or
+  a checkpoint file."""
+  if os.path.exists(os.path.join(run_dir, "results.json")):
+    return True
+  return any(files for _, _, files in os.walk(os.path.join(run_dir,
+                                                           "checkpoints")))
+
+
 def remove_if_empty(run_dir: str, echo) -> None:
   """Removes a run directory made by a run that failed before leaving
   anything to continue or read: no results.json, no checkpoint file. Its
   config.json, data.json, environment.json, source.json and empty logs go
   with it."""
-  if os.path.exists(os.path.join(run_dir, "results.json")):
+  if holds_work(run_dir):
     return
-  for _, _, files in os.walk(os.path.join(run_dir, "checkpoints")):
-    if files:
-      return
   shutil.rmtree(run_dir, ignore_errors=True)
   echo(f"removed {run_dir}: the run failed before anything was computed")
 

@@ -27,6 +27,7 @@ When the sweep ends, its report is written (`reports.write_report`: what
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import datetime
@@ -35,6 +36,7 @@ import itertools
 import json
 import os
 import re
+import shutil
 import time
 
 from fedjax_dg import distributed
@@ -92,8 +94,13 @@ def parse_grid(specs: list[str]) -> list[tuple[str, list[str]]]:
 
 
 def parse_seeds(text: str | None) -> list[int] | None:
-  if text is None or text == "":
+  if text is None:
     return None
+  if not text.strip():
+    raise config_lib.ConfigError(
+        f"--seeds {text!r} names no seed: give one or more, e.g. --seeds "
+        "0,1,2 (without --seeds: the experiment file's SWEEP seeds, else its "
+        "seed)")
   try:
     seeds = [int(s) for s in text.split(",")]
   except ValueError:
@@ -335,11 +342,12 @@ def run_sweep(config_path: str | None = None, sets=(), grid=(), seeds=None, *,
   echo(f"[sweep] directory: {sweep_dir}" + (" (resuming)" if resume else ""))
 
   n, t_start = len(p.cells), time.perf_counter()
-  if max_replicas == 1:
-    failures = _cells_one_by_one(p, manifest, sweep_dir, work, echo)
-  else:
-    failures = _cells_in_batches(p, manifest, sweep_dir, loaded, max_replicas,
-                                 replica_mapping, echo)
+  with _no_stuck_cells(sweep_dir, manifest, fresh=not resume, echo=echo):
+    if max_replicas == 1:
+      failures = _cells_one_by_one(p, manifest, sweep_dir, work, echo)
+    else:
+      failures = _cells_in_batches(p, manifest, sweep_dir, loaded,
+                                   max_replicas, replica_mapping, echo)
   echo(f"[sweep] {sum(c['status'] == 'done' for c in manifest['cells'])}/{n} cells "
        f"done, {failures} failed, {batches.hms(time.perf_counter() - t_start)}; "
        f"manifest {os.path.join(sweep_dir, directory.MANIFEST)}")
@@ -468,6 +476,35 @@ def _cells_in_batches(p: Plan, manifest: dict, sweep_dir: str, loaded: dict,
     e.run_dir = sweep_dir
     raise
   return failures
+
+
+@contextlib.contextmanager
+def _no_stuck_cells(sweep_dir: str, manifest: dict, *, fresh: bool, echo):
+  """A sweep that fails (not stopped, not a full disk: those resume) leaves
+  no cell "running": each is marked failed with the error; a new sweep
+  (`fresh`) that computed nothing is removed again (its sweep.json and cell
+  folders), so the same --out starts afresh once the cause is fixed."""
+  try:
+    yield
+  except Exception as e:
+    if isinstance(e, DiskFull) or not distributed.is_main():
+      raise
+    stuck = [c for c in manifest["cells"] if c["status"] == "running"]
+    for entry in stuck:
+      entry.update(status="failed", error=f"{type(e).__name__}: {e}")
+    cells = [os.path.join(sweep_dir, c["name"]) for c in manifest["cells"]]
+    if fresh and not any(directory.holds_work(c) for c in cells):
+      for c in cells:
+        shutil.rmtree(c, ignore_errors=True)
+      shutil.rmtree(os.path.join(sweep_dir, reports.REPORT_DIR),
+                    ignore_errors=True)
+      os.remove(os.path.join(sweep_dir, directory.MANIFEST))
+      echo(f"[sweep] {sweep_dir}: the sweep failed before any run was "
+           "computed; its sweep.json and cell folders are removed, so the "
+           "same --out starts afresh")
+    elif stuck:
+      directory.write_manifest(sweep_dir, manifest)
+    raise
 
 
 def _mark(sweep_dir: str, manifest: dict, entry: dict, status: str,
