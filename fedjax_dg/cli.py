@@ -40,9 +40,13 @@ def _config(config_path: str | None, overrides: list[str],
   config with the `--set` overrides."""
   import importlib
   from fedjax_dg.run import config as config_lib
+  from fedjax_dg.run import ignored
   cfg = (importlib.import_module(module).get_config() if module
          else config_lib.load(config_path))
   cfg = config_lib.apply_overrides(cfg, overrides)
+  given = ignored.given_keys(overrides)  # a --set another setting overrides
+  ignored.check(cfg, given)
+  ignored.check_sections(given, [cfg.algorithms])
   return cfg
 
 

@@ -206,3 +206,105 @@ def test_a_sweep_failing_at_its_start_leaves_no_cell_running(
   (cell,) = json.load(open(os.path.join(resumed, "sweep.json")))["cells"]
   assert cell["status"] == "failed"
   assert cell["error"] == "ConfigError: planned to fail"
+
+
+@pytest.mark.parametrize("sets,grid,needle", [
+    (["algorithms=fedprox"], ["client.lr=0.001,1e9"],
+     "--grid client.lr=1000000000.0 does not reach fedprox: fedprox trains "
+     "with fedprox.client.lr=0.001 (its module's default: CLIENT in "
+     "fedjax_dg/algorithms/fedprox.py), which wins over client.lr. Instead: "
+     "set fedprox.client.lr for fedprox (or fedprox.client.lr=None"),
+    (["algorithms=hfedf", "hfedf.client.weight_decay=0.001",
+      "client.weight_decay=0.0"], [],
+     "--set client.weight_decay=0.0 does not reach hfedf: hfedf trains with "
+     "hfedf.client.weight_decay=0.001 (set in the config)"),
+    (["algorithms=hfedf,hfedf_no_gradalign"], ["hfedf.gradalign=True,False"],
+     "does not reach hfedf_no_gradalign: hfedf_no_gradalign trains with "
+     "hfedf_no_gradalign (the variant fixes hfedf.gradalign=False)"),
+    (["algorithms=fedavg"], ["fedprox.mu=0.01,0.1"],
+     "--grid fedprox.mu changes no run: no algorithm of section fedprox runs"),
+    (["train.local_steps=5"], ["train.epochs=1,2"],
+     "--grid train.epochs=1 changes no run: train.local_steps=5"),
+    (["algorithms=pfedhn", "pfedhn.local_steps=50", "train.epochs=3"], [],
+     "--set train.epochs=3 does not reach pfedhn: pfedhn trains with "
+     "pfedhn.local_steps=50"),
+    ([], ["data.alpha=0.1,0.5"],
+     "--grid data.alpha=0.1 changes no run: data.partition='domain_split' (it "
+     "reads data.num_clients, data.d only)"),
+    (["data.partition=k_per_domain", "data.num_clients=10"],
+     ["data.k_per_domain=1,2"], "data.num_clients=10 (a client count wins"),
+])
+def test_an_ignored_setting_is_refused_naming_what_wins(tiny, sets, grid,
+                                                        needle):
+  """Item 5: a --set or --grid value that another setting overrides (an
+  algorithm's own client optimizer, a variant's fixed switch, a section no
+  algorithm runs, local steps over epochs, a partitioner that reads other
+  fields) is refused when the sweep is planned, before any data is read,
+  naming the field that wins and what to set instead."""
+  from fedjax_dg.errors import ConfigError
+  from fedjax_dg.run import sweep
+  path, _ = tiny
+  with pytest.raises(ConfigError) as e:
+    sweep.plan(path, sets, sweep.parse_grid(grid))
+  assert needle in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("sets,grid", [
+    (["algorithms=fedavg,fedprox", "fedprox.client.lr=None"],
+     ["client.lr=0.001,0.01"]),           # client.lr now reaches FedProx too
+    (["algorithms=fedprox", "client.lr=0.01", "fedprox.client.lr=0.01"], []),
+    ([], ["algorithms=fedavg|fedprox", "fedprox.mu=0.01,0.1"]),  # FedAvg's
+    # rows drop fedprox.mu (records.split_settings): no row is mislabelled
+    (["algorithms=hfedf,hfedf_no_ema"], ["hfedf.gradalign=True,False"]),
+    (["data.partition=dirichlet"], ["data.alpha=0.1,0.5"]),
+])
+def test_a_setting_that_takes_effect_is_not_refused(tiny, sets, grid):
+  """Item 5: what does reach every run it labels is planned as before."""
+  from fedjax_dg.run import sweep
+  path, _ = tiny
+  assert sweep.plan(path, sets, sweep.parse_grid(grid)).cells
+
+
+def test_an_ignored_setting_stops_run_and_sweep_before_any_folder(
+    tiny, tmp_path, capsys):
+  """Item 5, end to end: the issue's `--grid client.lr=0.001,1e9` on FedProx
+  (two rows, one run) is refused by `sweep --dry-run`, and a `run --set`
+  that FedProx's module default overrides by `run`, before any folder."""
+  path, _ = tiny
+  out = tmp_path / "never"
+  assert cli.main(["sweep", "--config", path, "--set", "algorithms=fedprox",
+                   "--grid", "client.lr=0.001,1e9", "--out", str(out),
+                   "--dry-run"]) == 2
+  assert "fedprox.client.lr=0.001" in capsys.readouterr().err
+  assert cli.main(["run", "--config", path, "--set", "algorithms=fedavg,fedprox",
+                   "--set", "client.lr=0.05",
+                   "--set", f"output_dir={out}"]) == 2
+  assert "does not reach fedprox" in capsys.readouterr().err
+  assert not out.exists()
+
+
+def test_a_config_whose_client_setting_a_module_default_overrides_is_refused():
+  """Item 5: whatever sets it (an experiment file, Python), a run-wide
+  client value that an algorithm's own CLIENT default silently overrides is
+  refused by the validation; a per-algorithm value the config sets itself
+  (as the presets do) is its choice. HyperGenFL's scenarios give every
+  algorithm the run's client optimizer ("baselines modified accordingly"):
+  FedProx's own lr 1e-3 / wd 1e-4 no longer win over AdamW 1e-2 / 1e-5."""
+  from fedjax_dg.errors import ConfigError
+  from fedjax_dg.run import assemble, checks, config, presets
+  cfg = config.base_config()
+  cfg.algorithms = ("fedavg", "fedprox")
+  cfg.client.lr = 0.05
+  with pytest.raises(ConfigError, match="client.lr=0.05 is set, but it does "
+                     "not reach fedprox"):
+    checks.validate(cfg)
+  cfg.fedprox.client.lr = 0.01          # said for FedProx: its choice
+  checks.validate(cfg)
+  presets.apply(cfg, "vlcs")            # FedAvg 1e-4, FedProx 1e-3 (Table 10)
+  checks.validate(cfg)
+  cfg = config.base_config()
+  cfg.algorithms = ("fedavg", "fedprox", "hypergenfl")
+  presets.apply_scenario(cfg, "standard")
+  checks.validate(cfg)
+  assert {assemble.client_settings(cfg, a)["lr"] for a in cfg.algorithms} == {
+      0.01}

@@ -8,7 +8,7 @@ from __future__ import annotations
 from fedjax_dg import algorithms, models
 from fedjax_dg.data import lookup, registry, streamed
 from fedjax_dg.errors import ConfigError
-from fedjax_dg.run import assemble
+from fedjax_dg.run import assemble, ignored
 from fedjax_dg.run.config import ConfigDict
 
 # The largest seed with its own random stream (`jax.random.key` keeps 32 bits).
@@ -33,6 +33,7 @@ def validate(cfg: ConfigDict) -> None:
     if a not in algorithms.available():
       raise ConfigError(f"unknown algorithm {a!r} in algorithms; allowed: "
                        f"{algorithms.available()}")
+  ignored.check(cfg)   # a client field a module's CLIENT would override
   known = registry.available(cfg.data.data_dir or None)
   if not cfg.data.name:
     raise ConfigError(f"data.name is not set: name a dataset, one of {known}, "

@@ -43,7 +43,7 @@ from fedjax_dg import distributed
 from fedjax_dg.errors import ConfigError, DiskFull, Stopped
 from fedjax_dg.report import run_summary
 from fedjax_dg.run import (assemble, batches, checks, directory, experiment,
-                           lock, presets, reports)
+                           ignored, lock, presets, reports)
 from fedjax_dg.run import config as config_lib
 
 
@@ -172,6 +172,7 @@ def plan(config_path: str, sets=(), grid=(), seeds=None, *,
       except config_lib.ConfigError as e:
         raise config_lib.ConfigError(f"--grid {key}={v}: {e}") from None
   keys = list(merged)
+  given = ignored.given_keys(sets, keys)   # what the command line sets (`ignored`)
   cells, configs, names = [], [], set()
   # Seeds outermost: a partly finished sweep already holds whole seeds.
   for seed in seeds:
@@ -187,10 +188,12 @@ def plan(config_path: str, sets=(), grid=(), seeds=None, *,
       cfg = config_lib.apply_overrides(copy.deepcopy(base), overrides)
       try:
         presets.resolve_scenario(cfg.copy_and_resolve_references())
+        ignored.check(cfg, given)
       except ConfigError as e:
         raise ConfigError(f"sweep cell {cell_name(settings)}: {e}") from None
       cells.append(Cell(name, settings, overrides))
       configs.append(cfg)
+  ignored.check_sections(given, [cfg.algorithms for cfg in configs])
   return Plan(config_path, list(sets), list(merged.items()), seeds, base, cells,
               configs)
 
