@@ -149,13 +149,16 @@ def describe(cell: Cell) -> str:
 
 
 def plan(config_path: str, sets=(), grid=(), seeds=None, *,
-         use_defaults: bool = True) -> Plan:
-  """Every cell's config; errors name the bad key or `key=value`.
+         use_defaults: bool = True, base=None) -> Plan:
+  """Every cell's config; errors name the bad key or `key=value`. `base`:
+  the config after `sets` when the file is not read (a resumed sweep whose
+  config file is gone: its manifest's).
 
   Checks only config keys and types (no data, no algorithm registry): see `check`.
   """
   config_path = os.path.abspath(config_path)
-  base = config_lib.apply_overrides(config_lib.load(config_path), list(sets))
+  if base is None:
+    base = config_lib.apply_overrides(config_lib.load(config_path), list(sets))
   defaults = sweep_defaults(config_path) if use_defaults else {}
   merged = dict(defaults.get("grid", ()))
   for key, values in grid:
@@ -265,6 +268,22 @@ def _config_json(cfg) -> dict:
   return json.loads(cfg.to_json())
 
 
+def _stored_base(manifest: dict, echo):
+  """None while the sweep's config file exists (`plan` reads it, and a
+  changed file is refused); else the config the manifest holds (the file's
+  with the sweep's --set), with the fields it records as set (older
+  manifests: those that differ from the defaults)."""
+  if os.path.isfile(manifest["config"]):
+    return None
+  echo(f"[sweep] {manifest['config']} no longer exists: resuming with the "
+       f"config {directory.MANIFEST} holds (that file's, with the sweep's "
+       "--set)")
+  stored = manifest["base_config"]
+  given = manifest.get("explicit")
+  return config_lib.from_json(
+      stored, given=config_lib.changed_keys(stored) if given is None else given)
+
+
 # ----------------------------------------------------------------------- run
 
 
@@ -291,7 +310,7 @@ def run_sweep(config_path: str | None = None, sets=(), grid=(), seeds=None, *,
       manifest = directory.read_manifest(resume)
     p = plan(manifest["config"], manifest["sets"],
              [(k, v) for k, v in manifest["grid"]], manifest["seeds"],
-             use_defaults=False)
+             use_defaults=False, base=_stored_base(manifest, echo))
     if [c.name for c in p.cells] != [c["name"] for c in manifest["cells"]]:
       raise ConfigError(f"{resume}: the cells of {directory.MANIFEST} do not match its grid")
     drift = config_lib.drift(manifest["base_config"], _config_json(p.base))
@@ -339,6 +358,7 @@ def run_sweep(config_path: str | None = None, sets=(), grid=(), seeds=None, *,
         grid=[[k, v] for k, v in p.grid], seeds=p.seeds,
         created=datetime.datetime.now().isoformat(timespec="seconds"),
         base_config=_config_json(p.base),
+        explicit=config_lib.explicit_keys(p.base),   # what was set
         cells=[dict(name=c.name, settings=c.settings, overrides=c.overrides,
                     status="pending") for c in p.cells])
     directory.write_manifest(sweep_dir, manifest)
