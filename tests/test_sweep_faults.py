@@ -360,3 +360,28 @@ def test_a_scenario_sweep_plans_again_from_its_stored_config():
     q = sweep.plan(path, p.sets, p.grid, p.seeds, use_defaults=False,
                    base=config.from_json(stored, given=given))
     assert [c.to_json() for c in q.configs] == [c.to_json() for c in p.configs]
+
+
+@pytest.mark.parametrize("folder", ["missing", "empty"])
+def test_a_wrong_fashion_mnist_dir_fails_at_once_without_a_download(
+    tmp_path, monkeypatch, folder):
+  """Item 10: a $FEDJAX_DG_FASHION_MNIST_DIR without the IDX files is said
+  at once, naming the variable and what is missing; TFDS's download (offline:
+  minutes of retries before its error) is not tried."""
+  from fedjax_dg.data import sources
+  from fedjax_dg.data.builders import fashion_mnist_base as fmb
+  from fedjax_dg.errors import DataError
+  calls = []
+  monkeypatch.setattr(fmb, "read_tfds_catalog",
+                      lambda data_dir: calls.append(data_dir))
+  source = tmp_path / "idx"
+  if folder == "empty":
+    source.mkdir()
+  monkeypatch.setenv("FEDJAX_DG_FASHION_MNIST_DIR", str(source))
+  with pytest.raises(DataError) as e:
+    sources.load("rotated_fashion_mnist", data_dir=str(tmp_path / "data"))
+  msg = str(e.value)
+  assert f"FEDJAX_DG_FASHION_MNIST_DIR={str(source)!r}" in msg
+  assert ("does not exist" if folder == "missing"
+          else "lacks train-images-idx3-ubyte.gz") in msg
+  assert "No download was tried" in msg and not calls
