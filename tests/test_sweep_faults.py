@@ -385,3 +385,40 @@ def test_a_wrong_fashion_mnist_dir_fails_at_once_without_a_download(
   assert ("does not exist" if folder == "missing"
           else "lacks train-images-idx3-ubyte.gz") in msg
   assert "No download was tried" in msg and not calls
+
+
+@pytest.mark.parametrize("in_sweep", [False, True])
+def test_the_space_check_says_what_it_reserves_and_what_applies(
+    tmp_path, monkeypatch, in_sweep):
+  """Item 3 (its message): refusing a run for want of disk says the
+  checkpoints' need to 3 digits (never "need 0 MiB"), the 64 MiB it keeps
+  free beside them and why, and what to do where the run is: a sweep's
+  cell its --resume and --out (not output_dir, which --out replaces), a
+  run output_dir; checkpoints_to_keep only where fewer can be kept."""
+  import collections
+  from fedjax_dg import models
+  from fedjax_dg.errors import ConfigError
+  from fedjax_dg.run import assemble, config, disk
+  model = models.get_model("mlp", input_shape=(4, 4, 1), num_classes=2,
+                           hidden=2)
+  alg = assemble.algorithm("fedavg", model, 2, config.base_config())
+  run_dir = tmp_path / "cell"
+  run_dir.mkdir()
+  if in_sweep:
+    (tmp_path / "sweep.json").write_text("{}")
+  usage = collections.namedtuple("usage", "total used free")
+  monkeypatch.setattr(disk.shutil, "disk_usage",
+                      lambda path: usage(1, 1, 30 * 2**20))
+  with pytest.raises(ConfigError) as e:
+    disk.check_disk("fedavg", alg, str(run_dir), lambda *a: None, keep=1)
+  msg = str(e.value)
+  assert "need 0 MiB" not in msg and "MiB (2 of 0.000" in msg, msg
+  assert ("plus 64 MiB kept free for the run's other files (results.json, "
+          "metrics.jsonl, TensorBoard events") in msg
+  assert "but only 30 MiB are free" in msg
+  assert ("sweep --resume" in msg and "--out DIR" in msg
+          and "output_dir" not in msg) == in_sweep, msg
+  assert ("--set output_dir=DIR" in msg) == (not in_sweep), msg
+  assert "checkpoints_to_keep" not in msg
+  with pytest.raises(ConfigError, match="checkpoints_to_keep=1"):
+    disk.check_disk("fedavg", alg, str(run_dir), lambda *a: None, keep=3)
