@@ -422,3 +422,99 @@ def test_the_space_check_says_what_it_reserves_and_what_applies(
   assert "checkpoints_to_keep" not in msg
   with pytest.raises(ConfigError, match="checkpoints_to_keep=1"):
     disk.check_disk("fedavg", alg, str(run_dir), lambda *a: None, keep=3)
+
+
+def test_the_divergence_rule_on_what_runs_look_like():
+  """Item 6: the rule (`records.diverged`): a final training loss above 100 x
+  ln(classes). Normal runs end below ln(C) (and start near it); blown-up
+  ones at 1e12-1e31, often from their first round on, so the rule does not
+  compare with the first round."""
+  from fedjax_dg.report import records
+  hist = lambda *losses: [dict(round=i + 1, train_loss=v)
+                          for i, v in enumerate(losses)]
+  assert records.diverged(hist(2.31, 1.2, 0.4), 10) is None
+  assert records.diverged(hist(2.9, 3.5), 10) is None   # unstable, not blown
+  assert records.diverged([], 10) is None
+  why = records.diverged(hist(1.6e19, 1.1e20), 10)   # Adam lr 1e9 from round 1
+  assert why.startswith("diverged: final training loss 1.1e+20 > 230 (100 x "
+                        "ln 10"), why
+  assert records.diverged(hist(4.1e3, 1.7e12), 10)   # SGD lr 500
+  assert records.diverged(hist(0.7, 70.0), 2)         # 100 x ln 2 = 69.3
+
+
+def test_a_diverged_run_is_marked_and_never_bold():
+  """Item 6: in the tables a value over a diverged run carries DIVERGED
+  ("‡"), its legend is in the notes, and it is never bold, even as the
+  highest value of its column."""
+  from fedjax_dg.report import records, tables
+  def rec(algorithm, seed, ood, diverged=None):
+    run = dict(algorithm=algorithm, target="0", diverged=diverged,
+               final=dict(round=2, id_acc=ood, ood_acc=ood),
+               history=[dict(round=2, id_acc=ood, ood_acc=ood)])
+    return records.run_record(f"seed={seed}", seed, 1, {"seed": str(seed)},
+                              {}, run)
+  recs = [rec("fedavg", s, 0.5) for s in (0, 1)] + [
+      rec("fedprox", 0, 0.9, "diverged: final training loss 1e+20 > 230"),
+      rec("fedprox", 1, 0.8), rec("moon", 0, 0.6), rec("moon", 1, 0.6)]
+  table = tables.table2(recs)
+  rows = {r[0]: r for r in table.rows}
+  assert tables.DIVERGED in rows["FedProx"][2] and "**" not in rows["FedProx"][2]
+  assert rows["MOON"][2].startswith("**60.0")       # the best of the rest
+  assert tables.DIVERGED not in rows["MOON"][2]
+  assert "‡ = diverged" in table.notes
+  assert "diverged: final" in tables.long_table(recs).csv()
+
+
+def test_a_diverged_sweep_run_is_flagged_in_results_and_report(
+    tiny, tmp_path, capsys, monkeypatch):
+  """Item 6, end to end: FedProx at Adam lr 1e9 (finite, loss ~1e19) is
+  recorded with its reason in results.json's `diverged`, marked in the
+  report's tables and listed in report.md; FedAvg beside it at its normal
+  lr is not flagged."""
+  _no_run_figures(monkeypatch)
+  path, _ = tiny
+  out = str(tmp_path / "sw")
+  assert cli.main(["sweep", "--config", path, "--seeds", "0", "--out", out,
+                   "--set", "algorithms=fedavg,fedprox",
+                   "--set", "fedprox.client.lr=1e9"]) == 0
+  runs = {r["algorithm"]: r for r in json.load(
+      open(os.path.join(out, "seed=0", "results.json")))["runs"]}
+  assert runs["fedavg"]["diverged"] is None
+  assert runs["fedprox"]["diverged"].startswith("diverged: final training loss")
+  table = open(os.path.join(out, "report", "table2.md")).read()
+  (prox,) = [l for l in table.splitlines() if l.startswith("| FedProx")]
+  assert "‡" in prox and "**" not in prox
+  report = open(os.path.join(out, "report", "report.md")).read()
+  assert "‡ DIVERGED: 1 run(s)" in report and "`seed=0` FedProx / target 0" in report
+
+
+def test_the_committed_paper_runs_are_never_flagged_as_diverged():
+  """Item 6: every committed run with its history (the Styled Fashion-MNIST
+  Table 1 sweep: FedAvg, FedProx, FedADG, FedDG-GA, FedSR, FedIIR, CCST,
+  FedCCRL, ELCFS x 10 seeds x 4 targets; hFedF's Fig. 11 EMA grid) ends far
+  below the rule's limit."""
+  import csv
+  import glob
+  import math
+  from fedjax_dg.report import records
+  root = os.path.join(os.path.dirname(os.path.dirname(__file__)), "docs",
+                      "results")
+  runs = [r for path in glob.glob(os.path.join(root, "**", "results.json"),
+                                  recursive=True)
+          for r in json.load(open(path))["runs"]]
+  assert len(runs) >= 300
+  for r in runs:
+    assert records.diverged(r["history"], 10) is None, r["algorithm"]
+  worst = max(r["history"][-1]["train_loss"] for r in runs) / math.log(10)
+  assert worst < 1, worst
+  curves = {}
+  for path in glob.glob(os.path.join(root, "**", "per_round.csv"),
+                        recursive=True):
+    for row in csv.DictReader(open(path)):   # one curve per (setting, seed)
+      key = (path,) + tuple(v for k, v in row.items() if k in (
+          "ema_decay", "seed", "algorithm", "target"))
+      curves.setdefault(key, []).append(
+          dict(round=int(row["round"]), train_loss=float(row["train_loss"])))
+  assert len(curves) >= 10
+  for hist in curves.values():
+    assert records.diverged(sorted(hist, key=lambda h: h["round"]), 10) is None

@@ -24,7 +24,7 @@ import numpy as np
 from fedjax_dg import algorithms, distributed, engine
 from fedjax_dg.errors import (ConfigError, DiskFull, StandInWarning, Stopped,
                               is_disk_full)
-from fedjax_dg.report import metrics_log
+from fedjax_dg.report import metrics_log, records
 from fedjax_dg.run import assemble, checks, directory, disk, provenance
 from fedjax_dg.run.config import ConfigDict
 
@@ -137,6 +137,7 @@ class OpenRun:
         algorithm=name, target=str(target), seconds=res.seconds,
         source=self.results["source"],   # the code it ran at: `provenance`
         warnings=warnings_, server_examples=fed.server_size,
+        diverged=records.diverged(res.history, fed.num_classes),
         **({"replicas": replicas} if replicas > 1 else {}),
         final=res.final, history=res.history,
         round_metrics={k: v for k, v in res.round_metrics.items()

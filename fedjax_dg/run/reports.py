@@ -130,6 +130,20 @@ def load_records(sweep_dir: str) -> tuple[dict, list[dict]]:
   return manifest, records
 
 
+def diverged_lines(records: list[dict]) -> list[str]:
+  """report.md's paragraph on the finished runs that diverged
+  (`records.diverged`), one line each; [] when none did."""
+  blown = [r for r in finished(records) if r.get("diverged")]
+  if not blown:
+    return []
+  return (["", f"**{tables.DIVERGED} DIVERGED: {len(blown)} run(s) ended with "
+           "a training loss far above a uniform guess's**: reported as they "
+           f"ran, every value they enter is marked {tables.DIVERGED} and never "
+           "bold:", ""]
+          + [f"- `{r['cell']}` {display_name(r['algorithm'])} / target "
+             f"{r['target']}: {r['diverged']}" for r in blown])
+
+
 def missing_lines(manifest: dict) -> list[str]:
   """One line per cell with unfinished runs: its status and which
   algorithms / targets (a whole cell: its seed and grid point)."""
@@ -248,6 +262,7 @@ def write_report(sweep_dir: str, out: str | None = None, ds=None,
              "", "Continue with `fedjax-dg "
              + ("sweep" if os.path.isfile(os.path.join(sweep_dir, MANIFEST))
                 else "run") + f" --resume {sweep_dir}`, then report again."]
+  head += diverged_lines(records)
   head += ["", "id = each client's model on its own held-out 10 % source split "
            "(mean over clients); ood = on the unseen target domain. Final = the "
            "evaluation after the last round (the papers' protocol); best = the "
@@ -354,6 +369,7 @@ def compare(dirs: list[str], out: str | None = None) -> list[str]:
                     f"; {tables.PARTIAL} PARTIAL, {len(records) - done} "
                     "planned runs not finished:" if len(records) > done else ""))
     head += ["  " + line for line in missing_lines(m)]
+    head += ["  " + line for line in diverged_lines(records) if line]
     head += [f"  - stand-in (`{cell}`): {w}"
              for cell, ws in m.get("warnings", {}).items() for w in ws]
     head += ["  " + line for line in provenance_lines(m, records)[2:]]
