@@ -6,6 +6,7 @@
     assemble      the config resolved, once, into a run's pieces: engine settings,
                   dataset, federations, model, algorithms
     checks        what a config is checked for before anything is computed
+    ignored       a given value that another setting overrides, refused
     directory     run and sweep directories: making one, the files in them
     provenance    what produced a run's numbers: the fedjax_dg commit (dirty or
                   not), the data fingerprint, library versions and machine
