@@ -54,7 +54,12 @@ def hold(sweep_dir: str) -> None:
   if not distributed.is_main():
     return
   path = os.path.join(sweep_dir, LOCK)
-  f = open(path, "a+")  # pylint: disable=consider-using-with
+  try:
+    f = open(path, "a+")  # pylint: disable=consider-using-with
+  except OSError as e:
+    raise ConfigError(f"{sweep_dir}: cannot write its lock file {LOCK} "
+                      f"({type(e).__name__}: {e}); a sweep writes into its "
+                      "folder: give a writable one") from None
   try:
     fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
   except BlockingIOError:
