@@ -40,9 +40,13 @@ def _config(config_path: str | None, overrides: list[str],
   config with the `--set` overrides."""
   import importlib
   from fedjax_dg.run import config as config_lib
+  from fedjax_dg.run import ignored
   cfg = (importlib.import_module(module).get_config() if module
          else config_lib.load(config_path))
   cfg = config_lib.apply_overrides(cfg, overrides)
+  given = ignored.given_keys(overrides)  # a --set another setting overrides
+  ignored.check(cfg, given)
+  ignored.check_sections(given, [cfg.algorithms])
   return cfg
 
 
@@ -53,7 +57,6 @@ def _resume_config(run_dir: str, overrides: list[str],
   a stored value is refused later (`directory.check_resume`); with
   `module` (demo), a run of another config is refused here."""
   import importlib
-  import json
   from fedjax_dg.run import config as config_lib
   from fedjax_dg.run import directory
   path = os.path.join(run_dir, "config.json")
@@ -65,8 +68,7 @@ def _resume_config(run_dir: str, overrides: list[str],
                         f"with: fedjax-dg sweep --resume {run_dir}")
     raise ConfigError(f"--resume {run_dir}: holds no config.json, so it is not "
                       "a run directory of fedjax-dg run / demo")
-  with open(path) as f:
-    cfg = config_lib.from_json(json.load(f))
+  cfg = config_lib.from_json(directory.read_json(path))
   if module:
     want = importlib.import_module(module).get_config().name
     if cfg.name != want:

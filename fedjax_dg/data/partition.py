@@ -31,6 +31,14 @@ from fedjax_dg.data.settings import DataConfig
 from fedjax_dg.errors import ConfigError, StandInWarning
 
 PARTITIONERS = ("domain_split", "k_per_domain", "iid", "dirichlet")
+# The settings each partitioner reads (besides few_shot_k and the seed):
+# another partitioner's (`d` for iid) change nothing.
+FIELDS = {
+    "domain_split": ("num_clients", "d"),
+    "k_per_domain": ("k_per_domain", "num_clients"),
+    "iid": ("num_clients",),
+    "dirichlet": ("num_clients", "alpha", "min_partition_size"),
+}
 ALIASES = {"hfedf": "domain_split", "k_clients_per_domain": "k_per_domain"}
 
 
@@ -299,12 +307,8 @@ class PartitionSpec:
 
   def describe(self) -> str:
     """The name and the settings that matter for it, e.g. for error messages."""
-    relevant = {
-        "domain_split": ("num_clients", "d"),
-        "k_per_domain": ("k_per_domain", "num_clients"),
-        "iid": ("num_clients",),
-        "dirichlet": ("num_clients", "alpha", "min_partition_size"),
-    }[self.name] + (("few_shot_k",) if self.few_shot_k else ()) + ("seed",)
+    relevant = FIELDS[self.name] + (
+        ("few_shot_k",) if self.few_shot_k else ()) + ("seed",)
     fields = ", ".join(f"{f}={getattr(self, f)!r}" for f in relevant)
     return f"PartitionSpec(name={self.name!r}, {fields})"
 

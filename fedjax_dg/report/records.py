@@ -32,11 +32,17 @@ differences with the reference (`stats.paired_difference`).
 A run planned and not finished is a *missing* record (`missing=True`, no
 metrics: `missing_run`); the aggregates count them (`absent`) so that the
 tables can mark a partial value.
+
+A finished run whose training blew up without going non-finite (`diverged`:
+its final training loss far above chance level's) is recorded as it ran, with
+the reason in results.json's `diverged`; its record says so, the aggregates
+count it (`diverged`) and the tables mark it and never bold it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import numpy as np
@@ -45,6 +51,32 @@ from fedjax_dg import algorithms
 from fedjax_dg.data import splits
 from fedjax_dg.errors import ConfigError
 from fedjax_dg.report import origin
+
+
+# A run whose final training loss exceeds this many times ln(classes) (the
+# cross-entropy of a uniform guess, where a fresh model starts) has diverged.
+# Normal runs end below 1 x ln(C) with a cross-entropy objective and below
+# 2.7 x with FedSDAF's sum of losses (every registered algorithm at its
+# defaults; the committed Styled Fashion-MNIST Table 1 and Fig. 11 runs);
+# runs that blew up end at 1e12-1e31 (Adam lr 1e9, SGD lr 500: docs/testing.md,
+# "Sweep drills"). Their first round may be diverged already (its loss the
+# mean over its local steps), so the rule does not compare with it.
+DIVERGENCE_FACTOR = 100
+
+
+def diverged(history: list[dict], num_classes: int) -> str | None:
+  """Why a finished run counts as diverged (one sentence), or None: its last
+  evaluation's training loss (`history[-1]["train_loss"]`, the mean over
+  that evaluation's rounds) is above `DIVERGENCE_FACTOR` x ln(`num_classes`).
+  What `OpenRun.record` writes into results.json's `diverged`."""
+  loss = history[-1].get("train_loss") if history else None
+  limit = DIVERGENCE_FACTOR * math.log(max(int(num_classes), 2))
+  if loss is None or not math.isfinite(loss) or loss <= limit:
+    return None
+  return (f"diverged: final training loss {loss:.3g} > {limit:.3g} "
+          f"({DIVERGENCE_FACTOR} x ln {num_classes}, a uniform guess's); its "
+          "accuracies are those of a blown-up model (a learning rate too "
+          "large?)")
 
 
 def eval_label(records: list[dict]) -> str:
@@ -193,7 +225,7 @@ def run_record(cell: str, seed: int, d: int, settings: dict, config: dict,
       ood_at_best_id=ood_at_best_id, seconds=run.get("seconds"), curve=curve,
       best_client_ood_acc=max(per_client) if per_client else None,
       commit=ran_at.get("commit"), dirty=ran_at.get("dirty"),
-      source=ran_at or None,
+      source=ran_at or None, diverged=run.get("diverged") or None,
       missing=bool(run.get("missing")))
 
 
@@ -275,6 +307,7 @@ class Stat:
   std: float | None   # sample std over seeds; None with one seed
   seeds: int
   absent: int = 0     # planned runs (seeds) of this target not finished
+  diverged: int = 0   # finished runs of this target that diverged
 
 
 @dataclasses.dataclass
@@ -284,6 +317,7 @@ class Agg:
   mu: float | None
   runs: int
   absent: int = 0     # planned runs not finished: seeds or whole targets
+  diverged: int = 0   # finished runs that diverged (`diverged`)
 
 
 def _std(values, ddof: int) -> float | None:
@@ -316,12 +350,16 @@ def aggregate(records: list[dict], metric: str, ddof: int = 1, *,
   record fields as the row / column keys: {(row, scenario): Agg}."""
   runs: dict[tuple, int] = {}
   absent: dict[tuple, int] = {}
+  blown: dict[tuple, int] = {}
   for r in records:
     if r.get("missing"):
       key = (r[rows], r[columns], r["target"])
       absent[key] = absent.get(key, 0) + 1
     elif r.get(metric) is not None:
       runs[(r[rows], r[columns])] = runs.get((r[rows], r[columns]), 0) + 1
+      if r.get("diverged"):
+        key = (r[rows], r[columns], r["target"])
+        blown[key] = blown.get(key, 0) + 1
   out: dict[tuple, Agg] = {}
   for (variant, d), cells in seed_values(records, metric, rows=rows,
                                          columns=columns).items():
@@ -333,8 +371,10 @@ def aggregate(records: list[dict], metric: str, ddof: int = 1, *,
       values = [v for _, v in sorted(seeds.items())]
       agg.per_target[target] = Stat(float(np.mean(values)), _std(values, ddof),
                                     len(values),
-                                    absent.get((variant, d, target), 0))
+                                    absent.get((variant, d, target), 0),
+                                    blown.get((variant, d, target), 0))
     agg.mu = float(np.mean([s.mean for s in agg.per_target.values()]))
+    agg.diverged = sum(s.diverged for s in agg.per_target.values())
   for (variant, d, _), n in absent.items():  # the μ over what finished
     if (variant, d) in out:
       out[(variant, d)].absent += n

@@ -21,17 +21,21 @@ from fedjax_dg.data.splits import eval_label
 
 # Marks a mean over fewer held-out targets than the run has (`missing_runs`).
 PARTIAL = "†"
+# Marks a value of a run that diverged (results.json's `diverged`).
+DIVERGED = "‡"
 WIDTH = 100  # terminal columns of `terminal_summary`
 
 
-def _cell(values) -> str:
+def _cell(values, blown: bool = False) -> str:
   """Mean ± std (over targets) in percent; `PARTIAL` when some, not all, of
-  `values` are missing (None): a mean over fewer targets than expected."""
+  `values` are missing (None): a mean over fewer targets than expected;
+  `DIVERGED` when a run behind them diverged (`blown`)."""
   present = [v for v in values if v is not None]
   if not present:
     return "-"
   mean = 100 * float(np.mean(present))
-  mark = PARTIAL if len(present) < len(values) else ""
+  mark = (PARTIAL if len(present) < len(values) else "") + (
+      DIVERGED if blown else "")
   if len(present) == 1:
     return f"{mean:.1f}{mark}"
   return f"{mean:.1f} ± {100 * float(np.std(present)):.1f}{mark}"
@@ -43,6 +47,13 @@ def missing_runs(results: dict) -> list[tuple[str, str]]:
   done = {(r["algorithm"], str(r["target"])) for r in results["runs"]}
   return [(a, str(t)) for a in results["algorithms"] for t in results["targets"]
           if (a, str(t)) not in done]
+
+
+def diverged_text(results: dict) -> str:
+  """'' or one line per run that diverged (results.json's `diverged`)."""
+  return "\n".join(f"{DIVERGED} DIVERGED: {r['algorithm']} / {r['target']}: "
+                   f"{r['diverged']}" for r in results["runs"]
+                   if r.get("diverged"))
 
 
 def missing_text(results: dict) -> str:
@@ -84,13 +95,17 @@ def table_rows(results: dict) -> tuple[list[str], list[list[str]]]:
   rows = []
   for alg in results["algorithms"]:
     runs = {r["target"]: r for r in results["runs"] if r["algorithm"] == alg}
+    blown = [bool(runs[t].get("diverged")) if t in runs else False
+             for t in targets]
     row = [alg]
     for key in ("id_acc", "ood_acc"):
       final = [runs[t]["final"].get(key) if t in runs else None for t in targets]
       best = [best_over_rounds(runs[t], key)[0] if t in runs else None
               for t in targets]
-      row += ([_cell([v]) for v in final] + [_cell(final)]
-              + [_cell([v]) for v in best] + [_cell(best)])
+      row += ([_cell([v], b) for v, b in zip(final, blown)]
+              + [_cell(final, any(blown))]
+              + [_cell([v], b) for v, b in zip(best, blown)]
+              + [_cell(best, any(blown))])
     rows.append(row)
   return header, rows
 
@@ -176,16 +191,18 @@ def terminal_summary(results: dict, width: int = WIDTH) -> str:
   runs = {(r["algorithm"], str(r["target"])): r for r in results["runs"]}
   value = lambda a, t, key: ((runs[(a, t)].get("final") or {}).get(key)
                              if (a, t) in runs else None)
+  blown = lambda a, t: bool((runs.get((a, t)) or {}).get("diverged"))
   name_w = min(max(len(a) for a in results["algorithms"]), width // 3)
   lines = [f"final accuracy (%), μ ± std over {len(targets)} held-out "
            f"target{'s' if len(targets) != 1 else ''}:"]
   for a in results["algorithms"]:
-    cells = [f"{m} μ {_cell([value(a, t, key) for t in targets])}"
+    any_blown = any(blown(a, t) for t in targets)
+    cells = [f"{m} μ {_cell([value(a, t, key) for t in targets], any_blown)}"
              for m, key in (("id", "id_acc"), (lab, "ood_acc"))]
     lines.append(f"  {a[:name_w].ljust(name_w)}  " + "   ".join(
         c.ljust(20) for c in cells).rstrip())
   for m, key in ((lab, "ood_acc"), ("id", "id_acc")):
-    rows = [(a, [_cell([value(a, t, key)]) for t in targets])
+    rows = [(a, [_cell([value(a, t, key)], blown(a, t)) for t in targets])
             for a in results["algorithms"]]
     if all(c == "-" for _, cells in rows for c in cells):
       continue  # no id split (data.val_fraction=0)
@@ -194,6 +211,8 @@ def terminal_summary(results: dict, width: int = WIDTH) -> str:
   partial = missing_text(results)
   if partial:
     lines += [""] + _wrap_text(partial, width)
+  for line in diverged_text(results).splitlines():
+    lines += [""] + _wrap_text(line, width)
   return "\n".join(line[:width] for line in lines)
 
 
@@ -244,6 +263,8 @@ def write_all(results: dict, run_dir: str) -> list[str]:
     f.write(markdown_table(results) + "\n")
     if missing_text(results):
       f.write(f"\n**{missing_text(results)}**\n")
+    for line in diverged_text(results).splitlines():
+      f.write(f"\n**{line}**\n")
     diagnosed = [f"WARNING ({r['target']}): {w}" for r in results["runs"]
                  for w in r.get("warnings", [])]
     if diagnosed:

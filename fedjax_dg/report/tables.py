@@ -43,20 +43,34 @@ PARTIAL = "†"
 PARTIAL_NOTE = (f" {PARTIAL} = partial: some of the planned runs (targets or "
                 "seeds) have not finished; the value is over the finished ones "
                 "only (report.md lists what is missing).")
+# Marks a value over a run that diverged (`records.diverged`); never bold.
+DIVERGED = "‡"
+DIVERGED_NOTE = (f" {DIVERGED} = diverged: a run behind the value ended with "
+                 "a training loss far above a uniform guess's (`diverged` in "
+                 "its results.json; report.md lists them); such a value is "
+                 "never bold.")
 
 
 # ------------------------------------------------------------------ formatting
 
 
 def mark(stat) -> str:
-  """`PARTIAL` for a Stat / Agg over fewer runs than planned, else ''."""
-  return PARTIAL if stat is not None and stat.absent else ""
+  """`PARTIAL` for a Stat / Agg over fewer runs than planned, `DIVERGED` for
+  one over a run that diverged (both when both), else ''."""
+  if stat is None:
+    return ""
+  return ((PARTIAL if stat.absent else "")
+          + (DIVERGED if getattr(stat, "diverged", 0) else ""))
 
 
 def with_notes(notes: str, rows: list[list[str]]) -> str:
-  """`notes` with the PARTIAL explanation when a row holds a marked value."""
-  if any(PARTIAL in cell for row in rows for cell in row[1:]):
-    return notes + PARTIAL_NOTE
+  """`notes` with the PARTIAL / DIVERGED explanations when a row holds a
+  value so marked."""
+  cells = [cell for row in rows for cell in row[1:]]
+  if any(PARTIAL in cell for cell in cells):
+    notes += PARTIAL_NOTE
+  if any(DIVERGED in cell for cell in cells):
+    notes += DIVERGED_NOTE
   return notes
 
 
@@ -181,13 +195,15 @@ class Table:
 
 def _bold_best(rows: list[list[str]], values: list[list[float | None]],
                eligible: list[bool], groups: list[str]) -> None:
-  """Bolds the best eligible value of every column within each group (in place)."""
+  """Bolds the best eligible value of every column within each group (in
+  place); a value marked `DIVERGED` is never bold (nor the best)."""
   for g in set(groups):
     idx = [i for i, (e, gg) in enumerate(zip(eligible, groups)) if e and gg == g]
     if len(idx) < 2:
       continue
     for j in range(len(values[0])):
-      col = [(values[i][j], i) for i in idx if values[i][j] is not None]
+      col = [(values[i][j], i) for i in idx if values[i][j] is not None
+             and DIVERGED not in rows[i][j + 1]]
       if not col:
         continue
       best = max(v for v, _ in col)
@@ -512,21 +528,23 @@ def summary(records: list[dict]) -> Table:
 LONG_FIELDS = ("cell", "seed", "d", "algorithm", "variant", "target",
                "final_round", "id_acc", "ood_acc", "best_id_acc", "best_id_round",
                "best_ood_acc", "best_ood_round", "ood_at_best_id", "seconds",
-               "best_client_ood_acc", "commit", "dirty")
+               "best_client_ood_acc", "commit", "dirty", "diverged")
 
 
 def long_table(records: list[dict]) -> Table:
   """Every (cell, algorithm, target, seed) run: final and best-over-rounds
   metrics (fractions, not percent), the fedjax_dg commit it ran at and
-  whether that tree was dirty (empty: not recorded), and one column per grid
-  key."""
+  whether that tree was dirty (empty: not recorded), why it counts as
+  diverged (empty: it did not), and one column per grid key."""
   records = finished(records)
   keys = first_seen(k for r in records for k in r["settings"] if k != "seed")
   csv_header = list(LONG_FIELDS) + keys
-  csv_rows = [[r[f] for f in LONG_FIELDS] + [r["settings"].get(k, "") for k in keys]
-              for r in records]
-  rows = [[str(r["cell"]), r["algorithm"], r["target"], pct(r["id_acc"]),
-           pct(r["ood_acc"]), pct(r["best_id_acc"]), pct(r["best_ood_acc"])]
+  csv_rows = [[r.get(f) for f in LONG_FIELDS]
+              + [r["settings"].get(k, "") for k in keys] for r in records]
+  blown = lambda r: DIVERGED if r.get("diverged") else ""
+  rows = [[str(r["cell"]), r["algorithm"], r["target"], pct(r["id_acc"]) + blown(r),
+           pct(r["ood_acc"]) + blown(r), pct(r["best_id_acc"]) + blown(r),
+           pct(r["best_ood_acc"]) + blown(r)]
           for r in records]
   lab = eval_label(records)
   return Table("Every run", ["cell", "algorithm", "target", "id", lab, "best id",

@@ -191,7 +191,19 @@ def load_dataset(cfg: ConfigDict):
                          streaming=d.streaming)
   if dataset.streamed:
     check_streaming(cfg)
+  check_normalization(cfg, dataset.image_shape[-1])
   return dataset
+
+
+def check_normalization(cfg: ConfigDict, channels: int) -> None:
+  """`data.normalization='imagenet'` (ImageNet's RGB constants) needs images
+  of 3 channels: else a ConfigError naming the field, checked when the data
+  are loaded, before any run or sweep directory is made."""
+  if cfg.data.normalization == "imagenet" and channels != 3:
+    raise ConfigError(
+        f"data.normalization='imagenet' needs RGB images, but data.name="
+        f"{cfg.data.name!r} has {channels} channel(s): use 'dataset' or "
+        "'train'")
 
 
 def federate(cfg: ConfigDict, dataset, target):
@@ -244,11 +256,7 @@ def normalization(cfg: ConfigDict, dataset, fed) -> tuple[tuple, tuple]:
   if cfg.data.normalization == "train":
     return fed.mean, fed.std
   if cfg.data.normalization == "imagenet":
-    ch = fed.image_shape[-1]
-    if ch != 3:
-      raise ConfigError(
-          f"data.normalization='imagenet' needs RGB images, but data.name="
-          f"{cfg.data.name!r} has {ch} channel(s): use 'dataset' or 'train'")
+    check_normalization(cfg, fed.image_shape[-1])
     return IMAGENET_MEAN, IMAGENET_STD
   return dataset.channel_stats()
 

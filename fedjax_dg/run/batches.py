@@ -47,8 +47,8 @@ KEY_PARTS = algorithms.RECIPE_KEY_PARTS + (
     "the data's shapes (the largest client's examples)")
 
 
-# `OpenRun` in annotations: `experiment.OpenRun` (experiment imports this
-# module, never the other way).
+# `opened` / `cells`: `experiment.OpenRun`s (experiment imports this module,
+# never the other way).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +97,7 @@ def _recipe_key(opened, job: Job) -> tuple:
                              fed.num_clients, opened.cfg, data=fed)
 
 
-def batch_key(opened: OpenRun, job: Job, alg) -> tuple:
+def batch_key(opened, job: Job, alg) -> tuple:
   """What must be equal for runs to share one program (`KEY_PARTS`)."""
   fed = opened.feds[job.target]
   train = (fed.pooled() if alg.client.pooled else fed).packed_train
@@ -113,7 +113,7 @@ def auto_cap(bytes_each: int) -> int:
   return max(1, int(AUTO_DEVICE_SHARE * device_capacity()) // max(bytes_each, 1))
 
 
-def plan(cells: list[OpenRun], max_replicas: int = 0
+def plan(cells: list, max_replicas: int = 0
          ) -> tuple[list[Batch], dict]:
   """The batches of every pending run of the open `cells` (at most
   `max_replicas` each; 0: `auto_cap`), in the order of their first cell;
@@ -156,7 +156,7 @@ def _differs(a: tuple, b: tuple) -> str:
   return next(part for part, x, y in zip(KEY_PARTS, a, b) if x != y)
 
 
-def explain(batches: list[Batch], cells: list[OpenRun]) -> list[str]:
+def explain(batches: list[Batch], cells: list) -> list[str]:
   """Lines: per algorithm, its runs, its batches and their sizes, and why
   its runs are not all in one batch."""
   lines = []
@@ -210,7 +210,7 @@ def _shared(batches: list[Batch], cells) -> str:
   return " x ".join(parts)
 
 
-def run(batches: list[Batch], built: dict, cells: list[OpenRun],
+def run(batches: list[Batch], built: dict, cells: list,
         *, echo=print, on_cell_done: Callable[[int, list], None],
         mapping: str = "auto", prefix: str = "") -> None:
   """Trains every batch and records each run in its cell; a cell whose last
@@ -321,7 +321,7 @@ def _train(b: Batch, built: dict, cells, mapping: str, forget: bool) -> list:
       engine.forget_programs(rec)
 
 
-def build_alone(opened: OpenRun, name: str, i: int):
+def build_alone(opened, name: str, i: int):
   """The recipe of algorithm `name` built from target `i`'s data (its
   stand-in warnings echoed and noted), after the disk check."""
   fed = opened.feds[i]

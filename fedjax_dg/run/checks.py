@@ -8,13 +8,23 @@ from __future__ import annotations
 from fedjax_dg import algorithms, models
 from fedjax_dg.data import lookup, registry, streamed
 from fedjax_dg.errors import ConfigError
-from fedjax_dg.run import assemble
+from fedjax_dg.run import assemble, ignored
 from fedjax_dg.run.config import ConfigDict
+
+# The largest seed with its own random stream (`jax.random.key` keeps 32 bits).
+MAX_SEED = 2**32 - 1
 
 
 def validate(cfg: ConfigDict) -> None:
   """Checks settings that need no data, before any compute."""
   cfg = assemble.resolve(cfg)
+  seed = cfg.seed
+  if not 0 <= seed <= MAX_SEED:
+    raise ConfigError(
+        f"invalid setting seed={seed!r}: allowed values are integers 0 .. "
+        f"{MAX_SEED} (2**32 - 1): JAX's random keys keep a seed's low 32 "
+        "bits, so a larger seed would repeat a smaller one's draws (2**32 + 5 "
+        "is seed 5), and the data's numpy generators refuse a negative one")
   algs = tuple(cfg.algorithms)
   if not algs:
     raise ConfigError("algorithms is empty: name at least one of "
@@ -23,6 +33,7 @@ def validate(cfg: ConfigDict) -> None:
     if a not in algorithms.available():
       raise ConfigError(f"unknown algorithm {a!r} in algorithms; allowed: "
                        f"{algorithms.available()}")
+  ignored.check(cfg)   # a client field a module's CLIENT would override
   known = registry.available(cfg.data.data_dir or None)
   if not cfg.data.name:
     raise ConfigError(f"data.name is not set: name a dataset, one of {known}, "

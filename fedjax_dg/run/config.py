@@ -160,11 +160,59 @@ def drift(saved: dict, now: dict) -> list[str]:
           if a[k] != b[k]]
 
 
-def from_json(stored: dict) -> ConfigDict:
+def _stored(old, value):
+  """A JSON value as the value of a field holding `old` (lists to tuples,
+  ints to floats)."""
+  if isinstance(old, tuple) and isinstance(value, list):
+    return tuple(value)
+  if (isinstance(old, float) and isinstance(value, int)
+      and not isinstance(value, bool)):
+    return float(value)
+  return value
+
+
+def explicit_keys(cfg: ConfigDict, prefix: str = "") -> list[str]:
+  """The dotted keys of every field `explicit` records as set in `cfg`."""
+  out = []
+  for key in sorted(cfg.keys()):
+    value = cfg[key]
+    if isinstance(value, ConfigDict):
+      out += explicit_keys(value, f"{prefix}{key}.")
+    elif key in explicit(cfg):
+      out.append(prefix + key)
+  return out
+
+
+def changed_keys(stored: dict) -> list[str]:
+  """The dotted keys of a config's JSON whose value differs from
+  `base_config`'s default (what an experiment file must have set)."""
+  base, out = base_config(), []
+  for key, value in flatten(stored).items():
+    try:
+      old = lookup(base, key)
+    except ConfigError:
+      continue
+    if not isinstance(old, ConfigDict) and _stored(old, value) != old:
+      out.append(key)
+  return out
+
+
+def _mark_explicit(cfg: ConfigDict, given: set, prefix: str = "") -> None:
+  """`explicit` of every section of `cfg` set to the dotted keys `given`."""
+  cfg.__dict__["_explicit"] = {k for k in cfg.keys()
+                               if prefix + k in given}
+  for key in cfg.keys():
+    if isinstance(cfg[key], ConfigDict):
+      _mark_explicit(cfg[key], given, f"{prefix}{key}.")
+
+
+def from_json(stored: dict, given=None) -> ConfigDict:
   """The config of a run directory's config.json (a resolved config's JSON)
   as a locked config of `base_config`, JSON lists back to tuples: what
   `fedjax-dg run --resume DIR` runs when no --config is given. A key that
-  `base_config` no longer has is skipped, as `drift` skips it."""
+  `base_config` no longer has is skipped, as `drift` skips it. Every field
+  counts as set (`explicit`), or, with `given` (dotted keys: a sweep's
+  `explicit_keys`), only those: what its experiment file and --set set."""
   cfg = base_config()
   for key, value in flatten(stored).items():
     try:
@@ -173,17 +221,15 @@ def from_json(stored: dict) -> ConfigDict:
       continue
     if isinstance(old, ConfigDict):  # an empty section stored as {}
       continue
-    if isinstance(old, tuple) and isinstance(value, list):
-      value = tuple(value)
-    elif (isinstance(old, float) and isinstance(value, int)
-          and not isinstance(value, bool)):
-      value = float(value)
+    value = _stored(old, value)
     try:
       cfg.update_from_flattened_dict({key: value})
     except TypeError as e:
       raise ConfigError(f"config.json: {key}={value!r} is not a value of "
                         f"{type(old).__name__} like {old!r} (written by "
                         "another fedjax_dg?): resume with --config") from e
+  if given is not None:
+    _mark_explicit(cfg, set(given))
   return cfg
 
 

@@ -27,6 +27,28 @@ MANIFEST = "sweep.json"
 ENVIRONMENT = "environment.json"  # where the run began: `provenance`
 SOURCE = "source.json"
 
+# What to do about a damaged file of a run directory (`read_json`).
+REDO_RESULTS = ("Restore it from a copy, or delete it: `--resume` then trains "
+                "the directory's finished runs again (unfinished ones continue "
+                "from their checkpoints)")
+REDO_START = ("Restore it from a copy; without it the directory cannot be "
+              "resumed (start a new run or sweep)")
+
+
+def read_json(path: str, fix: str = REDO_START):
+  """The JSON in `path`; a file that does not parse (cut short, overwritten)
+  is a DataError naming it, what is wrong and `fix`: what to do. fedjax_dg
+  writes its JSON files whole (results.json and sweep.json: a temporary file
+  renamed into place), so a damaged one was cut or changed outside it."""
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+    size = os.path.getsize(path)
+    raise DataError(f"{path} is damaged: not valid JSON ({e}; {size} bytes), "
+                    f"e.g. cut short by a full disk or an interrupted copy. "
+                    f"{fix}") from None
+
 
 def check_output_dir(root: str, field: str = "output_dir") -> None:
   """`root` (the config's `field`) can hold a new run directory: its nearest
@@ -81,8 +103,7 @@ def check_resume(cfg: ConfigDict, run_dir: str, data: dict) -> None:
   if not os.path.exists(path):
     raise ConfigError(f"--resume {run_dir}: holds no config.json, so it is not "
                       "a run directory of fedjax-dg run")
-  with open(path) as f:
-    stored = json.load(f)
+  stored = read_json(path)
   changed = config_lib.drift(stored, json.loads(cfg.to_json()))
   if changed:
     raise ConfigError(
@@ -91,8 +112,7 @@ def check_resume(cfg: ConfigDict, run_dir: str, data: dict) -> None:
         "reads its config.json), or start a new run for the new settings")
   path = os.path.join(run_dir, "data.json")
   if os.path.exists(path):
-    with open(path) as f:
-      before = json.load(f)
+    before = read_json(path)
     if before != data:
       raise ConfigError(
           f"{run_dir} was run on other data ({before} -> {data}): the dataset "
@@ -124,11 +144,19 @@ def read_started(run_dir: str) -> tuple[dict | None, dict | None]:
   for name in (SOURCE, ENVIRONMENT):
     path = os.path.join(run_dir, name)
     if os.path.exists(path):
-      with open(path) as f:
-        out.append(json.load(f))
+      out.append(read_json(path))
     else:
       out.append(None)
   return out[0], out[1]
+
+
+def holds_work(run_dir: str) -> bool:
+  """Whether a run directory holds something computed: its results.json or
+  a checkpoint file."""
+  if os.path.exists(os.path.join(run_dir, "results.json")):
+    return True
+  return any(files for _, _, files in os.walk(os.path.join(run_dir,
+                                                           "checkpoints")))
 
 
 def remove_if_empty(run_dir: str, echo) -> None:
@@ -136,11 +164,8 @@ def remove_if_empty(run_dir: str, echo) -> None:
   anything to continue or read: no results.json, no checkpoint file. Its
   config.json, data.json, environment.json, source.json and empty logs go
   with it."""
-  if os.path.exists(os.path.join(run_dir, "results.json")):
+  if holds_work(run_dir):
     return
-  for _, _, files in os.walk(os.path.join(run_dir, "checkpoints")):
-    if files:
-      return
   shutil.rmtree(run_dir, ignore_errors=True)
   echo(f"removed {run_dir}: the run failed before anything was computed")
 
@@ -177,10 +202,15 @@ def write_results(run_dir: str, results: dict) -> None:
 
 def read_manifest(sweep_dir: str) -> dict:
   path = os.path.join(sweep_dir, MANIFEST)
+  if not os.path.isdir(sweep_dir):
+    raise DataError(f"{sweep_dir}: no such folder (a sweep directory is the "
+                    "--out, or the sweep-<name>-<time> folder under output_dir, "
+                    "that fedjax-dg sweep printed)")
   if not os.path.isfile(path):
     raise DataError(f"{sweep_dir} has no {MANIFEST}: not a sweep directory")
-  with open(path) as f:
-    return json.load(f)
+  return read_json(path, "Restore it from a copy; without it the sweep cannot "
+                   "be resumed, but each cell's run directory still reports "
+                   f"on its own (fedjax-dg report {sweep_dir}/<cell>)")
 
 
 def write_manifest(sweep_dir: str, manifest: dict) -> None:
@@ -196,7 +226,6 @@ def cell_complete(cell_dir: str) -> bool:
   path = os.path.join(cell_dir, "results.json")
   if not os.path.isfile(path):
     return False
-  with open(path) as f:
-    res = json.load(f)
+  res = read_json(path, REDO_RESULTS)
   done = {(r["algorithm"], r["target"]) for r in res["runs"]}
   return all((a, t) in done for a in res["algorithms"] for t in res["targets"])

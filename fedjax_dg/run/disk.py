@@ -4,33 +4,53 @@ sizes (`checkpoint_table`)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 
 from fedjax_dg import algorithms, engine
 from fedjax_dg.errors import ConfigError
 from fedjax_dg.run import assemble, checks
+from fedjax_dg.run.directory import MANIFEST
 from fedjax_dg.run.config import ConfigDict
+
+
+# Kept free beside the checkpoints: a run also writes results.json,
+# metrics.jsonl, TensorBoard events and orbax's temporary files.
+RESERVE = 2**26
 
 
 def check_disk(name: str, alg, run_dir: str, echo, *, keep: int = 1,
                runs: int = 1) -> None:
   """Says how much disk the algorithm's checkpoints take, and refuses to start
-  when the run directory's disk has less free than their peak: `keep` per run
-  (`train.checkpoints_to_keep`) and the one being written
+  when the run directory's disk has less free than their peak plus `RESERVE`:
+  `keep` per run (`train.checkpoints_to_keep`) and the one being written
   (`engine.checkpoints_held`); `runs` > 1 when finished runs keep theirs
-  (`train.keep_checkpoints=True`: this algorithm's runs still to do)."""
+  (`train.keep_checkpoints=True`: this algorithm's runs still to do). The
+  refusal says what it reserves and why, and what to do where the run is (a
+  sweep's cell: its --resume and --out; a run: output_dir)."""
   size = engine.checkpoint_bytes(alg)
   count = keep * (runs - 1) + engine.checkpoints_held(keep)
   need = count * size
   free = shutil.disk_usage(run_dir).free
   echo(f"{name}: checkpoints of {size / 2**20:.1f} MiB (at most {count} at a "
        f"time: {need / 2**20:.1f} MiB); {free / 2**30:.1f} GiB free")
-  if free < need + 2**26:
-    raise ConfigError(
-        f"{name}: its checkpoints need {need / 2**20:.0f} MiB ({count} of "
-        f"{size / 2**20:.1f} MiB) but only {free / 2**20:.0f} MiB are free at "
-        f"{run_dir}: free space, keep fewer (--set train.checkpoints_to_keep="
-        "1) or set output_dir to another disk (--set output_dir=...)")
+  if free >= need + RESERVE:
+    return
+  parent = os.path.dirname(os.path.abspath(run_dir))
+  sweep = parent if os.path.isfile(os.path.join(parent, MANIFEST)) else None
+  fewer = (" with fewer checkpoints kept (--set train.checkpoints_to_keep=1;"
+           " a batch of replicas keeps 2 each in any case)" if keep > 1 else "")
+  todo = (f"free space on that disk, then continue with fedjax-dg sweep "
+          f"--resume {sweep}; or start the sweep anew on a disk with room "
+          f"(--out DIR there){fewer}" if sweep else
+          "free space on that disk; or run again on a disk with room "
+          f"(--set output_dir=DIR there){fewer}")
+  raise ConfigError(
+      f"{name}: its checkpoints need {mib(need)} MiB ({count} of "
+      f"{mib(size)} MiB) plus {RESERVE // 2**20} MiB kept free for the "
+      "run's other files (results.json, metrics.jsonl, TensorBoard events, "
+      f"orbax's temporary files), {mib(need + RESERVE)} MiB in all, but only "
+      f"{free // 2**20} MiB are free at {run_dir}: {todo}")
 
 
 # The server's share for checkpoint_sizes of an algorithm that trains on it

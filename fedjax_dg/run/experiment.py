@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import shutil
 import time
@@ -24,7 +23,7 @@ import numpy as np
 from fedjax_dg import algorithms, distributed, engine
 from fedjax_dg.errors import (ConfigError, DiskFull, Stopped,
                               is_disk_full)
-from fedjax_dg.report import metrics_log
+from fedjax_dg.report import metrics_log, records
 from fedjax_dg.run import assemble, batches, checks, directory, provenance
 from fedjax_dg.run.config import ConfigDict
 
@@ -117,6 +116,7 @@ class OpenRun:
         algorithm=name, target=str(target), seconds=res.seconds,
         source=self.results["source"],   # the code it ran at: `provenance`
         warnings=warnings_, server_examples=fed.server_size,
+        diverged=records.diverged(res.history, fed.num_classes),
         **({"replicas": replicas} if replicas > 1 else {}),
         final=res.final, history=res.history,
         round_metrics={k: v for k, v in res.round_metrics.items()
@@ -202,8 +202,8 @@ def open_run(cfg: ConfigDict, run_dir: str | None = None, *,
       if main:
         directory.write_start(run_dir, cfg, record)
       if resume and os.path.exists(os.path.join(run_dir, "results.json")):
-        with open(os.path.join(run_dir, "results.json")) as f:
-          before = json.load(f)
+        before = directory.read_json(os.path.join(run_dir, "results.json"),
+                                     directory.REDO_RESULTS)
         results["runs"] = before["runs"]
         results["warnings"] = list(before.get("warnings", []))
         results["seconds"] = opened.before = float(before.get("seconds") or 0.0)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fedjax_dg import algorithms
 from fedjax_dg.data.settings import DataConfig
 from fedjax_dg.run.config import ConfigDict, explicit, train_defaults
 from fedjax_dg.errors import ConfigError
@@ -277,6 +278,9 @@ def apply_scenario(cfg: ConfigDict, scenario: str, *, dataset: str | None = None
   With `dataset` ("fashion_mnist", "cifar10", "cifar100", "tiny_imagenet") also
   the paper's backbone, input size, local epochs and evaluation split for it;
   without, `data.targets="test"` and the data/model settings are left alone.
+  Every algorithm section's `client` overrides of the client settings it
+  sets are cleared (None: the run's `client` applies to every algorithm, as
+  the paper's baselines are "modified accordingly").
   Returns the applied "key=value"s. Keys of sections the config lacks (e.g.
   `moon.*` before MOON exists) are skipped, or raise with `strict=True`; data,
   train, model and client keys must exist.
@@ -300,6 +304,19 @@ def apply_scenario(cfg: ConfigDict, scenario: str, *, dataset: str | None = None
       value = float(value)
     node[leaf] = value
     applied.append(f"{path}={value!r}")
+  # "The baselines are modified accordingly": every algorithm's clients
+  # train with the run's client settings, which a module's own CLIENT
+  # default would otherwise override (`run.ignored`): cleared to None.
+  for section in algorithms.modules():
+    node = cfg.get(section)
+    client = node.get("client") if isinstance(node, ConfigDict) else None
+    if not isinstance(client, ConfigDict):
+      continue
+    for path in HYPERGENFL_COMMON:
+      leaf = path.split(".", 1)[1]
+      if path.startswith("client.") and client.get(leaf) is not None:
+        client[leaf] = None
+        applied.append(f"{section}.client.{leaf}=None")
   if strict and missing:
     raise ConfigError(f"scenario {scenario!r}: the config has no {missing}")
   return applied

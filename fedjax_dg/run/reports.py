@@ -10,7 +10,6 @@ when it ends (`sweep.run_sweep`).
 from __future__ import annotations
 
 import copy
-import json
 import os
 
 from fedjax_dg import algorithms
@@ -50,8 +49,8 @@ def _cell_config(cell_dir: str, manifest: dict, cell: dict) -> dict:
   config with the cell's overrides."""
   path = os.path.join(cell_dir, "config.json")
   if os.path.isfile(path):
-    with open(path) as f:
-      return json.load(f)
+    return directory.read_json(path, "Restore it from a copy (fedjax-dg "
+                               "wrote it when the run began)")
   config = copy.deepcopy(manifest.get("base_config") or {})
   for item in cell.get("overrides", ()):
     try:
@@ -73,6 +72,10 @@ def load_records(sweep_dir: str) -> tuple[dict, list[dict]]:
   `manifest["origins"]`: every results.json read (their `source`, `data`
   and `environment`: `origin.provenance_lines`).
   """
+  if not os.path.isdir(sweep_dir):
+    raise DataError(f"{sweep_dir}: no such folder (give a sweep directory, "
+                    "with its sweep.json, or a run directory, with its "
+                    "results.json)")
   if os.path.isfile(os.path.join(sweep_dir, MANIFEST)):
     manifest = read_manifest(sweep_dir)
   elif os.path.isfile(os.path.join(sweep_dir, "results.json")):
@@ -90,8 +93,8 @@ def load_records(sweep_dir: str) -> tuple[dict, list[dict]]:
     if not os.path.isfile(path):
       unstarted.append((cell, name, config))
       continue
-    with open(path) as f:
-      results = json.load(f)
+    results = directory.read_json(path, directory.REDO_RESULTS + ", then "
+                                  "report again")
     loaded.append((cell, name, config, results))
     manifest.setdefault("origins", []).append(results)
     if results.get("warnings"):
@@ -125,6 +128,20 @@ def load_records(sweep_dir: str) -> tuple[dict, list[dict]]:
   manifest["missing"], manifest["complete"] = missing, complete
   manifest.setdefault("origins", [])
   return manifest, records
+
+
+def diverged_lines(records: list[dict]) -> list[str]:
+  """report.md's paragraph on the finished runs that diverged
+  (`records.diverged`), one line each; [] when none did."""
+  blown = [r for r in finished(records) if r.get("diverged")]
+  if not blown:
+    return []
+  return (["", f"**{tables.DIVERGED} DIVERGED: {len(blown)} run(s) ended with "
+           "a training loss far above a uniform guess's**: reported as they "
+           f"ran, every value they enter is marked {tables.DIVERGED} and never "
+           "bold:", ""]
+          + [f"- `{r['cell']}` {display_name(r['algorithm'])} / target "
+             f"{r['target']}: {r['diverged']}" for r in blown])
 
 
 def missing_lines(manifest: dict) -> list[str]:
@@ -203,7 +220,7 @@ def write_report(sweep_dir: str, out: str | None = None, ds=None,
   else:
     check_reference(sweep_dir, records, reference)
   out = out or os.path.join(sweep_dir, REPORT_DIR)
-  os.makedirs(out, exist_ok=True)
+  make_out(out)
   paths = []
 
   def write(name, text):
@@ -245,6 +262,7 @@ def write_report(sweep_dir: str, out: str | None = None, ds=None,
              "", "Continue with `fedjax-dg "
              + ("sweep" if os.path.isfile(os.path.join(sweep_dir, MANIFEST))
                 else "run") + f" --resume {sweep_dir}`, then report again."]
+  head += diverged_lines(records)
   head += ["", "id = each client's model on its own held-out 10 % source split "
            "(mean over clients); ood = on the unseen target domain. Final = the "
            "evaluation after the last round (the papers' protocol); best = the "
@@ -260,6 +278,20 @@ def write_report(sweep_dir: str, out: str | None = None, ds=None,
   write("report.md", "\n".join(head + [t.markdown() for _, t in parts]))
   paths.append(plots.sweep_curves(records, os.path.join(out, "curves.png")))
   return paths
+
+
+def make_out(out: str) -> None:
+  """The report's folder `out` (`--out`), made if missing; a path that is a
+  file, or a folder that cannot be made, is a ConfigError naming it."""
+  if os.path.exists(out) and not os.path.isdir(out):
+    raise ConfigError(f"report --out {out}: a file, not a folder; give a "
+                      "folder for the report's files (made if missing)")
+  try:
+    os.makedirs(out, exist_ok=True)
+  except OSError as e:
+    raise ConfigError(f"report --out {out}: cannot make that folder "
+                      f"({type(e).__name__}: {e}); give a writable "
+                      "folder") from None
 
 
 def provenance_lines(manifest: dict, records: list[dict]) -> list[str]:
@@ -312,9 +344,10 @@ def compare(dirs: list[str], out: str | None = None) -> list[str]:
       raise ConfigError(f"{d}: no finished run yet, nothing to compare")
   check_comparable(labels, [m for m, _ in loaded])
   groups = [(label, records) for label, (_, records) in zip(labels, loaded)]
+  if out:
+    make_out(out)
   out = out or directory.make_run_dir(
       os.path.dirname(os.path.abspath(dirs[0])), "compare", field="--out")
-  os.makedirs(out, exist_ok=True)
   written = {}
   parts = [(stem, table) for stem, table in (
       (stem, tables.comparison(groups, metric)) for stem, metric in COMPARED)
@@ -336,6 +369,7 @@ def compare(dirs: list[str], out: str | None = None) -> list[str]:
                     f"; {tables.PARTIAL} PARTIAL, {len(records) - done} "
                     "planned runs not finished:" if len(records) > done else ""))
     head += ["  " + line for line in missing_lines(m)]
+    head += ["  " + line for line in diverged_lines(records) if line]
     head += [f"  - stand-in (`{cell}`): {w}"
              for cell, ws in m.get("warnings", {}).items() for w in ws]
     head += ["  " + line for line in provenance_lines(m, records)[2:]]
@@ -357,9 +391,8 @@ def run_figures(run_dir: str) -> list[str]:
   path = os.path.join(run_dir, "results.json")
   if os.path.isfile(os.path.join(run_dir, MANIFEST)) or not os.path.isfile(path):
     return []
-  with open(path) as f:
-    results = json.load(f)
-  return run_summary.write_all(results, run_dir)
+  return run_summary.write_all(
+      directory.read_json(path, directory.REDO_RESULTS), run_dir)
 
 
 def main_report(args) -> int:

@@ -29,6 +29,7 @@ their own: `fedjax-dg report CELL_DIR` draws one cell's.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import datetime
@@ -37,12 +38,13 @@ import itertools
 import json
 import os
 import re
+import shutil
 import time
 
 from fedjax_dg import distributed
 from fedjax_dg.errors import ConfigError, DiskFull, Stopped
 from fedjax_dg.run import (assemble, batches, checks, directory, experiment,
-                           presets, reports)
+                           ignored, lock, presets, reports)
 from fedjax_dg.run import config as config_lib
 
 
@@ -93,8 +95,13 @@ def parse_grid(specs: list[str]) -> list[tuple[str, list[str]]]:
 
 
 def parse_seeds(text: str | None) -> list[int] | None:
-  if text is None or text == "":
+  if text is None:
     return None
+  if not text.strip():
+    raise config_lib.ConfigError(
+        f"--seeds {text!r} names no seed: give one or more, e.g. --seeds "
+        "0,1,2 (without --seeds: the experiment file's SWEEP seeds, else its "
+        "seed)")
   try:
     seeds = [int(s) for s in text.split(",")]
   except ValueError:
@@ -143,13 +150,16 @@ def describe(cell: Cell) -> str:
 
 
 def plan(config_path: str, sets=(), grid=(), seeds=None, *,
-         use_defaults: bool = True) -> Plan:
-  """Every cell's config; errors name the bad key or `key=value`.
+         use_defaults: bool = True, base=None) -> Plan:
+  """Every cell's config; errors name the bad key or `key=value`. `base`:
+  the config after `sets` when the file is not read (a resumed sweep whose
+  config file is gone: its manifest's).
 
   Checks only config keys and types (no data, no algorithm registry): see `check`.
   """
   config_path = os.path.abspath(config_path)
-  base = config_lib.apply_overrides(config_lib.load(config_path), list(sets))
+  if base is None:
+    base = config_lib.apply_overrides(config_lib.load(config_path), list(sets))
   defaults = sweep_defaults(config_path) if use_defaults else {}
   merged = dict(defaults.get("grid", ()))
   for key, values in grid:
@@ -166,6 +176,7 @@ def plan(config_path: str, sets=(), grid=(), seeds=None, *,
       except config_lib.ConfigError as e:
         raise config_lib.ConfigError(f"--grid {key}={v}: {e}") from None
   keys = list(merged)
+  given = ignored.given_keys(sets, keys)   # what the command line sets (`ignored`)
   cells, configs, names = [], [], set()
   # Seeds outermost: a partly finished sweep already holds whole seeds.
   for seed in seeds:
@@ -181,10 +192,12 @@ def plan(config_path: str, sets=(), grid=(), seeds=None, *,
       cfg = config_lib.apply_overrides(copy.deepcopy(base), overrides)
       try:
         presets.resolve_scenario(cfg.copy_and_resolve_references())
+        ignored.check(cfg, given)
       except ConfigError as e:
         raise ConfigError(f"sweep cell {cell_name(settings)}: {e}") from None
       cells.append(Cell(name, settings, overrides))
       configs.append(cfg)
+  ignored.check_sections(given, [cfg.algorithms for cfg in configs])
   return Plan(config_path, list(sets), list(merged.items()), seeds, base, cells,
               configs)
 
@@ -232,6 +245,16 @@ def check(p: Plan, *, data: bool = True, loaded: dict | None = None
   return num_targets
 
 
+def _check_fresh(out: str) -> None:
+  """`--out` can start a new sweep: it holds no sweep and nothing else (but
+  a lock file, `lock.LOCK`); checked before the validation and again under
+  the folder's lock."""
+  if os.path.exists(os.path.join(out, directory.MANIFEST)):
+    raise ConfigError(f"{out} already holds a sweep: continue it with --resume {out}")
+  if os.path.isdir(out) and set(os.listdir(out)) - {lock.LOCK}:
+    raise ConfigError(f"--out {out} exists and is not empty")
+
+
 def _work(cfg, num_targets: int) -> float:
   """Relative cost of a cell (for the ETA): rounds x epochs x runs."""
   t = cfg.train
@@ -246,9 +269,26 @@ def _config_json(cfg) -> dict:
   return json.loads(cfg.to_json())
 
 
+def _stored_base(manifest: dict, echo):
+  """None while the sweep's config file exists (`plan` reads it, and a
+  changed file is refused); else the config the manifest holds (the file's
+  with the sweep's --set), with the fields it records as set (older
+  manifests: those that differ from the defaults)."""
+  if os.path.isfile(manifest["config"]):
+    return None
+  echo(f"[sweep] {manifest['config']} no longer exists: resuming with the "
+       f"config {directory.MANIFEST} holds (that file's, with the sweep's "
+       "--set)")
+  stored = manifest["base_config"]
+  given = manifest.get("explicit")
+  return config_lib.from_json(
+      stored, given=config_lib.changed_keys(stored) if given is None else given)
+
+
 # ----------------------------------------------------------------------- run
 
 
+@lock.released  # the folder's sweep lock (`lock.hold`) until it returns
 def run_sweep(config_path: str | None = None, sets=(), grid=(), seeds=None, *,
               out: str | None = None, resume: str | None = None,
               dry_run: bool = False, report: bool = True,
@@ -266,9 +306,12 @@ def run_sweep(config_path: str | None = None, sets=(), grid=(), seeds=None, *,
   echo = distributed.main_only(echo)
   if resume:
     manifest = directory.read_manifest(resume)
+    if not dry_run:  # one sweep per folder: read again under the lock
+      lock.hold(resume)
+      manifest = directory.read_manifest(resume)
     p = plan(manifest["config"], manifest["sets"],
              [(k, v) for k, v in manifest["grid"]], manifest["seeds"],
-             use_defaults=False)
+             use_defaults=False, base=_stored_base(manifest, echo))
     if [c.name for c in p.cells] != [c["name"] for c in manifest["cells"]]:
       raise ConfigError(f"{resume}: the cells of {directory.MANIFEST} do not match its grid")
     drift = config_lib.drift(manifest["base_config"], _config_json(p.base))
@@ -280,11 +323,8 @@ def run_sweep(config_path: str | None = None, sets=(), grid=(), seeds=None, *,
     if not config_path:
       raise ConfigError("sweep needs --config experiments/<file>.py (or --resume DIR)")
     p = plan(config_path, sets, grid, seeds)
-    if out and os.path.exists(os.path.join(out, directory.MANIFEST)):
-      raise ConfigError(f"{out} already holds a sweep: continue it with --resume {out}")
-    if out and os.path.isdir(out) and os.listdir(out):
-      raise ConfigError(f"--out {out} exists and is not empty")
     if out:
+      _check_fresh(out)
       directory.check_output_dir(out, "--out")
     else:
       directory.check_output_dir(p.base.output_dir)
@@ -312,19 +352,23 @@ def run_sweep(config_path: str | None = None, sets=(), grid=(), seeds=None, *,
         raise ConfigError(f"--out {sweep_dir}: cannot create it "
                           f"({type(e).__name__}: {e}): give a writable "
                           "folder") from None
+      lock.hold(sweep_dir)  # one sweep per folder: checked again under it
+      _check_fresh(sweep_dir)
     manifest = dict(
         version=1, name=p.base.name, config=p.config_path, sets=p.sets,
         grid=[[k, v] for k, v in p.grid], seeds=p.seeds,
         created=datetime.datetime.now().isoformat(timespec="seconds"),
         base_config=_config_json(p.base),
+        explicit=config_lib.explicit_keys(p.base),   # what was set
         cells=[dict(name=c.name, settings=c.settings, overrides=c.overrides,
                     status="pending") for c in p.cells])
     directory.write_manifest(sweep_dir, manifest)
   echo(f"[sweep] directory: {sweep_dir}" + (" (resuming)" if resume else ""))
 
   n, t_start = len(p.cells), time.perf_counter()
-  failures = _cells_in_batches(p, manifest, sweep_dir, loaded, max_replicas,
-                               replica_mapping, echo)
+  with _no_stuck_cells(sweep_dir, manifest, fresh=not resume, echo=echo):
+    failures = _cells_in_batches(p, manifest, sweep_dir, loaded, max_replicas,
+                                 replica_mapping, echo)
   echo(f"[sweep] {sum(c['status'] == 'done' for c in manifest['cells'])}/{n} cells "
        f"done, {failures} failed, {batches.hms(time.perf_counter() - t_start)}; "
        f"manifest {os.path.join(sweep_dir, directory.MANIFEST)}")
@@ -407,6 +451,35 @@ def _cells_in_batches(p: Plan, manifest: dict, sweep_dir: str, loaded: dict,
     e.run_dir = sweep_dir
     raise
   return failures
+
+
+@contextlib.contextmanager
+def _no_stuck_cells(sweep_dir: str, manifest: dict, *, fresh: bool, echo):
+  """A sweep that fails (not stopped, not a full disk: those resume) leaves
+  no cell "running": each is marked failed with the error; a new sweep
+  (`fresh`) that computed nothing is removed again (its sweep.json and cell
+  folders), so the same --out starts afresh once the cause is fixed."""
+  try:
+    yield
+  except Exception as e:
+    if isinstance(e, DiskFull) or not distributed.is_main():
+      raise
+    stuck = [c for c in manifest["cells"] if c["status"] == "running"]
+    for entry in stuck:
+      entry.update(status="failed", error=f"{type(e).__name__}: {e}")
+    cells = [os.path.join(sweep_dir, c["name"]) for c in manifest["cells"]]
+    if fresh and not any(directory.holds_work(c) for c in cells):
+      for c in cells:
+        shutil.rmtree(c, ignore_errors=True)
+      shutil.rmtree(os.path.join(sweep_dir, reports.REPORT_DIR),
+                    ignore_errors=True)
+      os.remove(os.path.join(sweep_dir, directory.MANIFEST))
+      echo(f"[sweep] {sweep_dir}: the sweep failed before any run was "
+           "computed; its sweep.json and cell folders are removed, so the "
+           "same --out starts afresh")
+    elif stuck:
+      directory.write_manifest(sweep_dir, manifest)
+    raise
 
 
 def _mark(sweep_dir: str, manifest: dict, entry: dict, status: str,

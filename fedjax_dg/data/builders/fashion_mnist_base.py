@@ -123,10 +123,25 @@ def read_tfds_catalog(
 def load_raw_splits(
     source_dir: str | None, data_dir: str | None = None
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-  """Raw Fashion-MNIST by official split: IDX files first, else the TFDS catalog."""
+  """Raw Fashion-MNIST by official split: IDX files first, else the TFDS
+  catalog; a `$FEDJAX_DG_FASHION_MNIST_DIR` without them is an error at once
+  (no download: offline, TFDS would retry for minutes before failing)."""
+  env = os.environ.get(ENV_SOURCE_DIR)
+  from_env = bool(env) and (not source_dir or os.path.abspath(source_dir)
+                            == os.path.abspath(env))
   source_dir = source_dir or source_dir_default()
   if has_idx_files(source_dir):
     return read_idx_splits(source_dir)
+  if from_env:
+    missing = [f for pair in IDX_FILES for f in pair
+               if not os.path.isfile(os.path.join(source_dir, f))]
+    where = ("does not exist" if not os.path.isdir(source_dir)
+             else f"lacks {', '.join(missing)}")
+    raise DataError(
+        f"{ENV_SOURCE_DIR}={source_dir!r} {where}: point it at the folder "
+        "holding the four Fashion-MNIST IDX files, or unset it (then the "
+        f"Debian package's {DEFAULT_SOURCE_DIR}, else a TFDS download). No "
+        f"download was tried.\n{MISSING_SOURCE_HELP}")
   try:
     return read_tfds_catalog(data_dir)
   except Exception as e:  # pylint: disable=broad-except
