@@ -133,8 +133,9 @@ def tiny_experiment(path, out, algorithms=("hfedf", "fedavg"), targets="0,75",
                     max_per_domain=40) -> str:
   """Writes an experiment file to `path` (Rotated Fashion-MNIST at 16x16,
   `max_per_domain` images per domain, an MLP, 2 rounds of 1 epoch, an
-  evaluation each round, no progress bar) whose runs go to `out`; returns
-  the path. The CLI, sweep and metrics-log tests run it."""
+  evaluation each round, no progress bar, a checkpoint after every chunk:
+  the resume tests need them) whose runs go to `out`; returns the path. The
+  CLI, sweep and metrics-log tests run it."""
   lines = ["from fedjax_dg.run.config import base_config", "",
            "def get_config():", "  c = base_config()", '  c.name = "tiny"',
            f"  c.output_dir = {str(out)!r}",
@@ -144,7 +145,7 @@ def tiny_experiment(path, out, algorithms=("hfedf", "fedavg"), targets="0,75",
            '  c.model.name = "mlp"', "  c.train.rounds = 2",
            "  c.train.eval_every = 1", "  c.train.epochs = 1",
            "  c.train.batch_size = 16", "  c.train.progress = False",
-           "  return c", ""]
+           "  c.train.checkpoint_every = 0.0", "  return c", ""]
   with open(path, "w") as f:
     f.write("\n".join(lines))
   return str(path)

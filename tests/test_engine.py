@@ -26,7 +26,7 @@ from fedjax_dg.engine.layout import client_mesh
 from fedjax_dg.engine.round import make_round
 from fedjax_dg.optim import make_optimizer
 
-CFG = engine.EngineConfig(rounds=4, eval_every=2, epochs=1, batch_size=8,
+CFG = engine.EngineConfig(checkpoint_every=0.0,rounds=4, eval_every=2, epochs=1, batch_size=8,
                           client_mapping="map", progress=False, eval_batch_size=16)
 
 

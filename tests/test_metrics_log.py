@@ -82,18 +82,20 @@ def test_a_crashed_run_keeps_its_first_chunk_and_resume_completes_it(
     tmp_path, monkeypatch):
   path = tmp_path / "tiny.py"
   tiny_experiment(path, tmp_path / "runs", algorithms=("fedavg",), targets="0")
-  real_run = engine.run
+  real_run = engine.run_batch
   calls = []
 
   def crashing_run(*args, on_eval=None, **kwargs):
+    (on_eval,) = on_eval
+
     def on_eval_2(entry):
       calls.append(entry)
       if len(calls) == 2:
         raise RuntimeError("crash after the first chunk")
       on_eval(entry)
-    return real_run(*args, on_eval=on_eval_2, **kwargs)
+    return real_run(*args, on_eval=[on_eval_2], **kwargs)
 
-  monkeypatch.setattr(engine, "run", crashing_run)
+  monkeypatch.setattr(engine, "run_batch", crashing_run)
   with pytest.raises(RuntimeError, match="crash after the first chunk"):
     cli.main(["run", "--config", str(path)])
   (run_dir,) = glob.glob(str(tmp_path / "runs" / "*"))
@@ -106,7 +108,7 @@ def test_a_crashed_run_keeps_its_first_chunk_and_resume_completes_it(
   assert set(tb) == {"train_loss", "id_acc", "ood_acc"}
   assert tb["ood_acc"] == [(1, pytest.approx(calls[0]["ood_acc"]))]
 
-  monkeypatch.setattr(engine, "run", real_run)
+  monkeypatch.setattr(engine, "run_batch", real_run)
   assert cli.main(["run", "--config", str(path), "--resume", run_dir]) == 0
   (run,) = json.load(open(os.path.join(run_dir, "results.json")))["runs"]
   lines = strict_lines(os.path.join(run_dir, "metrics.jsonl"))

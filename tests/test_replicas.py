@@ -30,7 +30,7 @@ N = 3
 # ood_eval_max: between chunks 12 of the target's 30 images are scored, at
 # the end all of them (a replica must use each set where its run does);
 # features_max: the final model's features of 10 target images (t-SNE).
-CFG = engine.EngineConfig(rounds=4, eval_every=2, epochs=1, batch_size=8,
+CFG = engine.EngineConfig(checkpoint_every=0.0,rounds=4, eval_every=2, epochs=1, batch_size=8,
                           cohort_size=2, client_mapping="map", progress=False,
                           eval_batch_size=16, ood_eval_max=12, features_max=10)
 

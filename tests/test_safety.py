@@ -21,7 +21,7 @@ from fedjax_dg.engine.checkpoint import Checkpointer
 from fedjax_dg.errors import ConfigError, NonFiniteError
 from fedjax_dg.optim import make_optimizer
 
-CFG = engine.EngineConfig(rounds=6, eval_every=2, epochs=1, batch_size=8,
+CFG = engine.EngineConfig(checkpoint_every=0.0,rounds=6, eval_every=2, epochs=1, batch_size=8,
                           client_mapping="map", progress=False, eval_batch_size=16)
 
 

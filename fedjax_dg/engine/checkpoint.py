@@ -56,17 +56,34 @@ class Checkpointer:
     import orbax.checkpoint as ocp
     self._ocp = ocp
     self._dir = os.path.abspath(directory)
-    self._quiet = QuietDiskFull()
-    logging.getLogger("absl").addFilter(self._quiet)
-    try:
-      self.manager = ocp.CheckpointManager(
-          self._dir,
-          options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
-    except Exception as e:  # pylint: disable=broad-except
-      logging.getLogger("absl").removeFilter(self._quiet)
-      if is_disk_full(e):
-        raise self._full(e, "creating the") from None
-      raise
+    self._keep = keep
+    self._quiet = None
+    self._manager = None  # made at the first read of an existing folder or
+                          # the first write: a run that never writes one
+                          # costs no orbax manager
+
+  @property
+  def directory(self) -> str:
+    return self._dir
+
+  @property
+  def manager(self):
+    """The orbax CheckpointManager of the folder (created with it)."""
+    if self._manager is None:
+      ocp = self._ocp
+      self._quiet = QuietDiskFull()
+      logging.getLogger("absl").addFilter(self._quiet)
+      try:
+        self._manager = ocp.CheckpointManager(
+            self._dir, options=ocp.CheckpointManagerOptions(
+                max_to_keep=self._keep, create=True))
+      except Exception as e:  # pylint: disable=broad-except
+        logging.getLogger("absl").removeFilter(self._quiet)
+        self._quiet = None
+        if is_disk_full(e):
+          raise self._full(e, "creating the") from None
+        raise
+    return self._manager
 
   def _full(self, error: Exception, doing: str) -> DiskFull:
     return DiskFull(
@@ -75,7 +92,15 @@ class Checkpointer:
         "checkpoints written before are kept")
 
   def latest(self) -> int | None:
+    if self._manager is None and not os.path.isdir(self._dir):
+      return None
     return self.manager.latest_step()
+
+  def steps(self) -> list[int]:
+    """The rounds of the checkpoints in the folder."""
+    if self._manager is None and not os.path.isdir(self._dir):
+      return []
+    return list(self.manager.all_steps())
 
   @staticmethod
   def layout(carry) -> str:
@@ -112,6 +137,8 @@ class Checkpointer:
   def close(self, failing: bool = False) -> None:
     """Waits for the last write and closes; `failing` (an error is already
     on its way out): a failure here is not raised over it."""
+    if self._manager is None:
+      return
     error = None
     try:
       self.manager.wait_until_finished()
@@ -123,6 +150,7 @@ class Checkpointer:
       error = error or e
     finally:
       logging.getLogger("absl").removeFilter(self._quiet)
+      self._manager = None
     if error is None or failing:
       return
     if is_disk_full(error):

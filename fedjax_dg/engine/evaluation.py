@@ -44,16 +44,31 @@ class OodSet:
     self.x, self.y, self.rows, self.batch = x, y, rows, batch
     self.starts = range(0, len(rows), block)
     self.block = block
-    self.kept = [self._read(rows)] if len(self.starts) == 1 else None
+    # One block: read once (`host`, numpy) and placed at the first use.
+    self.host = self._read(rows) if len(self.starts) == 1 else None
+    self._placed = None
+
+  @property
+  def kept(self):
+    """[the one block's (x, y, mask) on the device], or None (blocks)."""
+    if self.host is None:
+      return None
+    if self._placed is None:
+      self._placed = [tuple(jax.device_put(self.host))]
+    return self._placed
 
   def _read(self, rows):
-    return tuple(map(jnp.asarray, evaluate.pad_to_multiple(
-        self.x[rows], self.y[rows], self.batch)))
+    """(x, y int32, mask float32) numpy arrays: placed without a compiled
+    conversion."""
+    x, y, mask = evaluate.pad_to_multiple(self.x[rows], self.y[rows],
+                                          self.batch)
+    return np.asarray(x), np.asarray(y, np.int32), np.asarray(mask, np.float32)
 
   def __iter__(self):
     if self.kept is not None:
       return iter(self.kept)
-    return (self._read(self.rows[s:s + self.block]) for s in self.starts)
+    return (tuple(jax.device_put(self._read(self.rows[s:s + self.block])))
+            for s in self.starts)
 
 
 def ood_sets(data, cfg: EngineConfig):

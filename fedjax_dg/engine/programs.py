@@ -316,7 +316,10 @@ def _replica_programs(recipe, cfg, num_clients, replicas, mapping):
                         length, jnp.asarray(rounds, jnp.int32))
 
     over = lambda fn: lambda *a: _over(mapping, fn, *a)
-    put = (layout.put_carry if layout.mesh is not None else jax.device_put)
+    # Committed to one device, as the chunk's outputs are: the second chunk
+    # reuses the first one's compiled program.
+    put = (layout.put_carry if layout.mesh is not None else
+           lambda stacked: jax.device_put(stacked, jax.devices()[0]))
     padded = replicas
   else:
     mesh = _replica_mesh(replicas)

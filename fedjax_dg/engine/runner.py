@@ -14,7 +14,9 @@ every caller (`fedjax-dg run`, `sweep`, `demo`, the Python API):
                 one call for the whole group: the round metrics brought to
                 the host, the finiteness flags of every state leaf, the
                 evaluation; per replica only host bookkeeping (its history,
-                its checkpoint written from the one host copy)
+                and, once `checkpoint_every` seconds have passed since the
+                last write, its checkpoint, written from one host copy of
+                the whole group's state)
     at the end  one evaluation call on the full target split and one
                 features call
 
@@ -23,6 +25,12 @@ same round, client and end-of-round keys as a run alone, so replica r is
 the run `run(alg, datas[r], model, cfg with seed seeds[r])` makes: the same
 numbers up to the float summation order of the replica mapping
 (`programs.replica_mapping`; tests/test_replicas.py states the tolerances).
+
+Checkpoints stay one per replica (its own folder, its own orbax manager),
+so that a replica's progress and a damaged file are its own; what bounds
+their cost is `checkpoint_every` (an orbax save costs tens of milliseconds
+whatever the state's size, more than a tiny run's chunk: saved every chunk,
+the saves would dominate a sweep of small runs).
 
 Each replica's progress is its own: a replica whose state or metrics went
 non-finite is stopped (its entry in the result is the `NonFiniteError`,
@@ -143,11 +151,11 @@ def _resume(rep: _Replica, like) -> None:
   """Replica `rep` from its latest readable checkpoint (its state on the
   host, history, round metrics and seconds); a damaged one is deleted and
   the next older one tried, and a `CheckpointWarning` says what was lost."""
-  if rep.ckpt is None:
+  if rep.ckpt is None or not rep.ckpt.steps():
     return
   manager = rep.ckpt.manager
   damaged = []
-  for step in sorted(manager.all_steps(), reverse=True):
+  for step in sorted(rep.ckpt.steps(), reverse=True):
     try:
       state, meta = rep.ckpt.restore(step, like)
     except DataError as e:
@@ -178,9 +186,17 @@ def _resume(rep: _Replica, like) -> None:
 
 
 def _stack(trees: list, padded: int):
-  """[R', ...] of R trees, padded to R' with copies of the first."""
+  """[R', ...] of R trees on the host (numpy; PRNG keys as their key data),
+  padded to R' with copies of the first: placed by one transfer, with no
+  compiled stacking per leaf shape."""
   trees = trees + [trees[0]] * (padded - len(trees))
-  return jax.tree.map(lambda *a: jnp.stack(a), *trees)
+
+  def stack(*leaves):
+    if jax.dtypes.issubdtype(leaves[0].dtype, jax.dtypes.prng_key):
+      return jax.random.wrap_key_data(np.stack([np.asarray(
+          jax.random.key_data(k)) for k in leaves]))
+    return np.stack([np.asarray(a) for a in leaves])
+  return jax.tree.map(stack, *trees)
 
 
 def _padded_blocks(blocks: list, batch: int) -> list:
@@ -304,14 +320,14 @@ class ReplicaFeed:
     """The replicas' target sets stacked (one block each), or None."""
     if sets[0] is None:
       return None
-    if any(s.kept is None for s in sets):
+    if any(s.host is None for s in sets):
       raise ConfigError(
           "a streamed target split (data.streaming) is scored in blocks read "
           "at each evaluation; a batch of replicas holds each replica's "
           "target examples on the device: run these runs one at a time "
           "(--replicas 1)")
     batch = max(s.batch for s in sets)
-    blocks = _padded_blocks([s.kept[0] for s in sets], batch)
+    blocks = _padded_blocks([s.host for s in sets], batch)
     return self.progs.put(_stack(blocks, self.progs.padded)), batch
 
   def step(self, r0: int, length: int):
@@ -539,7 +555,7 @@ def _run_group(recipe: Recipe, cfg: EngineConfig, reps: list[_Replica],
                jax.eval_shape(alg.init, reps[0].init_key))[0]]
   r0 = reps[0].round
   bar = progress_bar(cfg, alg.name + (f" x{R}" if R > 1 else ""), r0)
-  t0 = time.perf_counter()
+  t0 = last_save = time.perf_counter()
   try:
     while r0 < cfg.rounds and any(rep.error is None for rep in reps):
       length = min(cfg.eval_every, cfg.rounds - r0)
@@ -553,7 +569,7 @@ def _run_group(recipe: Recipe, cfg: EngineConfig, reps: list[_Replica],
             alg.name + (f" (replica {rep.index}, seed {rep.cfg.seed})"
                         if R > 1 else ""), r0, mine, flags[k], paths,
             rep.ckpt.latest() if rep.ckpt else None,
-            rep.ckpt.manager.directory if rep.ckpt else None)
+            rep.ckpt.directory if rep.ckpt else None)
         if rep.error is None:
           for key, v in mine.items():
             rep.round_metrics.setdefault(key, []).extend(v)
@@ -562,8 +578,13 @@ def _run_group(recipe: Recipe, cfg: EngineConfig, reps: list[_Replica],
       if not live:
         break
       entries = feed.evaluate(1)
-      host = feed.host_states() if any(reps[k].ckpt for k in live) else None
-      per_run = (time.perf_counter() - t0) / R
+      now = time.perf_counter()
+      save = (any(reps[k].ckpt for k in live)
+              and now - last_save >= cfg.checkpoint_every)
+      host = feed.host_states() if save else None  # one transfer for all
+      if save:
+        last_save = now
+      per_run = (now - t0) / R
       for k in live:
         rep = reps[k]
         rep.round = r0
@@ -572,7 +593,7 @@ def _run_group(recipe: Recipe, cfg: EngineConfig, reps: list[_Replica],
         rep.history.append(entry)
         if rep.on_eval is not None:
           rep.on_eval(entry)
-        if rep.ckpt is not None:
+        if save and rep.ckpt is not None:
           rep.ckpt.save(r0, host[k], dict(
               round=r0, history=rep.history, round_metrics=rep.round_metrics,
               seconds=rep.spent + per_run), fresh=R > 1)

@@ -58,6 +58,12 @@ class EngineConfig:
   checkpoints_to_keep: int = 1  # the latest checkpoints kept on disk while a
                                 # run goes (orbax max_to_keep; with
                                 # checkpoint_dir)
+  checkpoint_every: float = 60.0  # seconds: a chunk's end writes the
+                                # checkpoints when at least this long has
+                                # passed since the last write (or since the
+                                # run started); 0: after every chunk. An
+                                # interruption loses at most this much
+                                # training; a resume is exact either way
 
   def validate(self, num_clients: int | None) -> None:
     """Every setting; the cohort against `num_clients` (None: not known yet,
@@ -86,6 +92,8 @@ class EngineConfig:
         ("features_max", self.features_max >= 0, "0 (none) or a positive count"),
         ("checkpoints_to_keep", self.checkpoints_to_keep >= 1,
          "an integer >= 1 (the latest checkpoints kept)"),
+        ("checkpoint_every", self.checkpoint_every >= 0,
+         "seconds >= 0 (0: a checkpoint after every chunk)"),
     ]
     if self.seed < 0:
       raise ConfigError(f"invalid setting seed={self.seed!r}: allowed values are "
