@@ -4,6 +4,9 @@
 
     build(model, optimizer, loss, *, <hyperparameters with defaults>) -> Algorithm
     DISPLAY_NAME        its name in the papers' tables
+    PAPER               optional: dict(title=, authors=, venue=, year=) of the
+                        paper it implements (the docs' algorithm pages and
+                        the README's table are generated or checked from it)
     CLIENT              optional: its clients' optimizer defaults ({"lr": ...}),
                         overriding the run's `client` settings
     NEEDS_SERVER_DATA   optional (False): it trains on the server's split
@@ -89,6 +92,12 @@ class Spec:
   def section(self) -> str:
     """Its config section (the module's name)."""
     return self.module.__name__.rsplit(".", 1)[1]
+
+  @property
+  def paper(self) -> dict[str, Any]:
+    """The module's `PAPER` (title, authors, venue, year); {} for none
+    (Central, Local-only)."""
+    return dict(getattr(self.module, "PAPER", {}))
 
   @property
   def models(self) -> tuple[str, ...]:

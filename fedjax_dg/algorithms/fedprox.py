@@ -12,6 +12,9 @@ from fedjax_dg.client import objectives
 from fedjax_dg.errors import ConfigError
 
 DISPLAY_NAME = "FedProx"
+PAPER = dict(
+    title="Federated Optimization in Heterogeneous Networks",
+    authors="Li et al.", venue="MLSys", year=2020)
 # Table 10's client settings, all three datasets.
 CLIENT = dict(lr=1e-3, weight_decay=1e-4)
 
