@@ -1,5 +1,5 @@
 """No silent wrong numbers: non-finite training stops, constant channels, strict
-JSON, settings refused before any data is read (issue 12)."""
+JSON, settings refused before any data is read."""
 
 import dataclasses
 import json

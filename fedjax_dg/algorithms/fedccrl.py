@@ -1,6 +1,6 @@
 """FedCCRL (Wang & Tang): cross-client style transfer, AugMix, supervised
 contrastive and Jensen-Shannon alignment in the local objective; FedAvg on the
-server (paper `../shared/papers/002_*`, Algorithms 1-3, Eq. 3-16).
+server (the paper's Algorithms 1-3, Eq. 3-16).
 
     F_i        = per-image, per-channel (mean, std) of the normalized inputs of
                  ceil(r n_i) random examples of client i         (Eq. 6-8)
