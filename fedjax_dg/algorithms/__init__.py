@@ -342,6 +342,7 @@ def build(name: str, model, *, hyperparameters: Mapping[str, Any],
 
   Example::
 
+    import jax
     from fedjax_dg import algorithms, models
     model = models.get_model("mlp", input_shape=(16, 16, 1), num_classes=10)
     client = dict(optimizer="adam", lr=1e-3, weight_decay=1e-4,

@@ -261,6 +261,7 @@ def get_model(name: str, *, input_shape, num_classes: int, mean=(0.5,),
 
   Example::
 
+    import jax
     from fedjax_dg import models
     model = models.get_model("small_cnn", input_shape=(16, 16, 1),
                              num_classes=10, mean=(0.29,), std=(0.35,))
