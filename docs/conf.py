@@ -41,6 +41,12 @@ html_title = "fedjax_dg"
 html_theme_options = {
     "show_toc_level": 2,
     "home_page_in_toc": True,
+    # The book theme's own top bar only: no second search field above it.
+    "navbar_persistent": [],
+    "navbar_end": [],
 }
-html_static_path = []
+html_static_path = ["_static"]
+html_css_files = ["fedjax_dg.css"]
 default_role = "code"  # `name` in docstrings reads as code, as in the markdown pages
+# Curly quotes and ellipses, but no dashes: "--set" stays two hyphens.
+smartquotes_action = "qe"

@@ -188,7 +188,7 @@ def _allowed_constant(key: str) -> str:
   values = list(value)
   text = ", ".join(f"`{v}`" for v in values)
   if key == "algorithms":
-    return f"a tuple of: {text}"
+    return "a tuple of algorithm names ([Algorithms](algorithms.md))"
   if key == "scenario":
     return f'`""` (none), {text}'
   return text
@@ -280,6 +280,10 @@ def fields() -> list[Field]:
         meaning = (f"this algorithm's `client.{sub}` (None: the run's "
                    f"`client.{sub}`)")
         allowed = _allowed_constant(f"client.{sub}")
+        if default is None:  # the run's value's type
+          out.append(Field(key, default, _typename(flat[f"client.{sub}"]),
+                           allowed, meaning))
+          continue
       else:
         meaning = per_section[head].get(leaf, "")
         allowed = allowed or _algorithm_allowed(head, leaf, default)
@@ -303,16 +307,25 @@ def _algorithm_allowed(section: str, name: str, default) -> str:
 
 
 def _cell(text: str) -> str:
-  return str(text).replace("|", "\\|").replace("\n", " ")
+  """Text for a table cell: pipes escaped, and outside code spans `<` too
+  (experiments/<file>.py is not an HTML tag)."""
+  parts = str(text).replace("\n", " ").split("`")
+  for i in range(0, len(parts), 2):
+    parts[i] = parts[i].replace("<", "&lt;")
+  return "`".join(parts).replace("|", "\\|")
 
 
 def _table(rows: list[Field], strip: str = "") -> list[str]:
-  lines = ["| field | default | type | allowed | meaning |",
-           "|---|---|---|---|---|"]
+  """field | default (type) | meaning, then the allowed values."""
+  lines = ["| field | default (type) | meaning; allowed values |",
+           "|---|---|---|"]
   for f in rows:
     name = f.key[len(strip):] if strip and f.key.startswith(strip) else f.key
-    lines.append(f"| `{name}` | {_cell(_fmt(f.default))} | {_cell(f.type)} | "
-                 f"{_cell(f.allowed)} | {_cell(f.meaning)} |")
+    meaning = f.meaning.rstrip(".")
+    if f.allowed:
+      meaning += f". **Allowed:** {f.allowed}"
+    lines.append(f"| `{name}` | {_cell(_fmt(f.default))} ({_cell(f.type)}) | "
+                 f"{_cell(meaning)} |")
   return lines
 
 
@@ -366,9 +379,7 @@ def _paper_line(paper: dict) -> str:
   parts = [f"*{paper['title']}*"]
   if paper.get("authors"):
     parts.append(paper["authors"])
-  venue = " ".join(str(p) for p in (paper.get("venue"), paper.get("year")) if p)
-  if venue:
-    parts.append(venue)
+  parts += [str(p) for p in (paper.get("venue"), paper.get("year")) if p]
   return ", ".join(parts)
 
 
@@ -438,16 +449,19 @@ def algorithms_index() -> str:
            "Generated from the registry (`fedjax_dg.algorithms`): every",
            "algorithm module, its paper, and the names it adds (variants).",
            "`fedjax-dg algorithms` prints the same list with the settings.", "",
-           "| name | algorithm | paper | venue, year | variants |",
-           "|---|---|---|---|---|"]
+           "| name | algorithm | paper | variants |",
+           "|---|---|---|---|"]
   for section in algorithms.modules():
     spec = algorithms.spec(section)
     paper = _paper(spec)
-    venue = " ".join(str(p) for p in (paper.get("venue"), paper.get("year"))
-                     if p)
+    venue = ", ".join(str(p) for p in (paper.get("venue"), paper.get("year"))
+                      if p)
+    title = paper.get("title", "")
+    if not paper:  # a reference (Central, Local-only): what it is
+      title = inspect.cleandoc(spec.module.__doc__ or "").split("\n")[0]
     lines.append(
         f"| [`{section}`](algorithms/{section}.md) | {_cell(spec.display_name)}"
-        f" | {_cell(paper.get('title', ''))} | {_cell(venue)} | "
+        f" | {_cell(title + (f' ({venue})' if venue else ''))} | "
         + ", ".join(f"`{v}`" for v in spec.variants) + " |")
   lines += ["", "```{toctree}", ":hidden:", ""]
   lines += [f"algorithms/{s}" for s in algorithms.modules()]
