@@ -14,7 +14,7 @@ FMNIST_DIR ?= /usr/share/datasets/fashion-mnist
 export FEDJAX_DG_DATA_DIR ?= $(abspath .data)
 export FEDJAX_DG_FASHION_MNIST_DIR ?= $(FMNIST_DIR)
 
-.PHONY: setup fashion-mnist data demo test test-slow test-notebooks test-protocols test-all bench mutation clean
+.PHONY: setup fashion-mnist data demo test test-slow test-notebooks test-protocols test-all docs bench mutation clean
 
 setup: $(STAMP)
 
@@ -71,6 +71,19 @@ test-protocols: data
 # Everything CI runs: the default suite, the slow tests, the tutorials.
 test-all: test test-slow test-notebooks
 
+# The documentation site, from docs/ into docs/_build/html (open index.html
+# there). Sphinx with warnings as errors: a broken link, a page in no table of
+# contents or a docstring that does not parse fails the build. The reference
+# pages (config fields, algorithms, CLI) are generated from the code as it
+# builds (docs/_ext/fedjax_dg_docs.py); the notebooks are shown, not executed.
+DOCS_STAMP := $(VENV)/.docs-stamp
+$(DOCS_STAMP): $(STAMP) docs/requirements.txt
+	$(PY) -m pip install -q -r docs/requirements.txt
+	touch $@
+
+docs: $(DOCS_STAMP)
+	$(PY) -m sphinx -W --keep-going -q -b html docs docs/_build/html
+
 # Benchmarks (not part of `make test`): installs the CPU PyTorch build for the reference
 # loop, and the torchvision and timm that the weights tests compare with (MobileNetV3, ViT).
 # Flower (benchmarks/scale.py --flower) goes to its own folder, $(FLWR_DIR): its pins
@@ -99,4 +112,4 @@ mutation: data
 	$(PY) tests/mutation_report.py $(if $(MUTATE),'$(MUTATE)')
 
 clean:
-	rm -rf $(VENV) .data runs mutants
+	rm -rf $(VENV) .data runs mutants docs/_build docs/reference/generated docs/tutorials

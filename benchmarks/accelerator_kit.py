@@ -1,11 +1,11 @@
-"""The accelerator evidence kit (issue 26): the commands that measure, on one
-GPU, what docs/benchmarks.md's "GPU (accelerator kit)" section reports, and
-write it to docs/bench-logs/<date>/. It runs in two parts, each one command
+"""The accelerator kit: the commands that measure, on one GPU, what
+docs/benchmarks.md's "GPU measurements" section reports, and write it to
+docs/bench-logs/<date>/. It runs in two parts, each one command
 of at most 8 minutes (`--part 1`, `--part 2`): the first GPU run (H200,
 2026-11-27) showed that compiling alone takes 10-33 s per program, and the
 kit compiles about 30 of them.
 
-GPU time is short and lent by chance, so everything is prepared here and the
+Everything is prepared here so that a short session on a GPU measures: the
 kit only runs the existing benchmark scripts, each step a subprocess with its
 arguments, its own time budget and its own log:
 
@@ -76,7 +76,7 @@ sys.path.insert(0, ROOT)  # this checkout's fedjax_dg, not an installed one
 from fedjax_dg.run import config as run_config  # noqa: E402
 DEADLINE_S = 480         # per part: one part fits one 8-minute device call
 # Seconds per step on the GPU; a dry run gives every step DRY_BUDGET_S. From
-# the first GPU run (H200, 2026-11-27, docs/bench-logs/2026-11-27/kit_h200/):
+# the first GPU run (H200, 2026-11-27, docs/bench-logs/2026-11-27/kit_h200_run1/):
 # each round_time variant took 19-44 s to be ready (set-up 8-11 s, the
 # compiling warm-up round 10-33 s), the demo's prepare 35 s and its first
 # three targets 65 s; the first budgets (35-100 s a step, all variants
@@ -85,13 +85,13 @@ BUDGETS = {"demo": 240, "round_fedavg_C64": 60, "round_hfedf_C64": 80,
            "round_fedavg_C256": 75, "round_hfedf_C256": 100,
            "round_fedavg_C1024": 90, "round_hfedf_C1024": 75, "scale": 100,
            "fedsdaf": 130}
-# The kit in two parts, each one command of at most DEADLINE_S: a lease of
-# 15 minutes runs one, or both back to back on the warm machine.
+# The kit in two parts, each one command of at most DEADLINE_S: 15 minutes on
+# a GPU run one with room for a rerun, or both back to back.
 PARTS = {"1": "round", "2": "demo,scale,fedsdaf"}
 DRY_BUDGET_S = 120
 MIN_STEP_S = 15          # a step starting with less than this is skipped
 # One hFedF hypernetwork gradient of the Inception CNN (47.3 M parameters,
-# docs/benchmarks.md "hFedF server step"): the loop and PyTorch hold C of them.
+# docs/benchmarks.md "Server steps"): the loop and PyTorch hold C of them.
 HFEDF_GRAD_GIB = 181 / 1024
 ALG_NAMES = {"fedavg": "FedAvg", "hfedf": "hFedF"}
 ROUND_VARIANTS = ("engine", "engine_bf16", "loop", "torch")
@@ -523,7 +523,7 @@ def ratio_text(row: dict) -> str:
 
 
 def table_rows(results: list[dict]) -> list[str]:
-  """The docs' table rows (docs/benchmarks.md, "GPU (accelerator kit)")."""
+  """The docs' table rows (docs/benchmarks.md, "GPU measurements")."""
   lines, last = [], None
   for res in results:
     for row in res["rows"]:
@@ -643,7 +643,7 @@ def main(argv=None) -> int:
             f"{res['wall_s']:.1f} s -> {res['log'] or '-'}", flush=True)
   print(f"\n[kit] {time.perf_counter() - started:.0f} s; summary: "
         f"{os.path.join(out, 'kit_summary.md')}\n")
-  print("Rows to paste (docs/benchmarks.md, GPU (accelerator kit); README):")
+  print("Rows to paste (docs/benchmarks.md, GPU measurements):")
   print("\n".join(TABLE_HEAD + table_rows(results)))
   return 0 if all(r["status"] == "ok" for r in results) else 1
 

@@ -39,7 +39,7 @@ training, the host's gathers and the state's trips).
                is left out; median over the chunks of every repetition,
                the repetitions interleaved over the cases. Wall time, and the
                process's CPU time (every thread: XLA's and the host's
-               gathers), which other jobs on a shared machine disturb less
+               gathers), which other processes on the machine disturb less
   device peak  live + temp:
                live = bytes of every live jax.Array (`jax.live_arrays()`)
                at each chunk boundary, less those alive before the run:

@@ -36,7 +36,7 @@ hours). Depth 1 reconstructs to MSE 0.004
 (random weights: 0.28) and moves colour and contrast to the target style;
 it cannot carry textures (relu1_1 statistics are those of 3x3 filters).
 
-    python experiments/ccst_pretrain.py      # ~7 min on 2 shared CPU cores
+    python experiments/ccst_pretrain.py      # ~7 min on 2 CPU cores
     python experiments/ccst_pretrain.py --figure-only \
         --figure docs/img/ccst_adain_synthetic.png   # the figure, from the files
         # (needs `fedjax-dg prepare styled_fashion_mnist`)

@@ -15,7 +15,7 @@ protocol of fedjax_dg/run/configs/fedccrl_protocol.py.
     fedjax-dg report runs/sweep-fedccrl_table1_mini_domainnet-<time>
 
 Cost: 140,006 images x 3 epochs x 10 rounds per held-out domain, at 128 px:
-before booking a GPU, estimate it (docs/protocol.md, "Before booking a GPU").
+before booking a GPU, estimate it (docs/how-to/paper-protocol-on-a-gpu.md).
 """
 
 from fedjax_dg.run.configs.fedccrl_protocol import get_config as _protocol

@@ -17,7 +17,7 @@ the protocol of fedjax_dg/run/configs/fedsdaf_protocol.py.
 Cost: the full budget (200 rounds x 30 epochs over the five source domains'
 images, four forward passes per step) is far beyond one GPU's days per
 target (an estimate, not measured); estimate it before booking one
-(docs/protocol.md, "Before booking a GPU") and reduce with `--set
+(docs/how-to/paper-protocol-on-a-gpu.md) and reduce with `--set
 train.rounds=... train.epochs=...`.
 """
 

@@ -8,9 +8,9 @@ of rounds. The figure is the report's curves.png (mean over seeds).
 
     fedjax-dg sweep --config experiments/fig10_long_run.py --seeds 0,1,2
 
-Expected wall-clock: on this 2-core CPU ~24 days (6 runs x 5 x ~19 h; not
+Expected wall-clock: on a 2-core CPU ~24 days (6 runs x 5 x ~19 h; not
 practical); on one GPU ~5 h (an estimate, not measured). At the demo's scale
-(paper_protocol.BUDGET, 200 rounds: 10x its 20) ~1 h on this CPU:
+(paper_protocol.BUDGET, 200 rounds: 10x its 20) ~1 h on a 2-core CPU:
 
     fedjax-dg sweep --config experiments/fig10_long_run.py --seeds 0,1,2 \
         --set model.name=small_cnn --set data.image_size=16 \

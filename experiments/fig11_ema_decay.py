@@ -11,9 +11,9 @@ best values per alpha.
     fedjax-dg sweep --config experiments/fig11_ema_decay.py \
         --grid hfedf.ema_decay=0.25,0.5,0.75,0.85,0.95 --seeds 0,1,2
 
-Expected wall-clock: on this 2-core CPU ~12 days (15 runs x ~19 h; not
+Expected wall-clock: on a 2-core CPU ~12 days (15 runs x ~19 h; not
 practical); on one GPU ~2.5 h (an estimate, not measured). At the demo's scale
-(paper_protocol.BUDGET) 17 min on this CPU (measured; docs/results.md):
+(paper_protocol.BUDGET) 17 min on a 2-core CPU (measured; docs/results.md):
 
     fedjax-dg sweep --config experiments/fig11_ema_decay.py \
         --grid hfedf.ema_decay=0.25,0.5,0.75,0.85,0.95 --seeds 0,1,2 \

@@ -10,9 +10,9 @@ figure's points); table2.md the same with ↑/↓ vs FedAvg at each k.
     fedjax-dg sweep --config experiments/fig3_few_shot.py \
         --grid data.few_shot_k=0,1,5,10 --seeds 0,1,2
 
-Expected wall-clock: on this 2-core CPU ~170 days (216 runs x ~19 h; not
+Expected wall-clock: on a 2-core CPU ~170 days (216 runs x ~19 h; not
 practical); on one GPU ~1.5 days (an estimate, not measured: ~10 min per run).
-At the demo's scale (paper_protocol.BUDGET) ~4 h on this CPU:
+At the demo's scale (paper_protocol.BUDGET) ~4 h on a 2-core CPU:
 
     fedjax-dg sweep --config experiments/fig3_few_shot.py \
         --grid data.few_shot_k=0,1,5,10 --seeds 0,1,2 \

@@ -10,10 +10,10 @@ The report's summary.csv has μ_id / μ_ood per (N, d).
     fedjax-dg sweep --config experiments/fig4_clients.py \
         --grid data.num_clients=5,10,20,40 --grid data.d=1,3 --seeds 0,1,2
 
-Expected wall-clock: on this 2-core CPU ~60 days (72 runs x ~19 h: the training
+Expected wall-clock: on a 2-core CPU ~60 days (72 runs x ~19 h: the training
 data and so the steps per round do not grow with N; evaluation does); on one GPU
 ~12-15 h (an estimate, not measured). At the demo's scale
-(paper_protocol.BUDGET) ~1.5-2 h on this CPU:
+(paper_protocol.BUDGET) ~1.5-2 h on a 2-core CPU:
 
     fedjax-dg sweep --config experiments/fig4_clients.py \
         --grid data.num_clients=5,10,20,40 --grid data.d=1,3 --seeds 0,1,2 \

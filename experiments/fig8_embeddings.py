@@ -12,9 +12,9 @@ table3.md the differences to the first setting (e = 1, learned).
         --grid hfedf.embed_dim=1,2,4,8 --grid hfedf.embeddings=learned,autoencoder \
         --seeds 0,1,2
 
-Expected wall-clock: on this 2-core CPU ~19 days (24 runs x ~19 h; not
+Expected wall-clock: on a 2-core CPU ~19 days (24 runs x ~19 h; not
 practical); on one GPU ~4 h (an estimate, not measured). At the demo's scale
-(paper_protocol.BUDGET) ~35 min on this CPU:
+(paper_protocol.BUDGET) ~35 min on a 2-core CPU:
 
     fedjax-dg sweep --config experiments/fig8_embeddings.py \
         --grid hfedf.embed_dim=1,2,4,8 --grid hfedf.embeddings=learned,autoencoder \

@@ -12,10 +12,10 @@ values in the cells' results.json.
         --grid train.epochs=1,2,5 --seeds 0,1,2
 
 Expected wall-clock (cost grows with E: 1 + 2 + 5 epochs = 4 runs of the
-protocol's 2 epochs per algorithm and seed): on this 2-core CPU ~65 days (84
+protocol's 2 epochs per algorithm and seed): on a 2-core CPU ~65 days (84
 run-equivalents x ~19 h; not practical); on one GPU ~14 h (an estimate, not
 measured). At the demo's scale (paper_protocol.BUDGET; E from the grid) ~3-3.5 h
-on this CPU:
+on a 2-core CPU:
 
     fedjax-dg sweep --config experiments/fig9_local_epochs.py \
         --grid train.epochs=1,2,5 --seeds 0,1,2 \

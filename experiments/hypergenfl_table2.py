@@ -20,11 +20,11 @@ method so that all train on the same client data; Dirichlet's minimum of 10
 images per client (flwr-datasets' default).
 
 Expected wall-clock of the paper's protocol (ResNet-50, 100 x 10 epochs, 3
-seeds): not practical on this 2-core CPU (months); on one GPU several days (an
+seeds): not practical on a 2-core CPU (months); on one GPU several days (an
 estimate, not measured). The reduced budget of docs/results.md (the paper's
 two-conv CIFAR CNN instead of ResNet-50, 30 rounds of 2 local epochs, an
 evaluation every 3 rounds; every image, method and scenario) took 6.5-7.5 min
-per seed on one H100 and needs about a day per seed on this 2-core CPU
+per seed on one H100 and needs about a day per seed on a 2-core CPU
 (extrapolated from a 2-round run):
 
     fedjax-dg sweep --config experiments/hypergenfl_table2.py --seeds 0 \

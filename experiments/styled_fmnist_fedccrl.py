@@ -12,7 +12,7 @@ its cosine schedule over the run), 28x28x3 inputs (no resize), the small CNN,
     fedjax-dg prepare styled_fashion_mnist     # once, offline (~20 s)
     fedjax-dg run --config experiments/styled_fmnist_fedccrl.py
 
-Cost, measured on this shared 2-core CPU: 12 min 24 s for both algorithms and all
+Cost, measured on a 2-core CPU: 12 min 24 s for both algorithms and all
 five held-out domains (FedCCRL ~11.8 s per round, FedAvg ~2.9 s: ~4x per local step,
 two AugMix views per image through the model); the first numbers (1 seed) are in
 docs/data.md, "Styled Fashion-MNIST". The same budget with the pooled data, the

@@ -20,31 +20,21 @@ CCST's AdaIN is the offline stand-in of experiments/ccst_pretrain.py (a
 fixed random "normalised" encoder to relu2_1 and a decoder trained on
 synthetic images, never on this benchmark; the weights are committed under
 experiments/weights/, 0.45 MB): the reference VGG-19 / decoder cannot be
-downloaded here, and depth 4 would cost ~10x more per step on this CPU. See
+downloaded here, and depth 4 would cost ~10x more per step on a 2-core CPU. See
 docs/faithfulness.md, "CCST".
 
     fedjax-dg prepare styled_fashion_mnist     # once, offline (~20 s-2 min)
     fedjax-dg sweep --config experiments/styled_fmnist_table1.py --seeds 0,1,2
     fedjax-dg report runs/sweep-styled_fmnist_table1-<time>
 
-Cost, estimated from a timed run of all nine methods on two held-out domains
-for 2 rounds (2026-11-25, this shared 2-core CPU at load average 8-14) and
-their round times side by side (benchmarks/fedccrl_overhead.py on these
-clients, docs/benchmarks.md "FedCCRL": per round, in FedAvg rounds, FedProx,
-FedSR, FedADG, FedIIR, FedDG-GA 0.95-1.35, ELCFS 2.6, CCST 3.4, FedCCRL
-3.4-4.0; all nine ~16 FedAvg rounds): one (target, seed) is ~9 x 9 s of
-building, compiling and evaluating plus 10 rounds x 16 FedAvg rounds of
-~12.7 s each at that load, ~35 min, so the 15 (5 targets x 3 seeds) take
-~9 h at that load, ~2-2.7 h with the two cores to itself (from the
-run's CPU time, 810 s for the timed run). The issue's budget (2,000 images
-per domain, experiments/styled_fmnist_fedccrl.py) would double it: halved
-here to 1,000, the paper's 10 x 3 schedule kept. Shorter: one seed first
-(`--seeds 0`, a third); `--set data.max_per_domain=500` halves again
-(50 id-validation images per client, coarse).
-
-Measured since (issue 25, the sweep alone on a 2-core Intel Xeon): one seed
-(45 runs) took 2977-3766 s of runs, ~50-65 min; ten seeds ~9 h
-(docs/results/styled_fmnist_table1_10seeds/README.md).
+Cost: one seed (45 runs) takes 2977-3766 s of runs, ~50-65 min, on a 2-core
+Intel Xeon; ten seeds ~9 h (docs/results/styled_fmnist_table1_10seeds/README.md).
+Per round, in FedAvg rounds (docs/benchmarks.md "FedCCRL"): FedProx, FedSR,
+FedADG, FedIIR, FedDG-GA 0.95-1.35, ELCFS 2.6, CCST 3.4, FedCCRL 3.4-4.0.
+2,000 images per domain (experiments/styled_fmnist_fedccrl.py) would double
+it: halved here to 1,000, the paper's 10 x 3 schedule kept. Shorter: one
+seed first (`--seeds 0`, a third); `--set data.max_per_domain=500` halves
+again (50 id-validation images per client, coarse).
 """
 
 import os

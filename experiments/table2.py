@@ -8,9 +8,9 @@ protocol (experiments/paper_protocol.py). The report's table2.md is Table 2
     fedjax-dg sweep --config experiments/table2.py --grid data.d=1,2,3 --seeds 0,1,2
     fedjax-dg report runs/sweep-table2-<time>
 
-Expected wall-clock: on this 2-core CPU ~300 days (378 runs x ~19 h; not
+Expected wall-clock: on a 2-core CPU ~300 days (378 runs x ~19 h; not
 practical); on one GPU ~2-3 days (an estimate, not measured: ~10 min per run).
-At the demo's scale (paper_protocol.BUDGET) ~7 h on this CPU:
+At the demo's scale (paper_protocol.BUDGET) ~7 h on a 2-core CPU:
 
     fedjax-dg sweep --config experiments/table2.py --grid data.d=1,2,3 \
         --seeds 0,1,2 --set model.name=small_cnn --set data.image_size=16 \

@@ -12,9 +12,9 @@ table3.md lists each variant with its difference to full hFedF.
 The same ablation as a grid over the switches (36 cells of one algorithm):
 `--set algorithms=hfedf --grid hfedf.gradalign=True,False --grid hfedf.ema=True,False`.
 
-Expected wall-clock: on this 2-core CPU ~170 days (216 runs x ~19 h; not
+Expected wall-clock: on a 2-core CPU ~170 days (216 runs x ~19 h; not
 practical); on one GPU ~1.5 days (an estimate, not measured: ~10 min per run).
-At the demo's scale (paper_protocol.BUDGET) ~4 h on this CPU:
+At the demo's scale (paper_protocol.BUDGET) ~4 h on a 2-core CPU:
 
     fedjax-dg sweep --config experiments/table3.py --grid data.d=1,2,3 \
         --seeds 0,1,2 --set model.name=small_cnn --set data.image_size=16 \

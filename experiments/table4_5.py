@@ -9,9 +9,9 @@ FedAvg, id then ood.
     fedjax-dg sweep --config experiments/table4_5.py --seeds 0,1,2
     fedjax-dg report runs/sweep-table4_5-<time> --d 3
 
-Expected wall-clock: on this 2-core CPU ~115 days (144 runs x ~19 h; not
+Expected wall-clock: on a 2-core CPU ~115 days (144 runs x ~19 h; not
 practical); on one GPU ~1 day (an estimate, not measured: ~10 min per run).
-At the demo's scale (paper_protocol.BUDGET) ~2.5 h on this CPU:
+At the demo's scale (paper_protocol.BUDGET) ~2.5 h on a 2-core CPU:
 
     fedjax-dg sweep --config experiments/table4_5.py --seeds 0,1,2 \
         --set model.name=small_cnn --set data.image_size=16 \

@@ -9,9 +9,9 @@ variant with the learned one (the first value of the grid is the reference).
     fedjax-dg sweep --config experiments/table7_random_embeddings.py \
         --grid hfedf.embeddings=learned,random --grid data.d=1,2,3 --seeds 0,1,2
 
-Expected wall-clock: on this 2-core CPU ~85 days (108 runs x ~19 h; not
+Expected wall-clock: on a 2-core CPU ~85 days (108 runs x ~19 h; not
 practical); on one GPU ~18 h (an estimate, not measured: ~10 min per run).
-At the demo's scale (paper_protocol.BUDGET) ~2 h on this CPU:
+At the demo's scale (paper_protocol.BUDGET) ~2 h on a 2-core CPU:
 
     fedjax-dg sweep --config experiments/table7_random_embeddings.py \
         --grid hfedf.embeddings=learned,random --grid data.d=1,2,3 --seeds 0,1,2 \

@@ -126,7 +126,9 @@ def _run(config_path: str | None, overrides: list[str], resume: str | None,
   return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+  """The `fedjax-dg` command's parser: every command and option (the docs'
+  CLI reference is generated from it)."""
   parser = argparse.ArgumentParser(prog="fedjax-dg", description=__doc__)
   sub = parser.add_subparsers(dest="command", required=True)
   p_run = sub.add_parser("run", help="run an experiment config")
@@ -235,7 +237,11 @@ def main(argv: list[str] | None = None) -> int:
                         "one DIR only)")
   for p in (p_run, p_demo, p_sweep):
     distributed.add_flags(p)
-  args = parser.parse_args(argv)
+  return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+  args = parser().parse_args(argv)
   try:
     if args.command == "prepare":
       import tensorflow_datasets as tfds

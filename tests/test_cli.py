@@ -284,7 +284,7 @@ def test_ctrl_c_says_how_to_continue(tiny_config, monkeypatch, capsys):
     assert os.path.exists(os.path.join(sweep_dir, directory.MANIFEST))
 
 
-# ------------------------------------------- issue 23: runs that end badly
+# --------------------------------------------------------- runs that end badly
 
 
 def _small(out, *extra):

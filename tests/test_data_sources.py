@@ -800,8 +800,7 @@ def test_prepare_prints_the_data_dir_and_the_rule_that_chose_it(
 
 
 # ---------------------------------------------------------------------------
-# Stale prepared data, where a dataset was looked for, grayscale folders
-# (issue 23).
+# Stale prepared data, where a dataset was looked for, grayscale folders.
 
 
 def _class_counts(ds):
@@ -811,8 +810,8 @@ def _class_counts(ds):
 def test_relabelled_images_are_noticed_and_force_prepares_again(
     tmp_path, monkeypatch, capsys):
   """50 files moved from one class folder to another keep the file count,
-  the total size and the newest mtime (the fingerprint before issue 23): the
-  file listing tells them apart. A run is refused with the command to run;
+  the total size and the newest mtime (what a fingerprint of those alone
+  sees): the file listing tells them apart. A run is refused with the command to run;
   `prepare` prepares again (the new labels); `--force` always does."""
   from fedjax_dg import cli
   monkeypatch.setenv("FEDJAX_DG_DATA_DIR", str(tmp_path / "data"))

@@ -1,5 +1,5 @@
 """experiments/fedsdaf_pretrain.py: the backbone file and the record that
-docs/results.md quotes its held-out accuracy from (issue 26)."""
+docs/results.md quotes its held-out accuracy from."""
 
 import dataclasses
 import hashlib

@@ -145,12 +145,13 @@ def test_readme_links_resolve_to_files_and_headings():
 
 
 def test_readme_algorithm_table_has_every_algorithm_systems_first():
+  """The four systems first (the table's papers: tests/test_docs.py)."""
   from fedjax_dg import algorithms
   readme = open(os.path.join(ROOT, "README.md")).read()
   table = readme[readme.index("## Algorithms and their papers"):]
   table = table[:table.index("\n## ")]
   rows = [l for l in table.splitlines() if l.startswith("| ") and "`" in l]
-  names = [re.findall(r"`(\w+)`", l.split("|")[2])[0] for l in rows]
+  names = [n for l in rows for n in re.findall(r"`(\w+)`", l.split("|")[2])]
   assert names[:4] == ["hfedf", "hypergenfl", "fedccrl", "fedsdaf"]
   assert set(algorithms.modules()) <= set(names)
   assert set(names) <= set(algorithms.available())

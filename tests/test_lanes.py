@@ -158,9 +158,9 @@ def _rounds(alg, fed, cfg):
 
 
 def _same_numbers(alg, fed, names):
-  """Every variant `names` against the masked scan under `lax.map` (the
-  engine before issue 15; one loop per client equals it to float rounding:
-  bit for bit with SGD, rounding apart (6e-9) with Adam and FedProx, where
+  """Every variant `names` against the masked scan under `lax.map` (what
+  `train.skip_idle_steps=False` runs; one loop per client equals it to float
+  rounding: bit for bit with SGD, rounding apart (6e-9) with Adam and FedProx, where
   XLA fuses the while loop's body otherwise); returns {variant: local steps
   computed}, the cohorts of every round."""
   runs = {k: _rounds(alg, fed, dataclasses.replace(CFG, **VARIANTS[k]))

@@ -1,4 +1,4 @@
-"""Every paper protocol runs end to end, in small, on CPU (issue 26).
+"""Every paper protocol runs end to end, in small, on CPU.
 
 Each case takes one paper's experiment file as a researcher would run it
 (`config.load` + `--set` overrides + `experiment.run`, the path of
@@ -34,59 +34,11 @@ value of the file equals the loaded parameter after the layout's
 transposition).
 
 Every case is marked `protocols`, outside the default suite and outside
-`make test-slow` (CI) until each has been timed on a 2-core machine:
-`make test-protocols` (or `pytest -m protocols tests/test_protocols.py`,
-one process: the ViT-B/16 and MobileNetV3 rounds need several GiB each). Measured on this 2-core CPU (Intel Xeon,
-one XLA device in the test process), shared with 5 other jobs and a
-long sweep, niced: the wall times below are 3-5x an idle machine's.
-
-    hfedf_table2_pacs (7 algorithms, Inception CNN 32 px)     445 s, passed
-    hypergenfl_cifar10 (8 algorithms, CIFAR CNN)              passed, under
-                                                              25 min (its
-                                                              summary was cut
-                                                              by a timeout)
-    hypergenfl_cifar100                                       passed (in a run
-                                                              of three cases,
-                                                              12 min 20 s)
-    hypergenfl_tiny_imagenet (8 algorithms, ResNet-50 64 px)  2174 s, passed
-                                                              (11.8 GiB peak
-                                                              RSS), after its
-                                                              data writer was
-                                                              fixed (colours,
-                                                              800 images)
-    fedccrl_table1_pacs (8 algorithms, MobileNetV3-Large      1196 s, passed
-      224 px, batch 8)                                        (6.6 GiB peak RSS,
-                                                              beside one sweep;
-                                                              an earlier try
-                                                              with two sweeps
-                                                              beside it aborted
-                                                              inside XLA at
-                                                              7.5 GiB: likely
-                                                              memory)
-    fedccrl_table1_office_home                                1366 s, passed
-                                                              (6.7 GiB)
-    fedccrl_table1_mini_domainnet (128 px)                    1032 s, passed
-                                                              (5.1 GiB)
-    FedSDAF, ViT-B/16 224 px, batch 8, from the code of 975694a,
-    one process per case sharing one compilation cache, beside
-    the 10-seed Table 1 sweep (nice 10; the cases nice 10, then 0):
-      fedsdaf_table2_pacs (2 algorithms)                      368 s, passed
-                                                              (8.3 GiB)
-      fedsdaf_table4_pacs (6 algorithms)                      684 s, passed
-                                                              (10.1 GiB)
-      fedsdaf_table2_vlcs                                     241 s, passed
-                                                              (8.2 GiB)
-      fedsdaf_table4_vlcs                                     511 s, passed
-                                                              (9.7 GiB)
-      fedsdaf_table2_office_home                              1347 s, passed
-                                                              (11.9 GiB)
-      fedsdaf_table4_office_home                              4328 s, passed
-                                                              (13.2 GiB)
-      fedsdaf_table3_domainnet (at 3a27d8b: images of 8 of    499 s, passed
-        the 345 classes, one batch a client)                  (8.5 GiB)
-
-The ViT-B/16 and ResNet-50 cases are minutes per algorithm even idle; the
-batches of the FedCCRL and FedSDAF cases are reduced for memory (below).
+`make test-slow` (CI): `make test-protocols` (or `pytest -m protocols
+tests/test_protocols.py`, one process: the ViT-B/16 and MobileNetV3 rounds
+need several GiB each). Each case takes minutes per algorithm and 5-13 GiB;
+docs/testing.md has their times. The batches of the FedCCRL and FedSDAF
+cases are reduced for memory (below).
 """
 
 from __future__ import annotations
@@ -174,23 +126,23 @@ def _hypergenfl_sets(dataset: str) -> tuple[str, ...]:
 # ViT-B/16 training at the paper's batch (128; VLCS 64) back-propagates
 # through all 12 blocks (the adapters sit inside each): FedSDAF's round
 # needs 55.8 GiB of XLA:CPU buffers at 128 for one client, 4.2 GiB at 8
-# (docs/protocol.md, "Before booking a GPU"), more than this shared 23 GiB
-# machine can give one test: the batch is VIT_BATCH, each client one batch.
+# (docs/benchmarks.md, "What a protocol costs"), more than a 23 GiB test
+# machine gives one test: the batch is VIT_BATCH, each client one batch.
 VIT_BATCH = 8
 # FedCCRL's round at batch 32 (MobileNetV3-Large at 224 px, each image and
 # its augmented views through the network) needs 9.5 GiB of XLA:CPU
-# buffers for one client in flight (docs/protocol.md), 11.8 GiB of the
-# process for two (`run --estimate` on 2 devices: killed for memory): on
-# this shared machine the batch is FEDCCRL_BATCH.
+# buffers for one client in flight (docs/benchmarks.md), 11.8 GiB of the
+# process for two (`run --estimate` on 2 devices: killed for memory): the
+# batch is FEDCCRL_BATCH.
 FEDCCRL_BATCH = 8
 FEDCCRL_REDUCED = (f"batch {FEDCCRL_BATCH} (the paper's 32 needs more memory "
-                   "than this shared machine gives one test)")
+                   "than a 23 GiB machine gives one test)")
 # DomainNet's label feature has 345 classes (the model's head too); its
 # domains hold images of the first few only, so that each of the 5 source
 # clients holds one batch of VIT_BATCH.
 DOMAINNET_CLASSES_WITH_IMAGES = VIT_BATCH
 VIT_REDUCED = (f"one held-out domain; 1 image per class and domain; batch "
-               f"{VIT_BATCH} (the paper's 128 does not fit this machine)")
+               f"{VIT_BATCH} (the paper's 128 does not fit a 23 GiB machine)")
 
 
 CASES = {

@@ -225,10 +225,15 @@ derive = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(derive)
 
 
+# Fixtures: the tables of real reports (tests/data/report_tables/).
+TABLES = os.path.join(REPO, "tests", "data", "report_tables")
+
+
 def test_a_reports_tables_are_made_again_from_its_committed_runs_csv(tmp_path):
-  """docs/results/derive.py: the 2026-11-25 hFedF sweep's tables from its
-  runs.csv alone equal the committed ones (columns added since aside)."""
-  src = os.path.join(REPO, "docs", "results", "hfedf_table2_2026-11-25")
+  """docs/results/derive.py: an hFedF Table 2 sweep's tables (3 seeds, 189
+  runs) from its runs.csv alone equal the report's own (columns added since
+  aside)."""
+  src = os.path.join(TABLES, "hfedf_table2")
   derive.derive(str(tmp_path), [os.path.join(src, "runs.csv")])
   for name in ("table2.csv", "per_domain_d2.csv", "summary.csv"):
     committed = _csv(os.path.join(src, name))
@@ -288,12 +293,14 @@ _spec1.loader.exec_module(table1_section)
 
 def test_the_table1_sections_tables_are_the_committed_reports(capsys):
   """docs/results/table1_section.py prints docs/results.md's FedCCRL Table 1
-  tables from the three committed reports: every algorithm's per-domain row
-  (FedAvg's too) and, in the differences table, each column's interval as
-  the right report's differences.csv holds it."""
-  src = os.path.join(REPO, "docs", "results", "styled_fmnist_table1_10seeds")
-  reports = {"FedAvg": src, "FedCCRL": os.path.join(src, "vs_fedccrl"),
-             "FedProx": os.path.join(src, "vs_fedprox")}
+  tables from the three reports of one sweep (against FedAvg, FedCCRL,
+  FedProx): every algorithm's per-domain row (FedAvg's too) and, in the
+  differences table, each column's interval as the right report's
+  differences.csv holds it."""
+  src = os.path.join(TABLES, "table1", "vs_fedavg")
+  reports = {"FedAvg": src,
+             "FedCCRL": os.path.join(TABLES, "table1", "vs_fedccrl"),
+             "FedProx": os.path.join(TABLES, "table1", "vs_fedprox")}
   table1_section.main(reports["FedAvg"], reports["FedCCRL"], reports["FedProx"])
   out = capsys.readouterr().out
   names = [r["variant"] for r in _csv(os.path.join(src, "per_domain_d1.csv"))]

@@ -1,5 +1,5 @@
 """No silent wrong numbers: non-finite training stops, constant channels, strict
-JSON, settings refused before any data is read (issue 12)."""
+JSON, settings refused before any data is read."""
 
 import dataclasses
 import json
@@ -270,10 +270,11 @@ def test_imagenet_normalization_gives_torchvision_constants_for_rgb_only():
 
 
 def _documented_sizes() -> list[tuple[list[str], dict[str, list[str]]]]:
-  """docs/architecture.md's checkpoint-size tables: (column heads, {algorithm:
-  cells})."""
+  """docs/reference/run-directory.md's checkpoint-size tables: (column heads,
+  {algorithm: cells})."""
   import os
-  path = os.path.join(os.path.dirname(__file__), "..", "docs", "architecture.md")
+  path = os.path.join(os.path.dirname(__file__), "..", "docs", "reference",
+                      "run-directory.md")
   lines = open(path).read().splitlines()
   tables = []
   for i, line in enumerate(lines):
@@ -301,10 +302,11 @@ def _check_documented(path: str, names) -> None:
 
 
 def test_documented_checkpoint_sizes_are_what_the_code_computes(capsys):
-  """docs/architecture.md's first table lists every registered algorithm, and
-  its numbers are `fedjax-dg algorithms --config ...`'s (recomputed here for
-  the demo's rows that need no data-derived state; the Inception CNN's in the
-  slow test); the ViT table is the command's output verbatim."""
+  """docs/reference/run-directory.md's first table lists every registered
+  algorithm, and its numbers are `fedjax-dg algorithms --config ...`'s
+  (recomputed here for the demo's rows that need no data-derived state; the
+  Inception CNN's in the slow test); the ViT table is the command's output
+  verbatim."""
   import os
   from fedjax_dg import algorithms, cli
   from fedjax_dg.data import lookup
@@ -319,7 +321,8 @@ def test_documented_checkpoint_sizes_are_what_the_code_computes(capsys):
     assert cli.main(["algorithms", "--config", path]) == 0
     printed = capsys.readouterr().out.strip()
     assert printed.count("\n") == 7  # its six algorithms
-    doc = os.path.join(os.path.dirname(__file__), "..", "docs", "architecture.md")
+    doc = os.path.join(os.path.dirname(__file__), "..", "docs", "reference",
+                       "run-directory.md")
     assert printed in open(doc).read()
 
 

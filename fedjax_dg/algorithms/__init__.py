@@ -4,6 +4,9 @@
 
     build(model, optimizer, loss, *, <hyperparameters with defaults>) -> Algorithm
     DISPLAY_NAME        its name in the papers' tables
+    PAPER               optional: dict(title=, authors=, venue=, year=) of the
+                        paper it implements (the docs' algorithm pages and
+                        the README's table are generated or checked from it)
     CLIENT              optional: its clients' optimizer defaults ({"lr": ...}),
                         overriding the run's `client` settings
     NEEDS_SERVER_DATA   optional (False): it trains on the server's split
@@ -98,6 +101,12 @@ class Spec:
   def section(self) -> str:
     """Its config section (the module's name)."""
     return self.module.__name__.rsplit(".", 1)[1]
+
+  @property
+  def paper(self) -> dict[str, Any]:
+    """The module's `PAPER` (title, authors, venue, year); {} for none
+    (Central, Local-only)."""
+    return dict(getattr(self.module, "PAPER", {}))
 
   @property
   def models(self) -> tuple[str, ...]:
@@ -317,11 +326,49 @@ def create(name: str, model, *, optimizer, hparams: Mapping[str, Any],
 def build(name: str, model, *, hyperparameters: Mapping[str, Any],
           client: Mapping[str, Any], num_clients: int, data=None,
           seed: int = 0) -> Algorithm:
-  """Algorithm `name` from resolved values: its section's `hyperparameters`
-  (a variant's overrides on top), its clients' settings (`client_settings`)
-  and the run's context. `data` (the run's FederatedData) is for algorithms
-  that derive something from the clients' data before training.
-  `fedjax_dg.run.assemble.algorithm` resolves them from a config."""
+  """Algorithm `name` built from resolved values.
+
+  `fedjax_dg.run.assemble.algorithm(name, model, num_clients, cfg)` resolves
+  the same arguments from a config; call this one to build an algorithm
+  without a config.
+
+  Args:
+    name: a registry name (`available()`), a module's or a variant's
+      (`hfedf_no_ema`: its overrides are applied on top).
+    model: the client model (`fedjax_dg.models.get_model`).
+    hyperparameters: the algorithm section's settings, {name: value}; only
+      the keys of `hyperparameters(spec(name).section)` are allowed, and any
+      not given keep their `build` defaults.
+    client: the clients' optimizer settings, all of `CLIENT_KEYS`
+      (`optimizer`, `lr`, `weight_decay`, `momentum`, `schedule`);
+      `client_settings(run's, spec's CLIENT overrides)` merges a module's
+      own defaults in.
+    num_clients: N, the federation's clients (the per-client state's
+      leading axis).
+    data: the run's `FederatedData`, for algorithms that derive something
+      from the clients' data before training (`uses_data`) or train on the
+      server's split; None otherwise.
+    seed: seeds what `build` itself draws (e.g. hFedF's autoencoder).
+
+  Returns:
+    The `Algorithm`: `init(key) -> (server state, [N, ...] client state or
+    None)`, its client side and server side, ready for `engine.run`.
+
+  Raises:
+    ConfigError: an unknown name or hyperparameter, a value out of range, a
+      client schedule the algorithm cannot take.
+
+  Example::
+
+    import jax
+    from fedjax_dg import algorithms, models
+    model = models.get_model("mlp", input_shape=(16, 16, 1), num_classes=10)
+    client = dict(optimizer="adam", lr=1e-3, weight_decay=1e-4,
+                  momentum=0.0, schedule="constant")
+    alg = algorithms.build("fedprox", model, hyperparameters={"mu": 0.01},
+                           client=client, num_clients=5)
+    server, clients = alg.init(jax.random.key(0))
+  """
   optimizer = client_optimizer(client)
   alg = create(name, model, optimizer=optimizer, hparams=hyperparameters,
                num_clients=num_clients, data=data, seed=seed)

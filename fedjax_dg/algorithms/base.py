@@ -178,14 +178,17 @@ _SERVER_FIELDS = frozenset(f.name for f in dataclasses.fields(ServerSide))
 class Algorithm:
   """A federated algorithm: its state, its client side, its server side.
 
-  name: its name (the registry's).
-  init(key) -> (server_state, client_state): client_state is a per-client
-      persistent pytree with leading axis N (or None), carried across rounds.
-  client: what each client does (`ClientSide`).
-  server: what the server does and what is evaluated (`ServerSide`).
-  frozen(key) -> shared-frozen parameters (module docstring), or None; called
-      once per run, eagerly (it may read a pretrained file; jit inside).
-  model: the model its parameters are evaluated with where it is not the
+  Attributes:
+    name: its name (the registry's).
+    init: `init(key) -> (server_state, client_state)`; client_state is a
+      per-client persistent pytree with leading axis N (or None), carried
+      across rounds.
+    client: what each client does (`ClientSide`).
+    server: what the server does and what is evaluated (`ServerSide`).
+    frozen: `frozen(key) ->` shared-frozen parameters (module docstring), or
+      None; called once per run, eagerly (it may read a pretrained file; jit
+      inside).
+    model: the model its parameters are evaluated with where it is not the
       run's (None: the run's), e.g. the run's ViT with FedSDAF's adapters.
   """
   name: str

@@ -66,6 +66,10 @@ from fedjax_dg.errors import (ConfigError, DataError, NeedsDataError,
 from fedjax_dg.models import adain
 
 DISPLAY_NAME = "CCST"
+PAPER = dict(
+    title=("Federated Domain Generalization for Image Recognition via "
+           "Cross-Client Style Transfer"),
+    authors="Chen, Jiang, Dou, Chen", venue="WACV", year=2023)
 # The reference code's clients: plain SGD (`optim.SGD(lr=args.lr)`), the
 # README's lr 1e-3, no momentum or weight decay.
 CLIENT = dict(optimizer="sgd", lr=1e-3, momentum=0.0, weight_decay=0.0)

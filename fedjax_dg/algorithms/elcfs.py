@@ -52,6 +52,11 @@ from fedjax_dg.client.style_pool import pool_slots, sampled_rows, valid_slots
 from fedjax_dg.errors import ConfigError, NeedsDataError
 
 DISPLAY_NAME = "ELCFS"
+PAPER = dict(
+    title=("FedDG: Federated Domain Generalization on Medical Image "
+           "Segmentation via Episodic Learning in Continuous Frequency "
+           "Space"),
+    authors="Liu et al.", venue="CVPR", year=2021)
 # The released code: Adam (betas 0.9, 0.999), lr 1e-3, per client.
 CLIENT = dict(optimizer="adam", lr=1e-3, weight_decay=0.0)
 
@@ -130,10 +135,11 @@ def episodic_loss(model, params, x, x_trs, y, mask, k_inner, k_outer, *,
 
 def build(model, optimizer, *,
           ratio: float = 0.1,          # window half-width / min(H, W) (code: L)
-          lam_low: float = 0.0,        # interpolation weight of the foreign
-          lam_high: float = 1.0,       #   amplitude, ~ U(lam_low, lam_high)
+          lam_low: float = 0.0,        # the foreign amplitude's weight is
+                                       # drawn from U(lam_low, lam_high)
+          lam_high: float = 1.0,       # upper end of that draw
           bank_fraction: float = 0.125,  # share of a client's images in the
-                                         #   bank (code: 1/8)
+                                         # bank (code: 1/8)
           refresh_bank: bool = True,   # the cohort re-draws its bank rows
           meta_step_size: float = 1e-3,  # beta, the inner SGD step
           clip_value: float = 100.0,   # inner gradient clamp

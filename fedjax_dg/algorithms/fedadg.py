@@ -57,6 +57,9 @@ from fedjax_dg.models.fedadg import FedADGNets
 from fedjax_dg.server import weighted_mean
 
 DISPLAY_NAME = "FedADG"
+PAPER = dict(
+    title="Federated Learning with Domain Generalization",
+    authors="Zhang et al.", venue="arXiv 2111.10487", year=2021)
 # The released code's clients (VLCS): SGD, momentum 0.9, lr0 1e-3 for F and C
 # (lr1 = 7e-4 for G and D: `adv_lr_scale`), weight decay 1e-5.
 CLIENT = dict(optimizer="sgd", lr=1e-3, momentum=0.9, weight_decay=1e-5)

@@ -19,6 +19,10 @@ from fedjax_dg.algorithms.base import (Algorithm, ClientResult, ClientSide,
 from fedjax_dg.server import ServerTransform, weighted_mean
 
 DISPLAY_NAME = "FedAvg"
+PAPER = dict(
+    title=("Communication-Efficient Learning of Deep Networks from "
+           "Decentralized Data"),
+    authors="McMahan et al.", venue="AISTATS", year=2017)
 
 
 def _no_metrics(opt, result):

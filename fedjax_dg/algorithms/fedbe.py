@@ -32,6 +32,10 @@ from fedjax_dg.optim import make_optimizer
 from fedjax_dg.server import ServerTransform, distill
 
 DISPLAY_NAME = "FedBE"
+PAPER = dict(
+    title=("FedBE: Making Bayesian Model Ensemble Applicable to Federated "
+           "Learning"),
+    authors="Chen, Chao", venue="ICLR", year=2021)
 NEEDS_SERVER_DATA = True
 SAMPLERS = ("gaussian", "dirichlet")
 
@@ -138,11 +142,13 @@ def build(model, optimizer, loss, *, data,
                                       # the ref. code's 0.1 acts on normalized
                                       # deltas)
           dirichlet_alpha: float = 1.0,  # ref. code's Dir(1) (sampler="dirichlet")
-          include_mean: bool = True,
-          include_clients: bool = True,  # paper: {mean, clients, samples}
+          include_mean: bool = True,  # the ensemble holds the mean model
+          include_clients: bool = True,  # and the client models (paper:
+                                         # {mean, clients, samples})
           epochs: int = 20, steps: int = 0,  # ref. code server_ep
           batch_size: int = 128,      # ref. code server_bs
-          lr: float = 1e-3, momentum: float = 0.9,
+          lr: float = 1e-3,           # the server's distillation SGD
+          momentum: float = 0.9,      # its momentum
           weight_decay: float = 1e-5,  # ref. code ServerUpdate.set_opt
           swa: bool = True,           # ref. code use_SWA (FedBE's main results)
           swa_start: float = 0.3,     # share of the steps before SWA (ref.: 500
@@ -150,7 +156,7 @@ def build(model, optimizer, loss, *, data,
           swa_freq: int = 25,         # ref. code: a snapshot every 25 steps
           sharpen_temperature: float = 1.0,  # 1: mean softmax (paper); ref.
                                              # code's temp: 0.5
-          eval_chunk: int = 256,
+          eval_chunk: int = 256,      # images per forward pass of the teachers
           ) -> Algorithm:
   """FedBE; `data` is the run's FederatedData (its `server_x`).
 

@@ -1,6 +1,6 @@
 """FedCCRL (Wang & Tang): cross-client style transfer, AugMix, supervised
 contrastive and Jensen-Shannon alignment in the local objective; FedAvg on the
-server (paper `../shared/papers/002_*`, Algorithms 1-3, Eq. 3-16).
+server (the paper's Algorithms 1-3, Eq. 3-16).
 
     F_i        = per-image, per-channel (mean, std) of the normalized inputs of
                  ceil(r n_i) random examples of client i         (Eq. 6-8)
@@ -43,6 +43,10 @@ from fedjax_dg.client.style_pool import (StylePool, pool_slots, sampled_rows,
 from fedjax_dg.errors import ConfigError, NeedsDataError
 
 DISPLAY_NAME = "FedCCRL"
+PAPER = dict(
+    title=("FedCCRL: Federated Domain Generalization with Cross-Client "
+           "Representation Learning"),
+    authors="Wang, Guo, Tang", venue="arXiv 2410.11267", year=2024)
 # Section 4.2: Adam, lr 1e-3, a cosine schedule over the run
 # (`optim.cosine_over_run`: per local epoch over rounds x epochs, the code's).
 CLIENT = dict(optimizer="adam", lr=1e-3, weight_decay=0.0, schedule="cosine")
@@ -76,10 +80,11 @@ def build(model, optimizer, *, r: float = 0.1,  # share of statistics uploaded
           temperature: float = 0.1,  # supervised contrastive tau
           lambda1: float = 0.1,      # L_RA weight (0: off)
           lambda2: float = 0.1,      # L_JS weight (0: off)
-          ccdt: bool = True, difp: bool = True,
+          ccdt: bool = True,         # cross-client style transfer (Table 2)
+          difp: bool = True,         # the AugMix views (Table 2)
           eps: float = 1e-6,         # inside the std's square root (MixStyle)
           augmix_width: int = 3,     # chains; 0: k ~ U{1,2,3} (the appendix)
-          augmix_severity: float = 3.0,
+          augmix_severity: float = 3.0,  # AugMix operations' strength
           augmix_per_batch: bool = False,  # released code: one chain per batch
           pixel_overflow: str = "clamp",   # clamp (paper) | wrap (released code)
           cls_loss: str = "mean",          # Eq. 16's 1/3 | sum (released code)

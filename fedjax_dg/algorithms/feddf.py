@@ -28,6 +28,9 @@ from fedjax_dg.errors import ConfigError
 from fedjax_dg.server import ServerTransform, distill
 
 DISPLAY_NAME = "FedDF"
+PAPER = dict(
+    title="Ensemble Distillation for Robust Model Fusion in Federated Learning",
+    authors="Lin et al.", venue="NeurIPS", year=2020)
 NEEDS_SERVER_DATA = True
 
 

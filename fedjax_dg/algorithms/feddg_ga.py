@@ -37,6 +37,9 @@ from fedjax_dg.server import ga
 from fedjax_dg.server.ga import GapMetrics, ga_server_update
 
 DISPLAY_NAME = "FedDG-GA"
+PAPER = dict(
+    title="Federated Domain Generalization with Generalization Adjustment",
+    authors="Zhang et al.", venue="CVPR", year=2023)
 
 
 def build(model, optimizer, loss, *, num_clients: int,

@@ -43,6 +43,9 @@ from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.errors import ConfigError
 
 DISPLAY_NAME = "FedDyn"
+PAPER = dict(
+    title="Federated Learning Based on Dynamic Regularization",
+    authors="Acar et al.", venue="ICLR", year=2021)
 # The released code's CIFAR-10 script: SGD lr 0.1, weight decay 1e-3.
 CLIENT = dict(optimizer="sgd", lr=0.1, weight_decay=1e-3, momentum=0.0)
 EVALUATE = ("average", "cloud")

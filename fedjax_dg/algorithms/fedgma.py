@@ -16,6 +16,9 @@ from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.server.gma import gradient_masked_averaging
 
 DISPLAY_NAME = "FedGMA"
+PAPER = dict(
+    title="Gradient Masked Averaging for Federated Learning",
+    authors="Tenison et al.", venue="arXiv 2201.11986", year=2022)
 # Table 10's client settings, all three datasets.
 CLIENT = dict(lr=1e-3, weight_decay=1e-4)
 

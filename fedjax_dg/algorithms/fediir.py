@@ -32,6 +32,10 @@ from fedjax_dg.client.passes import sum_over_chunks
 from fedjax_dg.errors import ConfigError
 
 DISPLAY_NAME = "FedIIR"
+PAPER = dict(
+    title=("Out-of-Distribution Generalization of Federated Learning via "
+           "Implicit Invariant Relationships"),
+    authors="Guo et al.", venue="ICML", year=2023)
 # The released code's clients: SGD with momentum 0.9 (lr per dataset, 1e-3 by
 # default), no weight decay.
 CLIENT = dict(optimizer="sgd", lr=1e-3, momentum=0.9, weight_decay=0.0)

@@ -34,6 +34,10 @@ from fedjax_dg.errors import ConfigError
 from fedjax_dg.server import ServerTransform, distill
 
 DISPLAY_NAME = "FedLAW"
+PAPER = dict(
+    title=("Revisiting Weighted Aggregation in Federated Learning with "
+           "Neural Networks"),
+    authors="Li et al.", venue="ICML", year=2023)
 NEEDS_SERVER_DATA = True
 LAMBDA_INITS = ("size", "uniform")
 

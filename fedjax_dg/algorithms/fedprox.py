@@ -13,6 +13,9 @@ from fedjax_dg.errors import ConfigError
 from fedjax_dg.optim import is_concrete
 
 DISPLAY_NAME = "FedProx"
+PAPER = dict(
+    title="Federated Optimization in Heterogeneous Networks",
+    authors="Li et al.", venue="MLSys", year=2020)
 # Table 10's client settings, all three datasets.
 CLIENT = dict(lr=1e-3, weight_decay=1e-4)
 # Hyperparameters that are arguments of the compiled programs, not constants

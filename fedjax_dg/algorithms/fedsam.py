@@ -19,6 +19,9 @@ from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.client.sam import sam
 
 DISPLAY_NAME = "FedSam"
+PAPER = dict(
+    title="Generalized Federated Learning via Sharpness Aware Minimization",
+    authors="Qu et al.", venue="ICML", year=2022)
 
 
 def build(model, optimizer, loss, *,

@@ -55,6 +55,10 @@ from fedjax_dg.server import ga, weighted_mean
 from fedjax_dg.server.ga import GapMetrics, ga_server_update
 
 DISPLAY_NAME = "FedSDAF"
+PAPER = dict(
+    title=("FedSDAF: Leveraging Source Domain Awareness for Enhanced "
+           "Federated Domain Generalization"),
+    authors="Li, Zhou, Cao, Li, Chen, Zhang", venue="arXiv 2505.02515", year=2025)
 # The released code's client optimizer: SGD, momentum 0.9, weight decay 5e-4,
 # lr 1e-3 (its `Scaffold` optimizer without the control variates).
 CLIENT = dict(optimizer="sgd", lr=1e-3, momentum=0.9, weight_decay=5e-4)

@@ -32,6 +32,10 @@ from fedjax_dg.models.fedsr import ProbabilisticModel
 from fedjax_dg.server import weighted_mean
 
 DISPLAY_NAME = "FedSR"
+PAPER = dict(
+    title=("FedSR: A Simple and Effective Domain Generalization Method for"
+           " Federated Learning"),
+    authors="Nguyen, Torr, Lim", venue="NeurIPS", year=2022)
 # Table 10: lr 1e-3, weight decay 1e-5 PACS (1e-4 Office-Home / VLCS).
 CLIENT = dict(lr=1e-3, weight_decay=1e-5)
 

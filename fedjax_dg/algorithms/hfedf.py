@@ -55,6 +55,10 @@ from fedjax_dg.server.hypernetwork import (HyperParams, HypernetworkState,
                                           hypernetwork_server)
 
 DISPLAY_NAME = "hFedF"
+PAPER = dict(
+    title=("Hypernetwork-Driven Model Fusion for Federated Domain "
+           "Generalization"),
+    authors="Bartholet, Kim, Beuret, Yun, Buhmann", venue="arXiv 2402.06974", year=2024)
 # The clients' optimizer: the run's (Table 10: Adam lr 1e-3) with weight decay
 # 1e-3 (Table 10, PACS).
 CLIENT = dict(weight_decay=1e-3)
@@ -153,30 +157,38 @@ def _autoencoder_program(module, num_images, epochs, lr, batch_size):
 
 def build(model, optimizer, loss, *, num_clients: int,
           embed_dim: int = 0,          # 0: floor(1 + N/4) (pFedHN's rule, the paper)
-          hidden: int = 50, n_hidden: int = 3,  # Table 8
+          hidden: int = 50,    # the hypernetwork MLP's width (Table 8)
+          n_hidden: int = 3,   # its hidden layers (Table 8)
           head_init: str = "client_init",  # client_init | default
                                            # (docs/faithfulness.md)
-          server_optimizer: str = "adam",  # Table 10: Adam with weight decay
-          server_lr: float = 1e-3,
-          server_weight_decay: float = 1e-5,
+          server_optimizer: str = "adam",  # the hypernetwork's optimizer
+                                           # (Table 10: Adam with weight decay)
+          server_lr: float = 1e-3,         # its learning rate (Table 10)
+          server_weight_decay: float = 1e-5,  # its weight decay (Table 10)
           server_momentum: float = 0.0,    # "sgd" only
           server_clip_norm: float = 0.0,   # > 0: global-norm clip (pFedHN: 50)
           embed_weight_decay: bool = False,  # decay the embeddings too (pFedHN
                                              # ref. code; docs/faithfulness.md)
-          gradalign: bool = True, temperature: float = 1.0,
-          norm_batch_size: int = 1,
+          gradalign: bool = True,         # GradAlign weights (Alg. 3); False:
+                                          # the clients' mean
+          temperature: float = 1.0,       # GradAlign's softmax temperature
+          norm_batch_size: int = 1,       # clients per pass when GradAlign
+                                          # measures per-client norms
           gradalign_granularity: str = "model",  # model (the paper) | tensor
           gradalign_over: str = "separate",  # separate (the paper) | joint
                                              # (arXiv v1) | theta
-          ema: bool = True, ema_decay: float = 0.95, ema_warmup: int = 5,
+          ema: bool = True,               # the server EMA (Alg. 4)
+          ema_decay: float = 0.95,        # alpha: the new parameters' weight
+          ema_warmup: int = 5,            # the round index the EMA starts at
           learn_embeddings: bool = True,  # "learned" only; False: fixed N(0, 1)
           embeddings: str = "learned",    # learned | random (Table 7) |
                                           # autoencoder (Table 6)
           # Autoencoder embeddings (App. C.2; the paper gives no training
-          # settings): Adam lr, epochs and batch size over each client's first
-          # `autoencoder_images` images.
-          autoencoder_images: int = 100, autoencoder_epochs: int = 50,
-          autoencoder_lr: float = 1e-3, autoencoder_batch_size: int = 20,
+          # settings), trained with Adam on each client's first images:
+          autoencoder_images: int = 100,  # images per client
+          autoencoder_epochs: int = 50,   # the autoencoder's epochs
+          autoencoder_lr: float = 1e-3,   # the autoencoder's Adam learning rate
+          autoencoder_batch_size: int = 20,  # the autoencoder's batch size
           data=None, seed: int = 0, name: str = "hfedf") -> Algorithm:
   """hFedF; `data` (the run's FederatedData) is needed by
   `embeddings="autoencoder"` only, `seed` seeds that autoencoder."""

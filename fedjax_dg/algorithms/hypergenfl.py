@@ -45,6 +45,10 @@ from fedjax_dg.server.hypergenfl import (LOSSES, HyperGenFLStepState,
 from fedjax_dg.server.hypernetwork import HyperParams
 
 DISPLAY_NAME = "HG-FL"
+PAPER = dict(
+    title=("HyperGenFL: Hypernetwork-Generated Model Aggregation in "
+           "Federated Learning"),
+    authors="Chen, Lu, Tian, Niu, Li", venue="CIKM", year=2025)
 EMBEDDINGS = ("ones", "onehot", "random")  # Table 6
 # "update_first": theta_g of the next round is aggregated with the updated
 # (phi, sigma) (Alg. 1: lines 16-17 of round t run before lines 8-9 of round

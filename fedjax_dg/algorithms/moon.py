@@ -43,6 +43,9 @@ from fedjax_dg.errors import ConfigError
 from fedjax_dg.models.moon import ContrastiveModel
 
 DISPLAY_NAME = "MOON"
+PAPER = dict(
+    title="Model-Contrastive Federated Learning",
+    authors="Li, He, Song", venue="CVPR", year=2021)
 PREV_INIT = ("initial", "global")
 COS_EPS = 1e-8  # torch.nn.CosineSimilarity's eps
 

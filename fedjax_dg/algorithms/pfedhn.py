@@ -27,6 +27,9 @@ from fedjax_dg.server.hypernetwork import (HyperParams, HypernetworkState,
                                           hypernetwork_server)
 
 DISPLAY_NAME = "pFedHN"
+PAPER = dict(
+    title="Personalized Federated Learning using Hypernetworks",
+    authors="Shamsian et al.", venue="ICML", year=2021)
 # Table 10: lr 1e-3 all; wd 1e-5 PACS, 1e-4 OH / VLCS. Reference code:
 # optimizer="sgd", lr=5e-3, momentum=0.9, weight_decay=5e-5.
 CLIENT = dict(optimizer="adam", lr=1e-3, weight_decay=1e-5, momentum=0.0)
@@ -39,10 +42,12 @@ class PFedHNState(NamedTuple):
 
 def build(model, optimizer, loss, *, num_clients: int,
           embed_dim: int = 0,        # 0: floor(1 + N/4), the reference code's rule
-          hidden: int = 100, n_hidden: int = 3,  # reference code
+          hidden: int = 100,  # the hypernetwork MLP's width (reference code)
+          n_hidden: int = 3,  # its hidden layers (reference code)
           head_init: str = "client_init",  # as hFedF (docs/faithfulness.md)
-          server_optimizer: str = "sgd", server_momentum: float = 0.9,
-          server_clip_norm: float = 50.0,
+          server_optimizer: str = "sgd",  # the hypernetwork's optimizer
+          server_momentum: float = 0.9,   # its momentum (reference code)
+          server_clip_norm: float = 50.0,  # global-norm clip of its step
           server_lr: float = 1e-2,   # 1e-2 PACS, 1e-3 OH / VLCS (ref. code: 1e-2)
           server_weight_decay: float = 1e-3,  # 1e-3 PACS, 1e-4 OH / VLCS
           embed_weight_decay: bool = False,  # the ref. code decays them too

@@ -63,6 +63,9 @@ from fedjax_dg.optim import is_concrete
 from fedjax_dg.models.vit_adapters import adapter_setting
 
 DISPLAY_NAME = "SCAFFOLD"
+PAPER = dict(
+    title="SCAFFOLD: Stochastic Controlled Averaging for Federated Learning",
+    authors="Karimireddy et al.", venue="ICML", year=2020)
 # Algorithm 1's clients: plain SGD. lr 1e-2: NIID-Bench's default (the paper
 # tunes it per experiment).
 CLIENT = dict(optimizer="sgd", lr=1e-2, momentum=0.0, weight_decay=0.0)
@@ -125,10 +128,18 @@ def step_size(optimizer: optax.GradientTransformation):
     return float(-update) if is_concrete(update) else -update
 
 
-def build(model, optimizer, loss, *, num_clients: int, variant: str = "II",
-          server_lr: float = 1.0, weighting: str = "uniform",
-          grad_chunk: int = 64, adapters: bool = False,
-          adapter_init: str = "", name: str = "scaffold") -> Algorithm:
+def build(model, optimizer, loss, *, num_clients: int,
+          variant: str = "II",     # Algorithm 1's option: I (c_i+ = the
+                                   # gradient at x) | II (from the local steps)
+          server_lr: float = 1.0,  # eta_g (1: the mean of the clients' models)
+          weighting: str = "uniform",  # the model update's mean: uniform (the
+                                       # paper) | examples (by example counts)
+          grad_chunk: int = 64,    # option I: examples per gradient pass
+          adapters: bool = False,  # on a ViT: train only FedSDAF's A_di and
+                                   # the head on the frozen backbone
+          adapter_init: str = "",  # with adapters: "" or torch (PyTorch's
+                                   # Linear init) | zero (up-projection 0)
+          name: str = "scaffold") -> Algorithm:
   """SCAFFOLD of `model` with local objective `loss` (module docstring).
   `adapters`: on a ViT, only FedSDAF's domain-invariant adapter and the head
   train (and carry control variates) on the frozen backbone, FedAvg

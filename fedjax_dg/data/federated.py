@@ -365,6 +365,31 @@ def build(
     server_fraction: share of the source examples carved out (stratified by
       domain and label, before the client partition) as the server's split
       `server_x` / `server_y` (FedDF, FedBE, FedLAW); in [0, 1), 0 = none.
+
+  Returns:
+    A `FederatedData` of C clients: `packed_train` / `packed_val` (every
+    client's examples back to back, uint8 [sum n_i, H, W, ch], with
+    per-client `offsets` [C + 1]), their padded view `train` / `val` (x
+    uint8 [C, N_max, H, W, ch], y int32 [C, N_max], n int32 [C], built on
+    first use), the target split `target_x` uint8 [N_t, H, W, ch] /
+    `target_y` int32 [N_t], and `mean` / `std`, the training examples'
+    per-channel statistics in [0, 1] units.
+
+  Raises:
+    ConfigError: an unknown target domain (the message lists the names), a
+      client left without a training example, settings the partition cannot
+      meet (`d` above the source domains, few-shot without a target).
+
+  Example::
+
+    from fedjax_dg.data import federated, partition, sources
+    ds = sources.load("rotated_fashion_mnist", image_size=16,
+                      max_per_domain=500)
+    fed = federated.build(
+        ds, partition.PartitionSpec("domain_split", num_clients=5, d=1),
+        target_domain="0")
+    fed.num_clients, fed.train.x.shape   # 5, (5, 450, 16, 16, 1)
+    fed.target_x.shape                   # (500, 16, 16, 1): the held-out 0°
   """
   spec = partition.as_spec(spec)
   if not 0 <= val_fraction < 1:

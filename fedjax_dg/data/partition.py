@@ -251,7 +251,7 @@ class PartitionSpec:
   The settings and their defaults are the config's `data` section's
   (`settings.DataConfig`: `partition` there is `name` here), but for
   `num_clients` and `k_per_domain`, which have no default here (None: not
-  given); the config's 0 / 1 are resolved by `experiment.federate`.
+  given); the config's 0 / 1 are resolved by `run.assemble.federate`.
 
   Attributes:
     name: "domain_split" (alias "hfedf"), "k_per_domain", "iid" or "dirichlet".
@@ -262,6 +262,16 @@ class PartitionSpec:
     min_partition_size: smallest allowed partition (dirichlet).
     few_shot_k: target-domain examples injected into each client's training data.
     seed: seed of the split.
+
+  Invalid settings raise a ConfigError naming the field, the value and the
+  allowed values, before any split is made.
+
+  Example::
+
+    from fedjax_dg.data import federated, partition
+    spec = partition.PartitionSpec("domain_split", num_clients=10, d=2)
+    fed = federated.build(ds, spec, target_domain="0")   # 10 clients,
+                                                         # 2 domains each
   """
 
   name: str = DataConfig.partition
@@ -372,7 +382,21 @@ def make_partition(
     indices: np.ndarray,
     **kwargs: Any,
 ) -> list[np.ndarray]:
-  """Dispatches `spec.name` over the source `indices`; one index array per client."""
+  """Splits the source examples among clients as `spec` says.
+
+  Args:
+    spec: a `PartitionSpec`, a mapping of its fields, or None (then
+      `kwargs` are its fields).
+    domains: int [N], every example's domain (all of the dataset's).
+    labels: int [N], every example's label (the Dirichlet split reads them).
+    indices: int [M], the source examples to split (indices into
+      `domains` / `labels`; the held-out target's are not among them).
+    **kwargs: `PartitionSpec` fields, when `spec` is None.
+
+  Returns:
+    One int64 index array per client (indices into the dataset, in random
+    order); every source example is used at most once.
+  """
   spec = as_spec(spec, **kwargs)
   indices = _as_indices(indices)
   spec.validate(len(np.unique(np.asarray(domains)[indices])))

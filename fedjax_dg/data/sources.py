@@ -98,6 +98,24 @@ def load(
       cached); "auto": "on" when the images would take more than
       `streamed.AUTO_STREAM_SHARE` of `streamed.host_memory()`. The same
       examples either way.
+
+  Returns:
+    A `DomainDataset`: `images` uint8 [N, H, W, ch] (H = W = `image_size`),
+    `labels` int32 [N], `domains` int32 [N] (indices into `domain_names`),
+    `domain_names` and `class_names`; the examples domain by domain.
+
+  Raises:
+    ConfigError: an unknown name (the message lists `available()`, the data
+      directory and the rule that chose it), or a source folder changed
+      since it was prepared (the message names the `prepare` to run).
+
+  Example::
+
+    from fedjax_dg.data import sources
+    ds = sources.load("rotated_fashion_mnist", image_size=16,
+                      max_per_domain=500)
+    ds.images.shape      # (3000, 16, 16, 1): six domains of 500
+    ds.domain_names      # ('0', '15', '30', '45', '60', '75')
   """
   _check_positive("image_size", image_size)
   _check_positive("max_per_domain", max_per_domain)

@@ -115,8 +115,8 @@ class Model:
     """Logits [B, num_classes] for a uint8 (or [0, 1] float) NHWC batch.
 
     `rng` (the dropout key) is required when `train=True` and the module has
-    dropout. `normalized=True`: `x` is already `normalize`d (e.g. FedCCRL's style
-    mixing, which works on the normalized input).
+    dropout. `normalized=True`: `x` is already normalized by `normalize`
+    (e.g. FedCCRL's style mixing, which works on the normalized input).
     """
     return self._run(params, x, train, rng, normalized, None)
 
@@ -265,6 +265,21 @@ def get_model(name: str, *, input_shape, num_classes: int, mean=(0.5,),
       other: ConfigError): activations, matmuls and convolutions in it,
       parameters float32, norm statistics, softmax and the returned logits
       and features float32.
+
+  Returns:
+    A `Model` (frozen and hashable): `init(key)` gives its parameters (a
+    nested dict), `apply(params, x)` the logits [B, num_classes] of a uint8
+    batch x [B, H, W, ch] (normalized inside), `features` / `head` the
+    input of the last Linear and that Linear alone.
+
+  Example::
+
+    import jax
+    from fedjax_dg import models
+    model = models.get_model("small_cnn", input_shape=(16, 16, 1),
+                             num_classes=10, mean=(0.29,), std=(0.35,))
+    params = model.init(jax.random.key(0))
+    logits = model.apply(params, images_uint8)      # [B, 10]
   """
   if name not in _REGISTRY:
     raise ConfigError(f"unknown model {name!r}; available: {available()}")

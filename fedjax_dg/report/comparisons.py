@@ -62,7 +62,19 @@ def differences(records: list[dict],
   (`stats.paired_difference`), final and best over rounds, id and ood.
   Markdown: one row per (variant, d); CSV: one row per (variant, d,
   evaluation, metric) with the interval, the counts and the per-seed
-  differences."""
+  differences.
+
+  Args:
+    records: run records, one per (cell, algorithm, target, seed) run
+      (`records.records_from_cell` of each cell's results.json, or
+      `records.records_from_runs_csv` of a report's runs.csv).
+    reference: the algorithm every other is compared with (a registry name;
+      FedAvg by default).
+
+  Returns:
+    A `tables.Table` (`markdown()` is differences.md, `csv()`
+    differences.csv); a difference prints as `+1.1 [+0.2, +1.9] ↑`.
+  """
   per_seed = _compared_values(records)
   lab = eval_label(records)
   csv_header = ["variant", "algorithm", "settings", "reference", "d",
@@ -115,7 +127,18 @@ def paired(records: list[dict],
   """The values behind `differences`: per (variant, d, evaluation, metric,
   seed, target) the algorithm's and the reference's accuracy (percent) and
   their difference (points); a (seed, target) that one side has not
-  finished has the other side's value and no difference. CSV only."""
+  finished has the other side's value and no difference.
+
+  Args:
+    records: run records, one per (cell, algorithm, target, seed) run
+      (`records.records_from_cell` of each cell's results.json, or
+      `records.records_from_runs_csv` of a report's runs.csv).
+    reference: the algorithm every other is compared with (a registry name;
+      FedAvg by default).
+
+  Returns:
+    A `tables.Table` whose `csv()` is paired.csv (no markdown rows).
+  """
   per_seed = _compared_values(records)
   csv_header = ["variant", "algorithm", "reference", "d", "evaluation",
                 "metric", "seed", "target", "value", "reference_value",

@@ -185,7 +185,16 @@ def terminal_summary(results: dict, width: int = WIDTH) -> str:
   """What a terminal shows of a run (every line at most `width` columns):
   per algorithm id μ and ood μ (final evaluation) with the spread (std)
   over the held-out targets, then the per-domain final accuracies, wrapped
-  to the width. The full table (best over rounds too) is table.md."""
+  to the width. The full table (best over rounds too) is table.md.
+
+  Args:
+    results: what `fedjax_dg.run.experiment.run` returns (a run directory's
+      results.json).
+    width: the terminal's columns.
+
+  Returns:
+    The summary's lines joined, as `fedjax-dg run` and `demo` print it.
+  """
   targets = [str(t) for t in results["targets"]]
   lab = eval_label(targets)
   runs = {(r["algorithm"], str(r["target"])): r for r in results["runs"]}
@@ -240,6 +249,18 @@ def calibration_table(results: dict) -> str:
 
 
 def write_all(results: dict, run_dir: str) -> list[str]:
+  """Writes a run's table.md and its figures into `run_dir`.
+
+  Args:
+    results: what `fedjax_dg.run.experiment.run` returns (a run directory's
+      results.json).
+    run_dir: the folder to write into (the run directory).
+
+  Returns:
+    The paths written: table.md (final and best over rounds per target, the
+    provenance, the stand-ins), then every figure that applies
+    (`plots.ALL`: curves.png, gradalign.png, ...).
+  """
   paths = []
   md = os.path.join(run_dir, "table.md")
   with open(md, "w") as f:

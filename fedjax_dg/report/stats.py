@@ -89,8 +89,16 @@ def seed_differences(values: Mapping[tuple[int, str], float],
 
 def interval(per_seed: Mapping[int, float],
              confidence: float = CONFIDENCE) -> tuple[float, float] | None:
-  """The Student-t interval of the mean of the per-seed differences; None
-  with fewer than two seeds."""
+  """The Student-t interval of the mean of the per-seed differences.
+
+  Args:
+    per_seed: {seed: d_s}, each seed's difference (e.g. `seed_differences`).
+    confidence: the interval's coverage (0.95).
+
+  Returns:
+    (low, high) = mean(d) -/+ t((1 + confidence) / 2, n - 1) sd(d) / sqrt(n)
+    over the n seeds; None with fewer than two seeds.
+  """
   d = np.asarray(list(per_seed.values()), dtype=np.float64)
   n = len(d)
   if n < 2:
@@ -103,9 +111,31 @@ def interval(per_seed: Mapping[int, float],
 def paired_difference(values: Mapping[tuple[int, str], float],
                       reference: Mapping[tuple[int, str], float],
                       confidence: float = CONFIDENCE) -> Difference:
-  """The difference `values` − `reference` ({(seed, target): value}, each an
-  algorithm's accuracy per seed and held-out target), paired by seed, with
-  its `confidence` interval (module docstring)."""
+  """The paired difference `values` − `reference` over seeds, with its
+  interval (module docstring).
+
+  Args:
+    values: {(seed, target): accuracy} of the algorithm, one per finished
+      run (seed and held-out target).
+    reference: the same of the reference algorithm (FedAvg).
+    confidence: the interval's coverage (0.95).
+
+  Returns:
+    A `Difference`: per seed d_s = the mean over the targets both sides
+    hold of (value − reference); `mean` over the seeds, the Student-t
+    interval `low` / `high` (None with fewer than two seeds), `n` seeds,
+    `per_seed`, the `pairs` used, the `unpaired` keys of one side only, and
+    `excludes_zero` (the ↑ / ↓ marks).
+
+  Example::
+
+    from fedjax_dg.report import stats
+    algo = {(0, "0"): 0.52, (0, "30"): 0.71, (1, "0"): 0.50, (1, "30"): 0.69}
+    ref = {(0, "0"): 0.50, (0, "30"): 0.70, (1, "0"): 0.49, (1, "30"): 0.69}
+    d = stats.paired_difference(algo, ref)
+    d.per_seed          # {0: 0.015, 1: 0.005}
+    d.low, d.high       # the 95 % interval of their mean, 0.01
+  """
   per_seed, pairs, unpaired = seed_differences(values, reference)
   if not per_seed:
     return Difference(None, None, None, 0, {}, 0, unpaired)

@@ -217,7 +217,19 @@ def table2(records: list[dict], which: str = "final",
   """Table 2 shape: rows = algorithms, columns = d x {μ_id, μ_ood}; μ over target
   domains and seeds; ↑ / ↓ / ≈ vs algorithm `reference` (same other settings)
   by the paired difference's interval (`significance`) when it is present;
-  the CSV's `..._vs_<reference>` columns hold the differences of μ."""
+  the CSV's `..._vs_<reference>` columns hold the differences of μ.
+
+  Args:
+    records: run records, one per (cell, algorithm, target, seed) run
+      (`records.records_from_cell` of each cell's results.json, or
+      `records.records_from_runs_csv` of a report's runs.csv).
+    reference: the algorithm every other is compared with (a registry name;
+      FedAvg by default).
+    which: "final" (the last evaluation) or "best" (the best over rounds).
+
+  Returns:
+    A `Table`: `markdown()` is table2.md, `csv()` table2.csv.
+  """
   id_key, ood_key = METRICS[which]
   ds = sorted_ds(records)
   # (aggregate, per-seed values) of id, then ood.
@@ -320,7 +332,20 @@ def per_domain(records: list[dict], d: int, which: str = "final",
   """Tables 4/5 (and 11-17) shape at one d: per held-out domain mean ± std over
   seeds, id then ood, μ = mean over domains; ↑ / ↓ / ≈ vs algorithm
   `reference` by the paired difference's interval, per domain over its seeds
-  (`significance`)."""
+  (`significance`).
+
+  Args:
+    records: run records, one per (cell, algorithm, target, seed) run
+      (`records.records_from_cell` of each cell's results.json, or
+      `records.records_from_runs_csv` of a report's runs.csv).
+    reference: the algorithm every other is compared with (a registry name;
+      FedAvg by default).
+    d: the source domains per client of the rows shown (`data.d`).
+    which: "final" or "best".
+
+  Returns:
+    A `Table`: `markdown()` is per_domain_d<d>.md, `csv()` its CSV.
+  """
   id_key, ood_key = METRICS[which]
   sub = [r for r in records if r["d"] == d]
   targets = first_seen(r["target"] for r in sub)

@@ -46,7 +46,7 @@ is the same in both modes.
 
 * "separate" (the conference version's Algorithm 1, the default): one softmax
   for theta, another for the embeddings;
-* "joint" (arXiv v1, `003_*` Algorithm 1: g_i = grad_{theta, v} phi_i . delta_i,
+* "joint" (arXiv v1, Algorithm 1: g_i = grad_{theta, v} phi_i . delta_i,
   one GradAlign over it): one weight per client from the cosine of the whole
   (theta, embedding table) gradient, exactly
   <g_avg, g_i> = <g_avg_theta, g_i_theta> + |row_i|^2 / m and
