@@ -1,8 +1,7 @@
 """Where a sweep's time goes (not a test): one `fedjax-dg sweep` in this
 process, a timer around every phase of every run, and a per-phase table.
 
-Issue 25 asks for replicas (seeds, targets) batched into one program. Before
-that, this measures which parts of today's one-run-after-another sweep are
+It measures which parts of a sweep are
 paid once per run whatever its rounds (set-up, compile, evaluation compile,
 checkpoints, reports) and which grow with the rounds, so the gain of sharing
 one program between R runs can be read off.

@@ -249,7 +249,7 @@ SHARDED = textwrap.dedent("""
                                       - np.asarray(b, np.float64)), initial=0))
             worst[name, mapping] = max(worst.get((name, mapping), 0.0), err)
     # "map": each replica's clients sharded as engine.run shards them: bit
-    # for bit on the development CPU, but CI's CPU compiles the hypernetwork
+    # for bit on a 2-core Intel Xeon, but an AMD EPYC compiles the hypernetwork
     # algorithms' server step inside the replica map in another float order
     # (hFedF 7.5e-9, HyperGenFL 1.4e-9 there; every other algorithm 0), so
     # 1e-6: a replica fed another's key or data is off by >1e-3. "shard":
@@ -273,8 +273,8 @@ def test_every_algorithm_sharded_replicas_match_separate_runs(name):
   """Every registered algorithm, 3 seeds as replicas on 2 CPU devices
   against the separate runs (their clients sharded over the 2 devices):
   mapped ("auto" on CPU: each replica's clients sharded the same way)
-  within 1e-6 (bit for bit on the development CPU; 7.5e-9 for hFedF on
-  CI's); sharded over the devices (each device maps its replicas and
+  within 1e-6 (bit for bit on a 2-core Intel Xeon; 7.5e-9 for hFedF on
+  an AMD EPYC); sharded over the devices (each device maps its replicas and
   their clients) within 1e-4, HyperGenFL within 5e-2 (its hypernetwork
   moves with the float summation order, as tests/test_placement.py states
   for vmap vs map), FedDF within 5e-3 (its server's Adam: the script's

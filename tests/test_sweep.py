@@ -731,7 +731,7 @@ def test_report_of_a_sweep_missing_a_seed_counts_and_marks_it(tmp_path,
                                                        for c in cells[4:])
 
 
-# ------------------------------------------ issue 25: replica batches
+# ---------------------------------------------------------- replica batches
 
 
 def test_a_batched_sweep_equals_one_run_at_a_time(tiny, swept, monkeypatch):

@@ -3,7 +3,7 @@
 The paper-scale protocol of fedjax_dg/run/configs/rfmnist_hfedf.py, shrunk to finish in under
 10 minutes on a 2-core CPU: a seeded subset of each domain, 16x16 images, the small
 CNN instead of the Table 9 Inception CNN (which costs ~200 ms per client-step at
-32x32 on this CPU, ~18x the small CNN at 16x16), fewer rounds of one local epoch.
+32x32 on a 2-core x86-64 CPU, ~18x the small CNN at 16x16), fewer rounds of one local epoch.
 Same algorithms, partition and hyperparameters otherwise.
 
     make demo                      # or: fedjax-dg demo

@@ -29,7 +29,7 @@ of 4 DomainNet domains at 128 px, batch 128 in the code):
 experiments/fedccrl_table1_mini_domainnet.py (`mini_domainnet`, its split
 files: fedjax_dg/data/builders/mini_domainnet.py).
 
-Cost: MobileNetV3-Large at 224 px on this 2-core CPU is not practical (hours
+Cost: MobileNetV3-Large at 224 px on a 2-core CPU is not practical (hours
 per round); on one GPU an estimate of minutes per run (not measured).
 """
 

@@ -13,13 +13,13 @@ benchmark).
 Costs used by the estimates in the sweep files (one "run" = one algorithm on one
 held-out domain):
 
-* paper scale on this 2-core CPU: the Inception CNN step (batch 64, 32 px) was
+* paper scale on a 2-core x86-64 CPU: the Inception CNN step (batch 64, 32 px) was
   measured at ~200-210 ms (docs/models.md), one round is 5 clients x 2 epochs x
   ~165 steps ~ 1650 steps ~ 6 min, so one 200-round run ~ 19 h;
 * paper scale on one GPU: ~10 min per run (an estimate, not measured: ~330k
   client-steps at ~2 ms, clients vmapped);
 * `BUDGET` below (the demo's scale: small CNN, 16 px, 800 images per domain,
-  20 rounds x 1 epoch) on this CPU: ~1-2 s per round measured for 5 clients,
+  20 rounds x 1 epoch) on that CPU: ~1-2 s per round measured for 5 clients,
   ~3 s with evaluation and compilation (the demo's 120 rounds take ~6 min), so
   ~1 min per run plus ~20 s of tracing per algorithm and cell.
 """
@@ -35,7 +35,7 @@ TABLE2_ALGORITHMS = ("local_only", "fedavg", "fedprox", "pfedhn", "fedsr",
 # as photo is on PACS).
 PHOTO = "30"
 
-# The demo's scale, for this 2-core CPU (append to any sweep command).
+# The demo's scale, for a 2-core CPU (append to any sweep command).
 BUDGET = ("--set model.name=small_cnn --set data.image_size=16 "
           "--set data.max_per_domain=800 --set train.epochs=1 "
           "--set train.rounds=20 --set train.eval_every=2 "

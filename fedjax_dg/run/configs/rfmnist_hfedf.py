@@ -8,7 +8,7 @@ hyperparameters (no Rotated Fashion-MNIST values exist in the paper).
 
     fedjax-dg run --config experiments/rfmnist_hfedf.py      # or: fedjax-dg demo --full
 
-Cost: the Inception CNN step (batch 64, 32x32) measured ~210 ms on this 2-core CPU
+Cost: the Inception CNN step (batch 64, 32x32) measured ~210 ms on a 2-core x86-64 CPU
 (docs/models.md), so one round (5 clients x 2 epochs x ~165 steps) is ~6 min and one
 target domain ~20 h per algorithm on CPU; on one modern GPU, roughly 10-20 minutes per
 target domain and algorithm (estimate, not measured). Reduce with
