@@ -311,7 +311,7 @@ def _replica_programs(recipe, cfg, num_clients, replicas, mapping):
 
     @functools.partial(jax.jit, static_argnums=(6,), donate_argnums=(0,),
                        **placed)
-    def chunk(carry, r0, train, keys, frozen, values, length, rounds):
+    def replica_chunk(carry, r0, train, keys, frozen, values, length, rounds):
       return chunk_over(mapping, carry, r0, train, keys, frozen, values,
                         length, jnp.asarray(rounds, jnp.int32))
 
@@ -328,7 +328,7 @@ def _replica_programs(recipe, cfg, num_clients, replicas, mapping):
 
     @functools.partial(jax.jit, static_argnums=(6,), donate_argnums=(0,),
                        out_shardings=spec)
-    def chunk(carry, r0, train, keys, frozen, values, length, rounds):
+    def replica_chunk(carry, r0, train, keys, frozen, values, length, rounds):
       rounds = jnp.asarray(rounds, jnp.int32)
       body = lambda c, r0_, t, k, fz, v, n: chunk_over(inner, c, r0_, t, k, fz,
                                                        v, length, n)
@@ -352,13 +352,17 @@ def _replica_programs(recipe, cfg, num_clients, replicas, mapping):
 
     put = lambda stacked: jax.device_put(stacked, spec)
 
+  def replica_scores(carry, frozen, arrays, values, bs_val, bs_ood):
+    return over(lambda c, f, a, v: scores_one(c, f, a, v, bs_val, bs_ood))(
+        carry, frozen, arrays, values)
+
+  def replica_features(carry, frozen, x, values, batch):
+    return over(lambda c, f, xs, v: features_one(c, f, xs, v, batch))(
+        carry, frozen, x, values)
+
   return ReplicaPrograms(
-      chunk=chunk, padded=padded, put=put, finite=jax.jit(finite),
-      scores=jax.jit(lambda carry, frozen, arrays, values, bs_val, bs_ood: over(
-          lambda c, f, a, v: scores_one(c, f, a, v, bs_val, bs_ood))(
-              carry, frozen, arrays, values), static_argnums=(4, 5)),
-      features=jax.jit(lambda carry, frozen, x, values, batch: over(
-          lambda c, f, xs, v: features_one(c, f, xs, v, batch))(
-              carry, frozen, x, values), static_argnums=(4,)),
+      chunk=replica_chunk, padded=padded, put=put, finite=jax.jit(finite),
+      scores=jax.jit(replica_scores, static_argnums=(4, 5)),
+      features=jax.jit(replica_features, static_argnums=(4,)),
       eval_params=jax.jit(over(eval_params_one)),
       extras=jax.jit(over(extras_one)))
