@@ -35,6 +35,12 @@
     uses_data(hparams)  optional: whether `build` derives something from every
                         client's data (then its Algorithm is built per
                         federation, and a streamed federation is refused)
+    prepare(model, data=, seed=, **hparams)
+                        optional: what `build` derives from the data and
+                        seed, as arrays, which `build(prepared=...)` takes
+                        instead of `data`: they are then the recipe's values
+                        (`recipe`), and runs of other seeds and data share
+                        one program
     diagnose(round_metrics)
                         optional: warnings (sentences) about a finished run
                         whose numbers do not mean what its name says (e.g. a
@@ -69,11 +75,12 @@ from fedjax_dg.algorithms.base import (Algorithm, ClientContext, ClientData,
                                        ClientResult, Recipe, ServerState)
 from fedjax_dg.client import objectives
 from fedjax_dg.client.update import RunProgress
-from fedjax_dg.errors import ConfigError
+from fedjax_dg.errors import ConfigError, NeedsDataError
 from fedjax_dg.optim import make_optimizer, with_schedule
 
 # Arguments of `build` the registry supplies (never config keys).
-CONTEXT = ("model", "optimizer", "loss", "num_clients", "data", "seed", "name")
+CONTEXT = ("model", "optimizer", "loss", "num_clients", "data", "seed", "name",
+           "prepared")
 # The client optimizer's settings (`cfg.client`; per algorithm `CLIENT` and
 # `cfg.<section>.client`).
 CLIENT_KEYS = ("optimizer", "lr", "weight_decay", "momentum", "schedule")
@@ -125,6 +132,19 @@ class Spec:
   def traced(self) -> tuple[str, ...]:
     """The hyperparameters its recipes take as values (`TRACED`)."""
     return tuple(getattr(self.module, "TRACED", ()))
+
+  @property
+  def prepares(self) -> bool:
+    """Whether its data-built parts can be values (the module's
+    `prepare`)."""
+    return hasattr(self.module, "prepare")
+
+  def batchable(self, hparams: Mapping[str, Any]) -> bool:
+    """Whether runs on other data can share its programs: it derives
+    nothing from its data, or what it derives is `prepare`'s values (a
+    server split is always its run's own)."""
+    return not self.uses_data(hparams) or (
+        self.prepares and not self.needs_server_data)
 
   @property
   def static_client_lr(self) -> bool:
@@ -303,7 +323,8 @@ def reads_client_data(name: str, hyperparameters: Mapping[str, Any]) -> bool:
 
 
 def create(name: str, model, *, optimizer, hparams: Mapping[str, Any],
-           num_clients: int, data=None, seed: int = 0) -> Algorithm:
+           num_clients: int, data=None, seed: int = 0,
+           prepared=None) -> Algorithm:
   """Algorithm `name` from keyword hyperparameters (a variant's overrides on
   top) and the run's context; the local objective is cross-entropy unless the
   module builds its own."""
@@ -311,8 +332,9 @@ def create(name: str, model, *, optimizer, hparams: Mapping[str, Any],
   build_fn = s.module.build
   accepted = inspect.signature(build_fn).parameters
   context = dict(loss=objectives.cross_entropy(model), num_clients=num_clients,
-                 data=data, seed=seed, name=name)
-  kwargs = {k: v for k, v in context.items() if k in accepted}
+                 data=data, seed=seed, name=name, prepared=prepared)
+  kwargs = {k: v for k, v in context.items() if k in accepted
+            and not (k == "prepared" and v is None)}
   if "name" in kwargs and s.name == s.section:
     del kwargs["name"]  # the module's own default name
   hp = {**dict(hparams), **s.overrides}
@@ -325,7 +347,7 @@ def create(name: str, model, *, optimizer, hparams: Mapping[str, Any],
 
 def build(name: str, model, *, hyperparameters: Mapping[str, Any],
           client: Mapping[str, Any], num_clients: int, data=None,
-          seed: int = 0) -> Algorithm:
+          seed: int = 0, prepared=None) -> Algorithm:
   """Algorithm `name` built from resolved values.
 
   `fedjax_dg.run.assemble.algorithm(name, model, num_clients, cfg)` resolves
@@ -371,7 +393,8 @@ def build(name: str, model, *, hyperparameters: Mapping[str, Any],
   """
   optimizer = client_optimizer(client)
   alg = create(name, model, optimizer=optimizer, hparams=hyperparameters,
-               num_clients=num_clients, data=data, seed=seed)
+               num_clients=num_clients, data=data, seed=seed,
+               prepared=prepared)
   if isinstance(optimizer, RunProgress) and not isinstance(alg.client.optimizer,
                                                            RunProgress):
     raise ConfigError(f"{name}: client.schedule='cosine' (or "
@@ -417,23 +440,34 @@ def recipe_key(name: str, model, *, hyperparameters: Mapping[str, Any],
   static_hp = {k: v for k, v in hp.items() if k not in traced}
   static_client = {k: v for k, v in client.items()
                    if not (lr_traced and k == "lr")}
+  prepared = s.uses_data(hp) and s.batchable(hp)  # data-built: values
   return ("registry", name, model.structure(),
           tuple(sorted((k, repr(v)) for k, v in static_hp.items())),
           tuple(sorted((k, repr(v)) for k, v in static_client.items())),
           int(num_clients), traced, lr_traced,
-          int(seed) if takes_context(name, "seed") else None,
-          id(data) if takes_context(name, "data") and s.uses_data(hp) else None)
+          int(seed) if takes_context(name, "seed") and not prepared else None,
+          id(data) if (takes_context(name, "data") and s.uses_data(hp)
+                       and not prepared) else None)
 
 
 def recipe_values(name: str, model, *, hyperparameters: Mapping[str, Any],
-                  client: Mapping[str, Any]) -> dict:
-  """A run's values of its recipe (`recipe`): float32 arrays."""
+                  client: Mapping[str, Any], data=None, seed: int = 0) -> dict:
+  """A run's values of its recipe (`recipe`): float32 arrays; and, for an
+  algorithm built from its data with a `prepare`, what it derives from
+  `data` and `seed` (`prepared`)."""
+  s = spec(name)
   hp = dict(hyperparameters)
   values = dict(mean=np.asarray(model.mean, np.float32),
                 std=np.asarray(model.std, np.float32),
                 hp={k: np.float32(hp[k]) for k in _traced(name, hp)})
-  if not spec(name).static_client_lr:
+  if not s.static_client_lr:
     values["lr"] = np.float32(client["lr"])
+  if s.uses_data(hp) and s.batchable(hp):
+    if data is None:
+      raise NeedsDataError(f"{name} derives arrays from the run's data: "
+                           "recipe_values(..., data=fed)")
+    values["prepared"] = s.module.prepare(model, data=data, seed=seed,
+                                          **{**hp, **s.overrides})
   return values
 
 
@@ -468,7 +502,7 @@ def recipe(name: str, model, *, hyperparameters: Mapping[str, Any],
                               values=[rec.values, other])
   """
   hp, client = dict(hyperparameters), dict(client)
-  if spec(name).uses_data(hp):
+  if not spec(name).batchable(hp):
     # Built from its run's data (numpy on concrete arrays): everything a
     # constant of its programs, as an Algorithm built by hand.
     return Recipe.of(build(name, model, hyperparameters=hp, client=client,
@@ -482,18 +516,23 @@ def recipe(name: str, model, *, hyperparameters: Mapping[str, Any],
                    if not (lr_traced and k == "lr")}
   base = model.structure()
 
+  values = recipe_values(name, model, hyperparameters=hp, client=client,
+                         data=data, seed=seed)
+  prepared = "prepared" in values
+
   def make(v):
     m = base.normalized_by(v["mean"], v["std"])
     c = dict(static_client, **({"lr": v["lr"]} if lr_traced else {}))
+    # Data-built parts come as values: no data, no seed in the build.
     alg = build(name, m, hyperparameters={**static_hp, **v["hp"]}, client=c,
-                num_clients=num_clients, data=data, seed=seed)
+                num_clients=num_clients, data=None if prepared else data,
+                seed=0 if prepared else seed, prepared=v.get("prepared"))
     return alg, alg.model or m
 
   template = build(name, model, hyperparameters=hp, client=client,
-                   num_clients=num_clients, data=data, seed=seed)
-  return Recipe(key, make, recipe_values(name, model, hyperparameters=hp,
-                                         client=client),
-                template=(template, template.model or model))
+                   num_clients=num_clients, data=data, seed=seed,
+                   prepared=values.get("prepared"))
+  return Recipe(key, make, values, template=(template, template.model or model))
 
 
 __all__ = ["Algorithm", "ClientContext", "ClientData", "ClientResult",

@@ -170,6 +170,54 @@ def draw_styles(key: jax.Array, bank: StylePool, own: jax.Array, num: int,
   return mean, std, clients == own
 
 
+def prepare(model, *, data, seed: int = 0, depth: int = 4,
+            bank: str = "overall", k: int = 3, r: float = 0.5,
+            objective: str = "reference", eps: float = 1e-5, vgg: str = "",
+            decoder: str = "", style_chunk: int = 32, **unused) -> dict:
+  """What `build` derives from the run's data and seed, as arrays (the
+  recipe's values, `algorithms.recipe`): the AdaIN network (the weight
+  files', or random weights drawn from `seed`) and the first single /
+  overall style banks of every client's examples."""
+  del unused
+  h, w, ch = model.input_shape
+  if ch not in (1, 3):
+    raise ConfigError(f"ccst needs RGB or grey images, got {ch} channels")
+  if min(h, w) < adain.min_image_size(depth):
+    raise ConfigError(
+        f"ccst.depth={depth}: images of {h}x{w} are too small for the "
+        f"relu{depth}_1 encoder (reflection padding needs a 2x2 map: sides "
+        f">= {adain.min_image_size(depth)}); use a smaller depth")
+  n = np.asarray(data.train.n)
+  holding = int(np.sum(n > 0))
+  if holding < 2:
+    raise ConfigError("ccst needs >= 2 clients holding data")
+  if objective == "reference" and k > holding:
+    raise ConfigError(f"ccst.k={k}: objective='reference' draws K distinct "
+                      f"clients per image (itself included): at most the "
+                      f"{holding} clients holding data")
+  if vgg:
+    net = adain.load(vgg, decoder, depth)
+  else:
+    warnings.warn(RANDOM_WEIGHTS, StandInWarning, stacklevel=3)
+    net = jax.device_get(adain.init(
+        jax.random.fold_in(jax.random.key(seed), 0xADA1), depth, min(h, w)))
+  style = dict(depth=depth, chunk=style_chunk, eps=eps)
+  slots = pool_slots(r, int(data.train.x.shape[1]))
+  x_all, n_all = jnp.asarray(data.train.x), jnp.asarray(n)
+  single0 = overall0 = None
+  if bank in ("single", "both"):
+    keys = jax.random.split(jax.random.fold_in(jax.random.key(seed), 0xCC57),
+                            n.shape[0])
+    single0 = jax.jit(lambda x, n_, ks: jax.lax.map(
+        lambda a: single_styles(net, *a, r=r, slots=slots, **style),
+        (x, n_, ks)))(x_all, n_all, keys)
+  if bank in ("overall", "both"):
+    overall0 = jax.jit(lambda x, n_: jax.lax.map(
+        lambda a: overall_style(net, *a, **style), (x, n_)))(x_all, n_all)
+  host = lambda t: None if t is None else jax.tree.map(np.asarray, t)
+  return dict(net=host(net), single=host(single0), overall=host(overall0))
+
+
 def build(model, optimizer, *, depth: int = 4,  # encoder ends at relu{depth}_1
           bank: str = "overall",    # overall | single | both (FedCCRL's code)
           k: int = 3,               # augmentation level K (views per image)
@@ -181,9 +229,11 @@ def build(model, optimizer, *, depth: int = 4,  # encoder ends at relu{depth}_1
           vgg: str = "",            # vgg_normalised .pth / .safetensors
           decoder: str = "",        # decoder .pth / .safetensors ("": random)
           style_chunk: int = 32,    # images per encoder pass for the styles
-          num_clients: int = 0, data=None, seed: int = 0,
+          num_clients: int = 0, data=None, seed: int = 0, prepared=None,
           name: str = "ccst") -> Algorithm:
-  """CCST on `model` (any model; the transfer runs on its input images)."""
+  """CCST on `model` (any model; the transfer runs on its input images).
+  `prepared`: `prepare`'s arrays (the AdaIN network, the first style
+  banks), given instead of `data`."""
   h, w, ch = model.input_shape
   checks = [
       (depth in adain.DEPTHS, f"ccst.depth={depth!r}: allowed {adain.DEPTHS} "
@@ -212,46 +262,18 @@ def build(model, optimizer, *, depth: int = 4,  # encoder ends at relu{depth}_1
     if path and not os.path.isfile(path):
       raise DataError(f"ccst.{key}={path!r}: no such file (docs/models.md, "
                       "\"AdaIN (CCST)\", says where the weights come from)")
-  if data is None:  # The checks below are the data's (the settings' are done).
+  if data is None and prepared is None:
     raise NeedsDataError("ccst computes its first style bank from the run's "
                          "data: algorithms.build(..., data=fed)")
-  if ch not in (1, 3):
-    raise ConfigError(f"ccst needs RGB or grey images, got {ch} channels")
-  if min(h, w) < adain.min_image_size(depth):
-    raise ConfigError(
-        f"ccst.depth={depth}: images of {h}x{w} are too small for the "
-        f"relu{depth}_1 encoder (reflection padding needs a 2x2 map: sides "
-        f">= {adain.min_image_size(depth)}); use a smaller depth")
-  n = np.asarray(data.train.n)
-  holding = int(np.sum(n > 0))
-  if holding < 2:
-    raise ConfigError("ccst needs >= 2 clients holding data")
-  if objective == "reference" and k > holding:
-    raise ConfigError(f"ccst.k={k}: objective='reference' draws K distinct "
-                      f"clients per image (itself included): at most the "
-                      f"{holding} clients holding data")
-
-  if vgg:
-    net = adain.load(vgg, decoder, depth)
-  else:
-    warnings.warn(RANDOM_WEIGHTS, StandInWarning, stacklevel=2)
-    net = jax.device_get(adain.init(
-        jax.random.fold_in(jax.random.key(seed), 0xADA1), depth, min(h, w)))
+  if prepared is None:
+    prepared = prepare(model, data=data, seed=seed, depth=depth, bank=bank,
+                       k=k, r=r, objective=objective, eps=eps, vgg=vgg,
+                       decoder=decoder, style_chunk=style_chunk)
+  net, single0, overall0 = (prepared["net"], prepared["single"],
+                            prepared["overall"])
   style = dict(depth=depth, chunk=style_chunk, eps=eps)
   use_single = bank in ("single", "both")
-  use_overall = bank in ("overall", "both")
-  slots = pool_slots(r, int(data.train.x.shape[1]))
-  x_all, n_all = jnp.asarray(data.train.x), jnp.asarray(n)
-  single0 = overall0 = None
-  if use_single:
-    keys = jax.random.split(jax.random.fold_in(jax.random.key(seed), 0xCC57),
-                            n.shape[0])
-    single0 = jax.jit(lambda x, n_, ks: jax.lax.map(
-        lambda a: single_styles(net, *a, r=r, slots=slots, **style),
-        (x, n_, ks)))(x_all, n_all, keys)
-  if use_overall:
-    overall0 = jax.jit(lambda x, n_: jax.lax.map(
-        lambda a: overall_style(net, *a, **style), (x, n_)))(x_all, n_all)
+  slots = single0.valid.shape[1] if use_single else 0
   mean = jnp.asarray(model.mean, jnp.float32)
   std = jnp.asarray(model.std, jnp.float32)
   reference = objective == "reference"
@@ -303,7 +325,6 @@ def build(model, optimizer, *, depth: int = 4,  # encoder ends at relu{depth}_1
     return jnp.sum(weights * per_view)
 
   base = fedavg(model, optimizer, loss, name=name)
-  frozen_net = jax.tree.map(np.asarray, net)
 
   def init(key):
     server, clients = base.init(key)
@@ -330,7 +351,7 @@ def build(model, optimizer, *, depth: int = 4,  # encoder ends at relu{depth}_1
       shared=lambda server: (server.single, server.overall),
       end=(ClientEnd(end, reads_data=True) if use_single and refresh
            else None),
-      frozen=lambda key: {FROZEN: jax.tree.map(jnp.asarray, frozen_net)})
+      frozen=lambda key: {FROZEN: jax.tree.map(jnp.asarray, net)})
 
 
 __all__ = ["BANKS", "CCSTState", "DISPLAY_NAME", "OBJECTIVES", "build",

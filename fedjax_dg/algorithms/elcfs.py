@@ -40,6 +40,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from fedjax_dg import tree
@@ -133,6 +134,25 @@ def episodic_loss(model, params, x, x_trs, y, mask, k_inner, k_outer, *,
   return total
 
 
+def prepare(model, *, data, seed: int = 0, ratio: float = 0.1,
+            bank_fraction: float = 0.125, **unused) -> dict:
+  """What `build` derives from the run's data, as arrays (the recipe's
+  values, `algorithms.recipe`): the first amplitude bank, every client's
+  spectra of `bank_fraction` of its images (`client_bank`, keyed by
+  `seed`)."""
+  del model, unused
+  n = jnp.asarray(data.train.n)
+  if int(jnp.sum(n > 0)) < 2:
+    raise ConfigError("elcfs needs >= 2 clients holding data")
+  slots = pool_slots(bank_fraction, int(data.train.x.shape[1]))
+  keys = jax.random.split(jax.random.fold_in(jax.random.key(seed), 0xF7),
+                          n.shape[0])
+  first = jax.jit(jax.vmap(lambda x, n_i, k: client_bank(
+      x, n_i, k, bank_fraction, slots, ratio)))(jnp.asarray(data.train.x), n,
+                                                 keys)
+  return dict(first=jax.tree.map(np.asarray, first))
+
+
 def build(model, optimizer, *,
           ratio: float = 0.1,          # window half-width / min(H, W) (code: L)
           lam_low: float = 0.0,        # the foreign amplitude's weight is
@@ -146,9 +166,10 @@ def build(model, optimizer, *,
           second_order: bool = False,  # differentiate through the inner step
           contrastive_weight: float = 0.1,  # gamma (0: no contrastive loss)
           temperature: float = 0.05,   # NT-Xent temperature
-          num_clients: int = 0, data=None, seed: int = 0,
+          num_clients: int = 0, data=None, seed: int = 0, prepared=None,
           name: str = "elcfs") -> Algorithm:
-  """ELCFS on `model` (any model with `features` + `head`)."""
+  """ELCFS on `model` (any model with `features` + `head`). `prepared`:
+  `prepare`'s arrays (the first amplitude bank), given instead of `data`."""
   checks = [
       (0.0 <= ratio <= 0.5, f"elcfs.ratio={ratio!r}: allowed [0, 0.5] (the "
                             "window's half-width over min(H, W); 0 keeps the "
@@ -170,18 +191,14 @@ def build(model, optimizer, *,
   for ok, message in checks:
     if not ok:
       raise ConfigError(message)
-  if data is None:
+  if data is None and prepared is None:
     raise NeedsDataError("elcfs draws its first amplitude bank from the run's "
                          "data: algorithms.build(..., data=fed)")
-  n = jnp.asarray(data.train.n)
-  if int(jnp.sum(n > 0)) < 2:
-    raise ConfigError("elcfs needs >= 2 clients holding data")
-  slots = pool_slots(bank_fraction, int(data.train.x.shape[1]))
-  keys = jax.random.split(jax.random.fold_in(jax.random.key(seed), 0xF7),
-                          n.shape[0])
-  first = jax.jit(jax.vmap(lambda x, n_i, k: client_bank(
-      x, n_i, k, bank_fraction, slots, ratio)))(jnp.asarray(data.train.x), n,
-                                                 keys)
+  if prepared is None:
+    prepared = prepare(model, data=data, seed=seed, ratio=ratio,
+                       bank_fraction=bank_fraction)
+  first = prepared["first"]
+  slots = first.valid.shape[1]
   hp = dict(meta_step_size=meta_step_size, clip_value=clip_value,
             second_order=second_order, contrastive_weight=contrastive_weight,
             temperature=temperature)

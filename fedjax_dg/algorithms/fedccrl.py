@@ -30,6 +30,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from fedjax_dg import tree
@@ -65,6 +66,27 @@ def uses_data(hparams) -> bool:
   return bool(hparams.get("ccdt", True))
 
 
+def prepare(model, *, data, seed: int = 0, r: float = 0.1, eps: float = 1e-6,
+            ccdt: bool = True, **unused) -> dict:
+  """What `build` derives from the run's data, as arrays (the recipe's
+  values, `algorithms.recipe`: runs of other seeds and data then share one
+  program): CCDT's first style pool, every client's F_i from its own
+  examples (`client_styles`, keyed by `seed`). {} without CCDT."""
+  del unused
+  if not ccdt:
+    return {}
+  n = jnp.asarray(data.train.n)
+  if int(jnp.sum(n > 0)) < 2:
+    raise ConfigError("fedccrl.ccdt=True needs >= 2 clients holding data")
+  slots = pool_slots(r, int(data.train.x.shape[1]))
+  keys = jax.random.split(jax.random.fold_in(jax.random.key(seed), 0xCC),
+                          n.shape[0])
+  first = jax.jit(jax.vmap(
+      lambda x, n_i, k: client_styles(model, x, n_i, k, r, slots, eps)))(
+          jnp.asarray(data.train.x), n, keys)
+  return dict(first=jax.tree.map(np.asarray, first))
+
+
 def client_styles(model, x: jax.Array, n: jax.Array, key: jax.Array, r: float,
                   slots: int, eps: float) -> StylePool:
   """One client's F_i (Eq. 8): statistics of ceil(r n) random examples of its
@@ -88,9 +110,10 @@ def build(model, optimizer, *, r: float = 0.1,  # share of statistics uploaded
           augmix_per_batch: bool = False,  # released code: one chain per batch
           pixel_overflow: str = "clamp",   # clamp (paper) | wrap (released code)
           cls_loss: str = "mean",          # Eq. 16's 1/3 | sum (released code)
-          num_clients: int = 0, data=None, seed: int = 0,
+          num_clients: int = 0, data=None, seed: int = 0, prepared=None,
           name: str = "fedccrl") -> Algorithm:
-  """FedCCRL on `model` (any model with `features` + `head`)."""
+  """FedCCRL on `model` (any model with `features` + `head`). `prepared`:
+  `prepare`'s arrays (the first style pool), given instead of `data`."""
   checks = [(0 < r <= 1, f"fedccrl.r={r!r}: the share of statistics uploaded "
                          "must be in (0, 1]"),
             (alpha > 0, f"fedccrl.alpha={alpha!r}: must be > 0"),
@@ -112,22 +135,16 @@ def build(model, optimizer, *, r: float = 0.1,  # share of statistics uploaded
   for ok, message in checks:
     if not ok:
       raise ConfigError(message)
-  if ccdt and data is None:
+  if ccdt and data is None and prepared is None:
     raise NeedsDataError("fedccrl.ccdt=True draws its first style pool from the "
                          "run's data: algorithms.build(..., data=fed)")
   mean = jnp.asarray(model.mean, jnp.float32)
   std = jnp.asarray(model.std, jnp.float32)
 
   if ccdt:
-    n = jnp.asarray(data.train.n)
-    if int(jnp.sum(n > 0)) < 2:
-      raise ConfigError("fedccrl.ccdt=True needs >= 2 clients holding data")
-    slots = pool_slots(r, int(data.train.x.shape[1]))
-    keys = jax.random.split(jax.random.fold_in(jax.random.key(seed), 0xCC),
-                            n.shape[0])
-    first = jax.jit(jax.vmap(
-        lambda x, n_i, k: client_styles(model, x, n_i, k, r, slots, eps)))(
-            jnp.asarray(data.train.x), n, keys)
+    if prepared is None:
+      prepared = prepare(model, data=data, seed=seed, r=r, eps=eps)
+    first = prepared["first"]
   else:
     ch = model.input_shape[-1]
     first = StylePool(jnp.zeros((max(num_clients, 1), 1, ch)),

@@ -180,9 +180,12 @@ def _programs(recipe: Recipe, cfg: EngineConfig, num_clients: int) -> Programs:
   init = jax.jit(lambda key, values=None: make(values)[0].init(key))
   # Held once, outside the carry; replicated over the mesh like the carry.
   # Not jitted here: a pretrained file read inside a trace would become a
-  # constant of the program (`Model.init` jits its own sampling). It may not
-  # depend on the recipe's values (the template's is used).
-  frozen = alg.frozen if alg.frozen is not None else lambda key: None
+  # constant of the program (`Model.init` jits its own sampling).
+  def frozen(key, values=None):
+    """Eagerly, with a run's concrete values: its algorithm's (a recipe's
+    data-built parts may hold them, CCST's AdaIN network)."""
+    own = alg if values is None else make(values)[0]
+    return None if own.frozen is None else own.frozen(key)
   evaluate_, eval_blocks = make_eval(recipe, cfg.eval_batch_size)
   # Compiled without the client state (XLA drops what the output does not use).
   server_init = jax.jit(lambda key, values=None: make(values)[0].init(key)[0])
@@ -191,7 +194,8 @@ def _programs(recipe: Recipe, cfg: EngineConfig, num_clients: int) -> Programs:
   return Programs(
       layout=layout,
       init=lambda key, values=None: layout.put_carry(init(key, values)),
-      frozen=lambda key: layout.put_carry(frozen(key)), chunk=run_chunk,
+      frozen=lambda key, values=None: layout.put_carry(frozen(key, values)),
+      chunk=run_chunk,
       eval=lambda carry, frozen, *a, **kw: evaluate_(
           layout.to_one_device(carry), layout.to_one_device(frozen), *a, **kw),
       server_init=lambda key, values=None: layout.put_carry(

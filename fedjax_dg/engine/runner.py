@@ -223,7 +223,7 @@ class SingleFeed:
     train = data.pooled().packed_train if pooled else data.packed_train
     self.alg, self.model, self.cfg, self.rep = alg, model, cfg, rep
     self.progs = programs(recipe, None, cfg, train.num_clients)
-    self.frozen = self.progs.frozen(rep.init_key)
+    self.frozen = self.progs.frozen(rep.init_key, rep.values)
     if placement == "host":
       self.store = HostStore(self.progs, train, data.packed_val, cfg, rep.root,
                              rep.round, rep.values)
@@ -286,7 +286,7 @@ class ReplicaFeed:
                                   replica_mapping(mapping, R))
     single = programs(recipe, None, cfg, num_clients)  # init and frozen
     one = single.layout.to_one_device
-    frozen = [one(single.frozen(r.init_key)) for r in reps]
+    frozen = [one(single.frozen(r.init_key, r.values)) for r in reps]
     states = [one(single.init(r.init_key, r.values)) if r.restored is None
               else r.restored for r in reps]
     for r in reps:

@@ -82,11 +82,19 @@ def recipe_key(name: str, model, num_clients: int, cfg: ConfigDict,
                                seed=cfg.seed)
 
 
-def recipe_values(name: str, model, cfg: ConfigDict) -> dict:
-  """A run's values of its recipe (`algorithms.recipe_values`)."""
+def recipe_values(name: str, model, cfg: ConfigDict, data=None) -> dict:
+  """A run's values of its recipe (`algorithms.recipe_values`; `data`: the
+  run's FederatedData, for an algorithm that derives arrays from it)."""
   return algorithms.recipe_values(name, model,
                                   hyperparameters=hyperparameters(cfg, name),
-                                  client=client_settings(cfg, name))
+                                  client=client_settings(cfg, name),
+                                  data=data, seed=cfg.seed)
+
+
+def batchable(name: str, cfg: ConfigDict) -> bool:
+  """Whether algorithm `name`'s runs on other data (seeds, targets) can
+  share its programs (`algorithms.Spec.batchable`)."""
+  return algorithms.spec(name).batchable(hyperparameters(cfg, name))
 
 
 def uses_data(name: str, cfg: ConfigDict) -> bool:

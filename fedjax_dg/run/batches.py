@@ -97,6 +97,18 @@ def _recipe_key(opened, job: Job) -> tuple:
                              fed.num_clients, opened.cfg, data=fed)
 
 
+def _values(cells, job: Job):
+  """Job's recipe values (its model's normalization, learning rate, traced
+  hyperparameters, data-built arrays), its stand-in warnings noted in its
+  cell."""
+  opened = cells[job.cell]
+  values, said = stand_ins(lambda: assemble.recipe_values(
+      job.name, opened.model(job.target), opened.cfg,
+      data=opened.feds[job.target]), job.name, opened.echo)
+  opened.note(said)
+  return values
+
+
 def batch_key(opened, job: Job, alg) -> tuple:
   """What must be equal for runs to share one program (`KEY_PARTS`)."""
   fed = opened.feds[job.target]
@@ -125,16 +137,16 @@ def plan(cells: list, max_replicas: int = 0
   for c, opened in enumerate(cells):
     for i, name in opened.pending():
       job = Job(c, i, name)
-      if assemble.uses_data(name, opened.cfg):
+      if not assemble.batchable(name, opened.cfg):
         alone.append(Batch([job], None, "it is built from its run's data "
-                           "(assemble.uses_data)", 0))
+                           "(a server split, or parts without a prepare)", 0))
         continue
       probe = _recipe_key(opened, job)
       if probe not in recipes:  # (Recipe, its stand-in warnings)
         recipes[probe] = stand_ins(
             lambda: assemble.recipe(name, opened.model(i),
-                                    opened.feds[i].num_clients, opened.cfg),
-            name)
+                                    opened.feds[i].num_clients, opened.cfg,
+                                    data=opened.feds[i]), name)
       key = batch_key(opened, job, recipes[probe][0].alg)
       groups.setdefault(key, (recipes[probe], []))[1].append(job)
   batches = []
@@ -309,8 +321,7 @@ def _train(b: Batch, built: dict, cells, mapping: str, forget: bool) -> list:
     return engine.run_batch(
         rec, [cells[j.cell].feds[j.target] for j in b.jobs], None,
         first.ecfg, [int(cells[j.cell].cfg.seed) for j in b.jobs],
-        values=[rec.values if b.key is None else assemble.recipe_values(
-            j.name, cells[j.cell].model(j.target), cells[j.cell].cfg)
+        values=[rec.values if b.key is None else _values(cells, j)
                 for j in b.jobs],
         checkpoint_dirs=[at(j)[0].checkpoint_dir(j.name, at(j)[1])
                          for j in b.jobs],
