@@ -244,7 +244,8 @@ class ReplicaPrograms(NamedTuple):
   each one call for all of them; R' = R padded to the mesh ("shard")."""
   chunk: Callable     # chunk(carry [R'], r0, train [R'], root_keys [R'],
                       #   frozen [R'], values [R'], length, rounds) ->
-                      #   (carry, metrics [R', length, ...])
+                      #   (carry, metrics [R', length, ...], finite flags
+                      #   [R', leaves]: one program, one transfer)
   padded: int         # R'
   put: Callable       # put(stacked [R', ...]) -> on the devices
   finite: Callable    # finite(carry [R']) -> bool [R', leaves]
@@ -316,8 +317,9 @@ def _replica_programs(recipe, cfg, num_clients, replicas, mapping):
     @functools.partial(jax.jit, static_argnums=(6,), donate_argnums=(0,),
                        **placed)
     def replica_chunk(carry, r0, train, keys, frozen, values, length, rounds):
-      return chunk_over(mapping, carry, r0, train, keys, frozen, values,
-                        length, jnp.asarray(rounds, jnp.int32))
+      carry, metrics = chunk_over(mapping, carry, r0, train, keys, frozen,
+                                  values, length, jnp.asarray(rounds, jnp.int32))
+      return carry, metrics, finite(carry)
 
     over = lambda fn: lambda *a: _over(mapping, fn, *a)
     # Committed to one device, as the chunk's outputs are: the second chunk
@@ -340,12 +342,13 @@ def _replica_programs(recipe, cfg, num_clients, replicas, mapping):
       # frozen parameters); no collective is needed, so the varying-axes
       # check is off: the algorithms' own scans start from constants (zeros)
       # that it would have to be told vary over the replicas.
-      return jax.shard_map(
+      carry, metrics = jax.shard_map(
           body, mesh=mesh,
           in_specs=(P("replicas"), P(), P("replicas"), P("replicas"),
                     P("replicas"), P("replicas"), P()),
           out_specs=P("replicas"), check_vma=False)(carry, r0, train, keys,
                                                      frozen, values, rounds)
+      return carry, metrics, finite(carry)
 
     def over(fn):
       # Each device maps its own replicas: no collective, no gather.

@@ -108,6 +108,7 @@ class _Replica:
   ckpt: Checkpointer | None
   on_eval: Callable[[dict], None] | None
   values: object = None       # its recipe values (`Recipe`)
+  on_stop: Callable[[Exception], None] | None = None
   history: list = dataclasses.field(default_factory=list)
   round_metrics: dict = dataclasses.field(default_factory=dict)
   spent: float = 0.0          # seconds of the parts before a resume
@@ -273,10 +274,12 @@ class ReplicaFeed:
   axis (`programs.ReplicaPrograms`), each step one call for all of them."""
 
   def __init__(self, recipe: Recipe, cfg: EngineConfig, reps: list[_Replica],
-               mapping: str):
+               mapping: str, size: int | None = None):
+    """`size`: the program's replicas (default len(reps)); more are copies
+    of the first, whose results are dropped."""
     alg, model = recipe.template
     self.recipe = recipe
-    R = len(reps)
+    R = max(len(reps), size or 0)
     pooled = alg.client.pooled
     trains = [r.data.pooled().packed_train if pooled else r.data.packed_train
               for r in reps]
@@ -331,11 +334,11 @@ class ReplicaFeed:
     return self.progs.put(_stack(blocks, self.progs.padded)), batch
 
   def step(self, r0: int, length: int):
-    self.carry, metrics = self.progs.chunk(
+    self.carry, metrics, flags = self.progs.chunk(
         self.carry, jnp.int32(r0), self.train, self.keys, self.frozen,
         self.values, length, jnp.int32(self.cfg.rounds))
     R = len(self.reps)
-    metrics, flags = jax.device_get((metrics, self.progs.finite(self.carry)))
+    metrics, flags = jax.device_get((metrics, flags))
     return ({k: np.asarray(v)[:R] for k, v in metrics.items()},
             np.asarray(flags)[:R])
 
@@ -426,7 +429,7 @@ def _same_shapes(datas, alg: Algorithm) -> None:
 
 def setup(alg, datas: Sequence, model, cfg: EngineConfig,
           seeds: Sequence[int], checkpoint_dirs=None, on_eval=None,
-          values=None):
+          values=None, on_stop=None):
   """What every batch is set up from, checked: (cfg resolved, placement,
   recipe, one `_Replica` per run, its checkpointer open, not yet resumed).
   `run_batch` trains them; `fedjax_dg.run.estimate` times one chunk of a
@@ -439,6 +442,7 @@ def setup(alg, datas: Sequence, model, cfg: EngineConfig,
                       "give one seed per replica, at least one")
   checkpoint_dirs = list(checkpoint_dirs or [None] * R)
   on_eval = list(on_eval or [None] * R)
+  on_stop = list(on_stop or [None] * R)
   values = list(values or [recipe.values] * R)
   if len(values) != R or (recipe.values is None) != all(
       v is None for v in values):
@@ -474,7 +478,7 @@ def setup(alg, datas: Sequence, model, cfg: EngineConfig,
     reps.append(_Replica(
         r, c, data, root, jax.random.fold_in(root, INIT), ood_sets(data, c),
         Checkpointer(d, c.checkpoints_to_keep) if d else None, on_eval[r],
-        values[r]))
+        values[r], on_stop[r]))
   return cfg, placement, recipe, reps
 
 
@@ -483,7 +487,9 @@ def run_batch(alg, datas: Sequence, model, cfg: EngineConfig,
               checkpoint_dirs: Sequence[str | None] | None = None,
               on_eval: Sequence[Callable[[dict], None] | None] | None = None,
               mapping: str = "auto",
-              values: Sequence | None = None) -> list[RunResult | NonFiniteError]:
+              values: Sequence | None = None,
+              on_stop: Sequence[Callable[[Exception], None] | None] | None = None
+              ) -> list[RunResult | NonFiniteError]:
   """Runs `cfg.rounds` rounds of `alg` on each `datas[r]` (a FederatedData)
   with seed `seeds[r]`, all R of them as one batch (one program call per
   chunk); returns each replica's `RunResult`, or the `NonFiniteError` that
@@ -505,6 +511,8 @@ def run_batch(alg, datas: Sequence, model, cfg: EngineConfig,
     mapping: how the replica axis is mapped (`programs.replica_mapping`).
     values: replica r's recipe values (default: the recipe's own; None for
       an Algorithm).
+    on_stop: replica r's callback, called with its `NonFiniteError` when it
+      stops (the others go on).
 
   Example::
 
@@ -512,7 +520,8 @@ def run_batch(alg, datas: Sequence, model, cfg: EngineConfig,
       accs = [r.final["ood_acc"] for r in results]
   """
   cfg, placement, recipe, reps = setup(alg, datas, model, cfg, seeds,
-                                       checkpoint_dirs, on_eval, values)
+                                       checkpoint_dirs, on_eval, values,
+                                       on_stop)
   alg = recipe.alg
   R = len(reps)
   results: list = [None] * R
@@ -525,7 +534,7 @@ def run_batch(alg, datas: Sequence, model, cfg: EngineConfig,
               for start in sorted({rep.round for rep in reps})]
     for group in groups:
       for rep, res in zip(group, _run_group(recipe, cfg, group, placement,
-                                            mapping)):
+                                            mapping, named=R > 1)):
         results[rep.index] = res
   except BaseException:
     failing = True
@@ -544,12 +553,17 @@ def run_batch(alg, datas: Sequence, model, cfg: EngineConfig,
 
 
 def _run_group(recipe: Recipe, cfg: EngineConfig, reps: list[_Replica],
-               placement: str, mapping: str) -> list:
-  """The chunk loop of replicas that start at the same round."""
+               placement: str, mapping: str, named: bool = False) -> list:
+  """The chunk loop of replicas that start at the same round (`named`:
+  their errors name their replica and seed, as in a batch of several)."""
   R = len(reps)
   alg = recipe.alg
-  feed = (SingleFeed(recipe, cfg, reps[0], placement) if R == 1
-          else ReplicaFeed(recipe, cfg, reps, mapping))
+  # A batch's replicas always run in a replica program, also one resumed
+  # alone (a program of two, the second a copy): a program with one
+  # replica would be compiled as a run alone is, in another float order on
+  # some CPUs, so its resume would not continue its batch's numbers exactly.
+  feed = (ReplicaFeed(recipe, cfg, reps, mapping, size=max(R, 2)) if named
+          else SingleFeed(recipe, cfg, reps[0], placement))
   paths = [jax.tree_util.keystr(p) for p, _ in
            jax.tree_util.tree_flatten_with_path(
                jax.eval_shape(alg.init, reps[0].init_key))[0]]
@@ -567,9 +581,11 @@ def _run_group(recipe: Recipe, cfg: EngineConfig, reps: list[_Replica],
         mine = {key: v[k].tolist() for key, v in metrics.items()}
         rep.error = _nonfinite(
             alg.name + (f" (replica {rep.index}, seed {rep.cfg.seed})"
-                        if R > 1 else ""), r0, mine, flags[k], paths,
+                        if named else ""), r0, mine, flags[k], paths,
             rep.ckpt.latest() if rep.ckpt else None,
             rep.ckpt.directory if rep.ckpt else None)
+        if rep.error is not None and rep.on_stop is not None:
+          rep.on_stop(rep.error)  # at once, while the others go on
         if rep.error is None:
           for key, v in mine.items():
             rep.round_metrics.setdefault(key, []).extend(v)

@@ -38,7 +38,7 @@ from fedjax_dg import algorithms, engine
 from fedjax_dg.engine.placement import AUTO_DEVICE_SHARE, device_capacity
 from fedjax_dg.engine.runner import replica_bytes
 from fedjax_dg.errors import (CheckpointWarning, DiskFull, NonFiniteError,
-                              StandInWarning)
+                              StandInWarning, is_disk_full)
 from fedjax_dg.run import assemble, disk
 
 # The parts of `batch_key` after the recipe key's, named for `explain`.
@@ -276,6 +276,10 @@ def run(batches: list[Batch], built: dict, cells: list,
     except (KeyboardInterrupt, DiskFull):
       raise
     except Exception as e:  # noqa: BLE001 -- recorded; the next batch runs
+      if is_disk_full(e):  # every later batch would fail the same way
+        raise DiskFull(f"batch {k}/{len(batches)} ({b.jobs[0].name}) failed: "
+                       f"no space left on device ({type(e).__name__}). Free "
+                       "space on that disk") from None
       message = f"{type(e).__name__}: {e}"
       echo(f"{prefix}batch {k}/{len(batches)}: FAILED: {message}")
       for j in b.jobs:
@@ -289,8 +293,9 @@ def run(batches: list[Batch], built: dict, cells: list,
         cells[j.cell].charged += share
     for j, res in zip(b.jobs, results):
       opened = cells[j.cell]
-      if isinstance(res, NonFiniteError):
-        echo(f"{opened.run_dir}: {res}")
+      if isinstance(res, NonFiniteError):  # said when it stopped (on_stop)
+        with opened.guard():
+          opened.record_stopped(j.name, j.target, res)
         finished(j, (f"{j.name} / {opened.targets[j.target]}: "
                      f"NonFiniteError: {res}", res))
         continue
@@ -326,6 +331,8 @@ def _train(b: Batch, built: dict, cells, mapping: str, forget: bool) -> list:
         checkpoint_dirs=[at(j)[0].checkpoint_dir(j.name, at(j)[1])
                          for j in b.jobs],
         on_eval=[at(j)[0].log.callback(j.name, at(j)[1]) for j in b.jobs],
+        on_stop=[lambda e, o=at(j)[0]: o.echo(f"{o.run_dir}: {e}")
+                 for j in b.jobs],
         mapping=mapping)
   finally:
     if forget:

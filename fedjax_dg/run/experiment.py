@@ -20,7 +20,7 @@ from typing import Callable
 
 import numpy as np
 
-from fedjax_dg import algorithms, distributed, engine
+from fedjax_dg import algorithms, distributed, engine, errors
 from fedjax_dg.errors import (ConfigError, DiskFull, Stopped,
                               is_disk_full)
 from fedjax_dg.report import metrics_log, records
@@ -68,10 +68,28 @@ class OpenRun:
     return self._models[key]
 
   def pending(self) -> list[tuple[int, str]]:
-    """(target index, algorithm) of every run not finished yet, in order."""
+    """(target index, algorithm) of every run not finished yet, in order
+    (a run stopped as non-finite is a result: not trained again)."""
     return [(i, name) for i, target in enumerate(self.targets)
             for name in self.cfg.algorithms
-            if (name, str(target)) not in self.done]
+            if (name, str(target)) not in self.done
+            and (name, str(target)) not in self.stopped()]
+
+  def stopped(self) -> dict[tuple[str, str], str]:
+    """{(algorithm, target): why} of the runs stopped as non-finite
+    (results.json's `stopped`): deterministic, so a resume would repeat
+    them; their settings must change."""
+    return {(r["algorithm"], r["target"]): r["error"]
+            for r in self.results.get("stopped", [])}
+
+  def record_stopped(self, name: str, i: int, error: Exception) -> None:
+    """Run `name` on target `i` went non-finite: said at once, kept in
+    results.json's `stopped` (written) with its reason."""
+    target = str(self.targets[i])
+    if (name, target) not in self.stopped():
+      self.results.setdefault("stopped", []).append(
+          dict(algorithm=name, target=target, error=str(error)))
+    self.write()
 
   def finished(self) -> list[tuple[int, str]]:
     """(target index, algorithm) of every run finished before."""
@@ -205,6 +223,7 @@ def open_run(cfg: ConfigDict, run_dir: str | None = None, *,
         before = directory.read_json(os.path.join(run_dir, "results.json"),
                                      directory.REDO_RESULTS)
         results["runs"] = before["runs"]
+        results["stopped"] = list(before.get("stopped", []))
         results["warnings"] = list(before.get("warnings", []))
         results["seconds"] = opened.before = float(before.get("seconds") or 0.0)
       for line in said:
@@ -266,6 +285,10 @@ def _run_all(opened: OpenRun, replicas: int = 1, mapping: str = "auto"
   opened.write()
   if failed:
     raise failed[0][1]
+  for (name, target), why in opened.stopped().items():  # earlier parts'
+    raise errors.NonFiniteError(
+        f"{why} (kept from results.json: a resume repeats a non-finite run; "
+        "change its settings in a new run directory)")
 
 
 def describe_target(opened: OpenRun, i: int) -> str:

@@ -109,6 +109,9 @@ def load_records(sweep_dir: str) -> tuple[dict, list[dict]]:
     planned = [(a, str(t)) for a in results.get("algorithms", ())
                for t in results.get("targets", ())]
     absent = [p for p in planned if p not in done]
+    for r in results.get("stopped", ()):
+      manifest.setdefault("stopped", {})[name, r["algorithm"],
+                                         str(r["target"])] = r["error"]
     if absent:  # a run directory's own status is unknown: stopped or running
       missing[name] = (cell.get("status", "?") if cell["name"] != "."
                        else "unfinished", absent)
@@ -146,8 +149,10 @@ def diverged_lines(records: list[dict]) -> list[str]:
 
 def missing_lines(manifest: dict) -> list[str]:
   """One line per cell with unfinished runs: its status and which
-  algorithms / targets (a whole cell: its seed and grid point)."""
+  algorithms / targets (a whole cell: its seed and grid point); a run
+  stopped as non-finite with its reason, on a line of its own."""
   lines = []
+  stopped = manifest.get("stopped", {})
   for name, (status, absent) in manifest.get("missing", {}).items():
     per = {}
     for a, t in absent:
@@ -155,7 +160,18 @@ def missing_lines(manifest: dict) -> list[str]:
     what = "; ".join(f"{a}: targets {', '.join(ts)}" for a, ts in per.items())
     lines.append(f"- `{name}` ({status}): {len(absent)} run(s) missing: "
                  + (what or "none planned known"))
+    lines += [f"  - {a} / {t} was stopped: {stopped[name, a, t]}"
+              for a, t in absent if (name, a, t) in stopped]
   return lines
+
+
+def resumable(manifest: dict) -> bool:
+  """Whether a resume can finish a missing run: one that is not a
+  non-finite stop (which a resume repeats)."""
+  stopped = manifest.get("stopped", {})
+  return any((name, a, t) not in stopped
+             for name, (_, absent) in manifest.get("missing", {}).items()
+             for a, t in absent)
 
 
 def report_tables(records: list[dict], ds=None,
@@ -258,10 +274,15 @@ def write_report(sweep_dir: str, out: str | None = None, ds=None,
     head += ["", f"**{tables.PARTIAL} PARTIAL: {absent} planned run(s) have not "
              f"finished**; every value they leave partial is marked "
              f"{tables.PARTIAL} (a mean over the finished runs only). "
-             "Missing:", ""] + missing_lines(manifest) + [
-             "", "Continue with `fedjax-dg "
-             + ("sweep" if os.path.isfile(os.path.join(sweep_dir, MANIFEST))
-                else "run") + f" --resume {sweep_dir}`, then report again."]
+             "Missing:", ""] + missing_lines(manifest)
+    if resumable(manifest):
+      head += ["", "Continue with `fedjax-dg "
+               + ("sweep" if os.path.isfile(os.path.join(sweep_dir, MANIFEST))
+                  else "run") + f" --resume {sweep_dir}`, then report again."]
+    if manifest.get("stopped"):
+      head += ["", "A run stopped as non-finite is deterministic: a resume "
+               "skips it (it would stop the same way); change its settings "
+               "(e.g. a smaller learning rate) in a new sweep."]
   head += diverged_lines(records)
   head += ["", "id = each client's model on its own held-out 10 % source split "
            "(mean over clients); ood = on the unseen target domain. Final = the "

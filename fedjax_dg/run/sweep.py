@@ -416,12 +416,15 @@ def _cells_in_batches(p: Plan, manifest: dict, sweep_dir: str, loaded: dict,
            "results.json")
     _mark(sweep_dir, manifest, entry, "running")
 
-  def cell_done(c: int, errors: list[str]) -> None:
+  def cell_done(c: int, errors: list) -> None:
     nonlocal failures
     opened, entry = cells[c], manifest["cells"][index[c]]
     opened.write()
     opened.log.close()
     name = p.cells[index[c]].name
+    if not errors:  # runs stopped as non-finite in an earlier part
+      errors = [(f"{a} / {t}: NonFiniteError: {why}", None)
+                for (a, t), why in opened.stopped().items()]
     if errors:
       failures += 1
       _mark(sweep_dir, manifest, entry, "failed",
