@@ -216,6 +216,11 @@ def parser() -> argparse.ArgumentParser:
                        " bit for bit; auto on CPU), vmap (batched; auto on "
                        "GPU/TPU), shard (split over the devices; float order "
                        "differs)")
+  p_sweep.add_argument("--part", metavar="I/N", default=None,
+                       help="train the I-th of N blocks of the cells: N "
+                       "processes or machines (a job array) share one --out "
+                       "folder; each part resumes on its own (--resume DIR "
+                       "--part I/N); the last to end writes the report")
   p_sweep.add_argument("--dry-run", action="store_true",
                        help="validate and list the cells, compute nothing")
   p_report = sub.add_parser(

@@ -47,13 +47,21 @@ def holder(path: str) -> dict:
     return {}
 
 
-def hold(sweep_dir: str) -> None:
-  """Takes the sweep lock of `sweep_dir` (an existing folder) for the rest
+def part_lock(index: int, parts: int) -> str:
+  """The lock file of part `index` of `parts` (`sweep --part I/N`)."""
+  return f"sweep.part-{index}-of-{parts}.lock"
+
+
+def hold(sweep_dir: str, name: str = LOCK, shared: bool = False) -> None:
+  """Takes the lock `name` of `sweep_dir` (an existing folder) for the rest
   of the call of the function it runs under (`released`), or raises `Busy`
-  naming the process that holds it."""
+  naming the process that holds it. `shared`: several holders at once (the
+  parts of one sweep hold `LOCK` shared, each its own `part_lock`
+  exclusive; a whole sweep holds `LOCK` exclusive, so it never runs beside
+  them)."""
   if not distributed.is_main():
     return
-  path = os.path.join(sweep_dir, LOCK)
+  path = os.path.join(sweep_dir, name)
   try:
     f = open(path, "a+")  # pylint: disable=consider-using-with
   except OSError as e:
@@ -61,7 +69,7 @@ def hold(sweep_dir: str) -> None:
                       f"({type(e).__name__}: {e}); a sweep writes into its "
                       "folder: give a writable one") from None
   try:
-    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    fcntl.flock(f, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
   except BlockingIOError:
     f.close()
     other = holder(path)
@@ -73,17 +81,35 @@ def hold(sweep_dir: str) -> None:
         "one sweep writes a folder at a time; wait for that one to end (or "
         "stop it), then continue with fedjax-dg sweep --resume "
         f"{sweep_dir}") from None
-  f.seek(0)
-  f.truncate()
-  json.dump(dict(pid=os.getpid(), host=socket.gethostname(),
-                 started=datetime.datetime.now().isoformat(timespec="seconds")),
-            f)
-  f.flush()
+  if not shared:  # a shared lock's file names the last exclusive holder
+    f.seek(0)
+    f.truncate()
+    json.dump(dict(pid=os.getpid(), host=socket.gethostname(),
+                   started=datetime.datetime.now().isoformat(
+                       timespec="seconds")), f)
+    f.flush()
   stack = getattr(_held, "files", None)
   if stack:
     stack[-1].append(f)
   else:  # not under `released`: held until the process ends
     _held.__dict__.setdefault("orphans", []).append(f)
+
+
+class exclusive:
+  """`with exclusive(path):` a short exclusive lock on `path` (waits for
+  it): the parts of a sweep make its manifest and update their cells in it
+  one at a time."""
+
+  def __init__(self, path: str):
+    self.path = path
+
+  def __enter__(self):
+    self.f = open(self.path, "a+")  # pylint: disable=consider-using-with
+    fcntl.flock(self.f, fcntl.LOCK_EX)
+    return self
+
+  def __exit__(self, *exc):
+    self.f.close()
 
 
 def released(fn):

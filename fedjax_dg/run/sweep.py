@@ -245,13 +245,14 @@ def check(p: Plan, *, data: bool = True, loaded: dict | None = None
   return num_targets
 
 
-def _check_fresh(out: str) -> None:
+def _check_fresh(out: str, part=None) -> None:
   """`--out` can start a new sweep: it holds no sweep and nothing else (but
-  a lock file, `lock.LOCK`); checked before the validation and again under
-  the folder's lock."""
+  lock files); checked before the validation and again under the folder's
+  lock. A part (`part`) joins a sweep its fellow parts made instead."""
   if os.path.exists(os.path.join(out, directory.MANIFEST)):
     raise ConfigError(f"{out} already holds a sweep: continue it with --resume {out}")
-  if os.path.isdir(out) and set(os.listdir(out)) - {lock.LOCK}:
+  if os.path.isdir(out) and {f for f in os.listdir(out)
+                             if not f.endswith(".lock")}:
     raise ConfigError(f"--out {out} exists and is not empty")
 
 
@@ -288,27 +289,62 @@ def _stored_base(manifest: dict, echo):
 # ----------------------------------------------------------------------- run
 
 
+def parse_part(spec: str | None) -> tuple[int, int] | None:
+  """`--part I/N` -> (I, N), 1 <= I <= N; None -> None."""
+  if spec is None:
+    return None
+  try:
+    i, n = (int(v) for v in spec.split("/"))
+  except ValueError:
+    raise ConfigError(f"--part {spec!r}: give I/N, e.g. 2/4 (part 2 of 4)"
+                      ) from None
+  if not 1 <= i <= n:
+    raise ConfigError(f"--part {spec}: I must be in 1..N (1..{n})")
+  return i, n
+
+
+def part_cells(num_cells: int, part: tuple[int, int] | None) -> range:
+  """The cell indices part (I, N) trains: the I-th of N contiguous blocks
+  of sizes as equal as they can be (every cell for None)."""
+  if part is None:
+    return range(num_cells)
+  i, n = part
+  return range((i - 1) * num_cells // n, i * num_cells // n)
+
+
 @lock.released  # the folder's sweep lock (`lock.hold`) until it returns
 def run_sweep(config_path: str | None = None, sets=(), grid=(), seeds=None, *,
               out: str | None = None, resume: str | None = None,
               dry_run: bool = False, report: bool = True,
               max_replicas: int = 0, replica_mapping: str = "auto",
+              part: tuple[int, int] | None = None,
               echo=print) -> tuple[str | None, int]:
   """Runs (or resumes) a sweep; returns (sweep directory, number of failed
   cells). `max_replicas`: runs per replica batch (`batches`; 0: as many as
-  fit in memory; 1: one run after another, each cell an `experiment.run`);
-  `replica_mapping`: how a batch's replicas are mapped
-  (`engine.programs.replica_mapping`)."""
+  fit in memory; 1: one run after another); `replica_mapping`: how a
+  batch's replicas are mapped (`engine.programs.replica_mapping`).
+
+  `part` = (I, N): this process trains the I-th of N blocks of the cells
+  (`part_cells`), so N processes or machines (a job array) share one sweep
+  folder (`out`, on a disk they all see): the first to start writes its
+  sweep.json, the others join it, each updates only its own cells, each
+  part resumes on its own (`--resume DIR --part I/N`), and the last to
+  finish writes the report over all of them (`fedjax-dg report DIR` any
+  time)."""
   if max_replicas < 0:
     raise ConfigError(f"--replicas {max_replicas}: allowed values are 0 (as "
                       "many as fit in memory), 1 (one run at a time) or a "
                       "larger batch cap")
   echo = distributed.main_only(echo)
+  if part is not None and not (out or resume):
+    raise ConfigError("--part I/N shares one sweep folder between the parts: "
+                      "give it with --out DIR (the same for every part)")
   if resume:
     manifest = directory.read_manifest(resume)
     if not dry_run:  # one sweep per folder: read again under the lock
-      lock.hold(resume)
+      _hold(resume, part)
       manifest = directory.read_manifest(resume)
+    _check_parts(resume, manifest, part)
     p = plan(manifest["config"], manifest["sets"],
              [(k, v) for k, v in manifest["grid"]], manifest["seeds"],
              use_defaults=False, base=_stored_base(manifest, echo))
@@ -323,8 +359,11 @@ def run_sweep(config_path: str | None = None, sets=(), grid=(), seeds=None, *,
     if not config_path:
       raise ConfigError("sweep needs --config experiments/<file>.py (or --resume DIR)")
     p = plan(config_path, sets, grid, seeds)
+    joining = part is not None and os.path.isfile(os.path.join(
+        out, directory.MANIFEST))
+    if out and not joining:
+      _check_fresh(out, part)
     if out:
-      _check_fresh(out)
       directory.check_output_dir(out, "--out")
     else:
       directory.check_output_dir(p.base.output_dir)
@@ -352,42 +391,109 @@ def run_sweep(config_path: str | None = None, sets=(), grid=(), seeds=None, *,
         raise ConfigError(f"--out {sweep_dir}: cannot create it "
                           f"({type(e).__name__}: {e}): give a writable "
                           "folder") from None
-      lock.hold(sweep_dir)  # one sweep per folder: checked again under it
-      _check_fresh(sweep_dir)
+      _hold(sweep_dir, part)  # one sweep per folder: checked again under it
     manifest = dict(
         version=1, name=p.base.name, config=p.config_path, sets=p.sets,
         grid=[[k, v] for k, v in p.grid], seeds=p.seeds,
         created=datetime.datetime.now().isoformat(timespec="seconds"),
         base_config=_config_json(p.base),
         explicit=config_lib.explicit_keys(p.base),   # what was set
+        **({"parts": part[1]} if part else {}),
         cells=[dict(name=c.name, settings=c.settings, overrides=c.overrides,
                     status="pending") for c in p.cells])
-    directory.write_manifest(sweep_dir, manifest)
+    if part is None:
+      if distributed.is_main():
+        _check_fresh(sweep_dir)
+      directory.write_manifest(sweep_dir, manifest)
+    else:  # the first part writes it, the others join it
+      with lock.exclusive(os.path.join(sweep_dir, MANIFEST_LOCK)):
+        if os.path.isfile(os.path.join(sweep_dir, directory.MANIFEST)):
+          manifest = _join(sweep_dir, manifest, p)
+          resume = sweep_dir
+        else:
+          _check_fresh(sweep_dir, part)
+          directory.write_manifest(sweep_dir, manifest)
+      _check_parts(sweep_dir, manifest, part)
   echo(f"[sweep] directory: {sweep_dir}" + (" (resuming)" if resume else ""))
 
   n, t_start = len(p.cells), time.perf_counter()
-  with _no_stuck_cells(sweep_dir, manifest, fresh=not resume, echo=echo):
+  mine = part_cells(n, part)
+  if part is not None:
+    echo(f"[sweep] part {part[0]}/{part[1]}: cells {mine.start + 1}-"
+         f"{mine.stop} of {n}")
+  with _no_stuck_cells(sweep_dir, manifest, fresh=not resume and part is None,
+                       echo=echo, mine=mine):
     failures = _cells_in_batches(p, manifest, sweep_dir, loaded, max_replicas,
-                                 replica_mapping, echo)
-  echo(f"[sweep] {sum(c['status'] == 'done' for c in manifest['cells'])}/{n} cells "
+                                 replica_mapping, echo, mine)
+  if part is not None:  # the other parts' cells as they are now
+    manifest = directory.read_manifest(sweep_dir)
+  ours = [manifest["cells"][k] for k in mine]
+  echo(f"[sweep] {sum(c['status'] == 'done' for c in ours)}/{len(ours)} cells "
        f"done, {failures} failed, {batches.hms(time.perf_counter() - t_start)}; "
        f"manifest {os.path.join(sweep_dir, directory.MANIFEST)}")
-  if (report and distributed.is_main()
-      and any(c["status"] == "done" for c in manifest["cells"])):
+  waiting = [c["name"] for c in manifest["cells"]
+             if c["status"] in ("pending", "running")]
+  if part is not None and waiting:
+    echo(f"[sweep] part {part[0]}/{part[1]} done; {len(waiting)} cells of "
+         "other parts are not finished: the last part to end writes the "
+         f"report (fedjax-dg report {sweep_dir} writes it over what is "
+         "done any time)")
+  elif (report and distributed.is_main()
+        and any(c["status"] == "done" for c in manifest["cells"])):
     paths = reports.write_report(sweep_dir)
     echo(f"[sweep] report: {os.path.dirname(paths[0])} "
          f"(fedjax-dg report {sweep_dir} rewrites it)")
   return sweep_dir, failures
 
 
+# The short lock around a partitioned sweep's manifest writes.
+MANIFEST_LOCK = "sweep.json.lock"
+
+
+def _hold(sweep_dir: str, part) -> None:
+  """This process's locks of the folder: the sweep lock, exclusive for a
+  whole sweep; shared, plus the part's own exclusive one, for a part."""
+  if part is None:
+    lock.hold(sweep_dir)
+  else:
+    lock.hold(sweep_dir, shared=True)
+    lock.hold(sweep_dir, lock.part_lock(*part))
+
+
+def _check_parts(sweep_dir: str, manifest: dict, part) -> None:
+  """A part of a partitioned sweep is one of the N it was made with."""
+  parts = manifest.get("parts")
+  if part is not None and parts not in (None, part[1]):
+    raise ConfigError(f"--part {part[0]}/{part[1]}: {sweep_dir} was split "
+                      f"into {parts} parts; give --part I/{parts}")
+
+
+def _join(sweep_dir: str, fresh: dict, p) -> dict:
+  """The manifest of a partitioned sweep another part made, checked to be
+  this part's: the same cells and settings."""
+  stored = directory.read_manifest(sweep_dir)
+  if [c["name"] for c in stored["cells"]] != [c.name for c in p.cells]:
+    raise ConfigError(f"{sweep_dir} holds another sweep (other cells) than "
+                      "this part's: give every part the same --config, "
+                      "--set, --grid and --seeds")
+  drift = config_lib.drift(stored["base_config"], fresh["base_config"])
+  if drift:
+    raise ConfigError(f"{sweep_dir} holds a sweep with other settings than "
+                      f"this part's: {'; '.join(drift)}")
+  return stored
+
+
 def _cells_in_batches(p: Plan, manifest: dict, sweep_dir: str, loaded: dict,
-                      max_replicas: int, mapping: str, echo) -> int:
-  """Every pending cell's run directory opened, their runs trained in
-  replica batches (`batches`); a cell is finished when its last run is
-  recorded. Returns the failed cells."""
+                      max_replicas: int, mapping: str, echo,
+                      mine: range | None = None) -> int:
+  """Every pending cell's (of `mine`: a part's) run directory opened, their
+  runs trained in replica batches (`batches`); a cell is finished when its
+  last run is recorded. Returns the failed cells."""
   n, cells, index, failures = len(p.cells), [], [], 0
   for k, (cell, cfg, entry) in enumerate(zip(p.cells, p.configs,
                                              manifest["cells"])):
+    if mine is not None and k not in mine:
+      continue
     cell_dir = os.path.join(sweep_dir, cell.name)
     if entry["status"] == "done" and directory.cell_complete(cell_dir):
       echo(f"[sweep] cell {k + 1}/{n} {cell.name}: finished earlier, skipped")
@@ -457,7 +563,8 @@ def _cells_in_batches(p: Plan, manifest: dict, sweep_dir: str, loaded: dict,
 
 
 @contextlib.contextmanager
-def _no_stuck_cells(sweep_dir: str, manifest: dict, *, fresh: bool, echo):
+def _no_stuck_cells(sweep_dir: str, manifest: dict, *, fresh: bool, echo,
+                    mine: range | None = None):
   """A sweep that fails (not stopped, not a full disk: those resume) leaves
   no cell "running": each is marked failed with the error; a new sweep
   (`fresh`) that computed nothing is removed again (its sweep.json and cell
@@ -467,9 +574,11 @@ def _no_stuck_cells(sweep_dir: str, manifest: dict, *, fresh: bool, echo):
   except Exception as e:
     if isinstance(e, DiskFull) or not distributed.is_main():
       raise
-    stuck = [c for c in manifest["cells"] if c["status"] == "running"]
-    for entry in stuck:
-      entry.update(status="failed", error=f"{type(e).__name__}: {e}")
+    stuck = [c for k, c in enumerate(manifest["cells"])
+             if c["status"] == "running" and (mine is None or k in mine)]
+    for entry in stuck:  # this process's cells only (a part's)
+      _mark(sweep_dir, manifest, entry, "failed",
+            error=f"{type(e).__name__}: {e}")
     cells = [os.path.join(sweep_dir, c["name"]) for c in manifest["cells"]]
     if fresh and not any(directory.holds_work(c) for c in cells):
       for c in cells:
@@ -480,8 +589,6 @@ def _no_stuck_cells(sweep_dir: str, manifest: dict, *, fresh: bool, echo):
       echo(f"[sweep] {sweep_dir}: the sweep failed before any run was "
            "computed; its sweep.json and cell folders are removed, so the "
            "same --out starts afresh")
-    elif stuck:
-      directory.write_manifest(sweep_dir, manifest)
     raise
 
 
@@ -496,6 +603,15 @@ def _mark(sweep_dir: str, manifest: dict, entry: dict, status: str,
     entry.update(status=status, finished=now, **fields)
   else:
     entry.update(status=status, **fields)
+  if manifest.get("parts") and distributed.is_main():
+    # Other parts write their cells into the same file: read it again,
+    # replace this cell's entry only.
+    with lock.exclusive(os.path.join(sweep_dir, MANIFEST_LOCK)):
+      on_disk = directory.read_manifest(sweep_dir)
+      on_disk["cells"] = [entry if c["name"] == entry["name"] else c
+                          for c in on_disk["cells"]]
+      directory.write_manifest(sweep_dir, on_disk)
+    return
   directory.write_manifest(sweep_dir, manifest)
 
 
@@ -514,7 +630,8 @@ def main_sweep(args) -> int:
                           parse_seeds(args.seeds), out=args.out,
                           resume=args.resume, dry_run=args.dry_run,
                           max_replicas=args.replicas,
-                          replica_mapping=args.replica_mapping)
+                          replica_mapping=args.replica_mapping,
+                          part=parse_part(args.part))
   return 1 if failures else 0
 
 
