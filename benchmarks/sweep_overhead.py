@@ -18,6 +18,21 @@ medians are printed with every wall time.
     python benchmarks/sweep_overhead.py                       # this checkout
     python benchmarks/sweep_overhead.py --baseline ../old --repeats 3
     python benchmarks/sweep_overhead.py --seeds 4 --targets 0,15   # smaller
+
+Two more shapes (`--shape`), where the rounds cost what they cost:
+
+* `table2`: the hFedF Table 2 shape of docs/results.md (7 algorithms x
+  targets 0, 30, 60 x d = 1, 2, 3; small CNN, 16 px, 400 images a domain,
+  10 rounds), seeds 0-2 by default: 189 runs;
+* `table1`: the FedCCRL Table 1 methods that derive something from their
+  data (FedCCRL, CCST, ELCFS) on Styled Fashion-MNIST at 100 images a
+  domain and 2 rounds, seeds 0-1: 30 runs (`fedjax-dg prepare
+  styled_fashion_mnist` first).
+
+`--warm`: a sweep of other seeds first fills the persistent compilation
+cache (one per side), as a user's second sweep finds it; programs built from
+shapes then compile nothing, programs that embed a seed's values compile
+again.
 """
 
 from __future__ import annotations
@@ -32,25 +47,40 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = ["algorithms=fedavg", "model.name=mlp", "data.image_size=8",
-        "data.max_per_domain=60", "train.rounds=10", "train.eval_every=5",
-        "train.progress=False"]
+# (experiment file, --set values, default seeds, default targets)
+SHAPES = {
+    "tiny": ("demo.py", ["algorithms=fedavg", "model.name=mlp",
+                         "data.image_size=8", "data.max_per_domain=60",
+                         "train.rounds=10", "train.eval_every=5"],
+             16, "0,15,30,45"),
+    "table2": ("table2.py", ["model.name=small_cnn", "data.image_size=16",
+                             "data.max_per_domain=400", "train.epochs=1",
+                             "train.rounds=10", "train.eval_every=5",
+                             "train.ood_eval_max=0"], 3, "0,30,60"),
+    "table1": ("styled_fmnist_table1.py", ["algorithms=fedccrl,ccst,elcfs",
+                                           "data.max_per_domain=100",
+                                           "train.rounds=2",
+                                           "train.eval_every=1"], 2, "all"),
+}
 
 
-def sweep(checkout: str, seeds: int, targets: str, extra: list[str]
+def sweep(checkout: str, shape: str, seeds: list[int], targets: str,
+          extra: list[str], cache: str | None = None
           ) -> tuple[float, float, int]:
   """(wall seconds, peak RSS GiB, exit code) of one sweep process of
-  `checkout`'s fedjax_dg."""
+  `checkout`'s fedjax_dg (`cache`: its persistent compilation cache
+  folder, kept; None: a fresh one, removed)."""
   work = tempfile.mkdtemp(prefix="sweep_overhead_")
   out = os.path.join(work, "sweep")
+  config, sets, _, _ = SHAPES[shape]
   cmd = [sys.executable, "-m", "fedjax_dg.cli", "sweep", "--config",
-         os.path.join(checkout, "experiments", "demo.py"),
-         "--seeds", ",".join(map(str, range(seeds))), "--out", out,
+         os.path.join(checkout, "experiments", config),
+         "--seeds", ",".join(map(str, seeds)), "--out", out,
          "--set", f"data.targets={targets}"]
-  for s in TINY + extra:
+  for s in sets + ["train.progress=False"] + extra:
     cmd += ["--set", s]
   env = dict(os.environ, PYTHONPATH=checkout,
-             FEDJAX_DG_JAX_CACHE=os.path.join(work, "jax_cache"))
+             FEDJAX_DG_JAX_CACHE=cache or os.path.join(work, "jax_cache"))
   try:
     with tempfile.TemporaryFile("w+") as log:
       t0 = time.perf_counter()
@@ -70,26 +100,52 @@ def sweep(checkout: str, seeds: int, targets: str, extra: list[str]
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--baseline", help="another fedjax_dg checkout to compare")
-  ap.add_argument("--seeds", type=int, default=16)
-  ap.add_argument("--targets", default="0,15,30,45")
+  ap.add_argument("--shape", choices=tuple(SHAPES), default="tiny")
+  ap.add_argument("--seeds", type=int, default=None,
+                  help="seeds 0..S-1 (default: the shape's)")
+  ap.add_argument("--targets", default=None)
+  ap.add_argument("--runs", type=int, default=None,
+                  help="the runs a sweep makes, for the per-run figure "
+                  "(default: seeds x targets)")
   ap.add_argument("--repeats", type=int, default=1)
+  ap.add_argument("--warm", action="store_true",
+                  help="fill each side's compilation cache with a sweep of "
+                  "other seeds first")
   ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                   help="more settings for both sweeps")
   args = ap.parse_args(argv)
-  runs = args.seeds * len(args.targets.split(","))
+  _, _, default_seeds, default_targets = SHAPES[args.shape]
+  seeds = list(range(args.seeds or default_seeds))
+  targets = args.targets or default_targets
+  runs = args.runs or len(seeds) * len(targets.split(","))
   sides = [("this", HERE)] + ([("baseline", os.path.abspath(args.baseline))]
                               if args.baseline else [])
+  caches = {}
+  if args.warm:
+    for name, checkout in sides:
+      caches[name] = tempfile.mkdtemp(prefix=f"jax_cache_{name}_")
+      others = [s + 100 for s in seeds]
+      wall, _, code = sweep(checkout, args.shape, others, targets, args.set,
+                            caches[name])
+      print(f"warm-up {name:8s} {wall:7.1f} s (seeds {others[0]}-"
+            f"{others[-1]})", flush=True)
+      if code:
+        return code
   walls = {name: [] for name, _ in sides}
   for k in range(args.repeats):
     for name, checkout in sides:  # alternating: drift hits both
-      wall, rss, code = sweep(checkout, args.seeds, args.targets, args.set)
+      wall, rss, code = sweep(checkout, args.shape, seeds, targets, args.set,
+                              caches.get(name))
       walls[name].append(wall)
       print(f"repeat {k + 1} {name:8s} {wall:7.1f} s  {wall / runs:6.2f} s a run"
             f"  peak RSS {rss:.2f} GiB  exit {code}", flush=True)
       if code:
         return code
-  print(f"\n{runs} runs ({args.seeds} seeds x targets {args.targets}); median "
-        "wall, process start included:")
+  for cache in caches.values():
+    shutil.rmtree(cache, ignore_errors=True)
+  print(f"\n{args.shape}: {runs} runs (seeds 0-{len(seeds) - 1} x targets "
+        f"{targets}{', warm cache' if args.warm else ''}); median wall, "
+        "process start included:")
   med = {name: statistics.median(w) for name, w in walls.items()}
   for name, _ in sides:
     print(f"  {name:8s} {med[name]:7.1f} s  {med[name] / runs:6.2f} s a run")

@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import optax
 
 from fedjax_dg.client.update import RunProgress
+from fedjax_dg.tree import is_concrete  # noqa: F401 (checks of traced values)
 from fedjax_dg.errors import ConfigError
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 
-
-def is_concrete(x) -> bool:
-  """Whether `x` is a value, not a tracer: a recipe's values
-  (`algorithms.base.Recipe`) are traced inside the engine's programs, where
-  the checks that ran on their concrete values are skipped."""
-  return not isinstance(x, jax.core.Tracer)
 # The clients' learning-rate schedules (`client.schedule`).
 SCHEDULES = ("constant", "cosine")
 

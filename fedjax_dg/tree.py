@@ -83,3 +83,10 @@ def cosine(a: PyTree, b: PyTree, eps: float = 1e-12) -> jax.Array:
 
 def num_params(tree: PyTree) -> int:
   return sum(int(x.size) for x in jax.tree.leaves(tree))
+
+
+def is_concrete(x) -> bool:
+  """Whether `x` is a value, not a tracer: a recipe's values
+  (`algorithms.base.Recipe`) are traced inside the engine's programs, where
+  the checks that ran on their concrete values are skipped."""
+  return not isinstance(x, jax.core.Tracer)

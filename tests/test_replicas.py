@@ -298,16 +298,18 @@ def _built_from_data(num_clients=4, target=0):
   return federated.build(synthetic_domains(num_domains=5, per_domain=24),
                          partition.PartitionSpec(num_clients=num_clients,
                                                  seed=0),
-                         target_domain=target)
+                         target_domain=target, server_fraction=0.2)
 
 
-@pytest.mark.parametrize("name", ["fedccrl", "elcfs", "ccst"])
+@pytest.mark.parametrize("name", ["fedccrl", "elcfs", "ccst", "feddf",
+                                  "fedbe", "fedlaw", "hfedf"])
 def test_data_built_algorithms_batch_over_seeds_and_targets(name):
-  """FedCCRL's and ELCFS's first pools and CCST's AdaIN network and banks
-  are built from each run's data and seed: as values of one recipe
-  (`prepare`), replicas of two seeds on two targets share one program,
-  and each equals its run built alone from its own data and seed: bit for
-  bit for ELCFS and CCST; FedCCRL within 1e-6 (its AugMix turns the
+  """What these build from each run's data and seed (FedCCRL's and ELCFS's
+  first pools, CCST's AdaIN network and banks, FedDF's / FedBE's /
+  FedLAW's server split, hFedF's autoencoder embeddings) are values of one
+  recipe (`prepare`): replicas of two seeds on two targets share one
+  program, and each equals its run built alone from its own data and
+  seed: bit for bit, but FedCCRL within 1e-6 (its AugMix turns the
   normalization, an argument now, a constant of the run alone, back into
   pixels: 7.5e-9 measured, where a replica given another's pool is 2.3e-3
   away after these 2 rounds)."""
@@ -315,6 +317,7 @@ def test_data_built_algorithms_batch_over_seeds_and_targets(name):
   from conftest import every_algorithm_setup
   from fedjax_dg.run import assemble
   _, cfg = every_algorithm_setup()
+  cfg.hfedf.embeddings = "autoencoder"
   feds = [_built_from_data(target=0), _built_from_data(target=1)]
   model = model_for(name, feds[0], hidden=8)
   seeds = (3, 5)
@@ -344,3 +347,53 @@ def test_data_built_algorithms_batch_over_seeds_and_targets(name):
                       atol=1e-6 if name == "fedccrl" else 0.0)
   assert not np.allclose(state(together[0])[0], state(together[1])[0],
                          atol=1e-3)
+
+
+TRACED = [n for n in algorithms.available()
+          if algorithms.spec(n).traced and n == algorithms.spec(n).section]
+
+
+@pytest.mark.parametrize("name", TRACED)
+def test_a_grid_of_scalar_hyperparameters_is_one_program_of_its_runs(
+    setup, name):
+  """Every module's TRACED hyperparameters, with the client lr and the
+  input normalization: three runs of other values (traced ones halved)
+  are one recipe, one program, each replica its run built alone with
+  those values as constants: bit for bit, but hFedF within 1e-6 (its
+  hypernetwork step with the server lr and temperature as arguments
+  compiles in another float order than with them as constants: 7.5e-9
+  measured, the distance the replica map alone gives it on an AMD EPYC;
+  another replica's values are more than 1e-4 away: asserted)."""
+  feds, _, _ = setup
+  fed = feds[0]
+  client = dict(optimizer="sgd", lr=0.1, weight_decay=0.0, momentum=0.0,
+                schedule="constant")
+  # hFedF's EMA from round 1, so that its alpha acts within 4 rounds.
+  defaults = {**algorithms.hyperparameters(algorithms.spec(name).section),
+              **{"hfedf": {"ema_warmup": 1}}.get(name, {})}
+  traced = algorithms.spec(name).traced
+  grid = [({}, 0.1, 0.5),
+          ({traced[-1]: defaults[traced[-1]] * 0.5}, 0.1, 0.5),
+          ({k: defaults[k] * 0.5 for k in traced}, 0.05, 0.4)]
+
+  def model(mean):
+    return models.get_model("mlp", input_shape=fed.image_shape,
+                            num_classes=fed.num_classes, mean=(mean,),
+                            std=(0.25,), hidden=8)
+
+  kw = lambda hp, lr: dict(hyperparameters={**defaults, **hp},
+                           client=dict(client, lr=lr), num_clients=N)
+  recipes = [algorithms.recipe(name, model(m), **kw(hp, lr))
+             for hp, lr, m in grid]
+  assert len({r.key for r in recipes}) == 1
+  together = run_replicas(recipes[0], [fed] * 3, None, CFG, (4, 4, 4),
+                          values=[r.values for r in recipes], mapping="map")
+  for (hp, lr, m), got in zip(grid, together, strict=True):
+    alone = algorithms.build(name, model(m), **kw(hp, lr))
+    assert_same_run(got, engine.run(alone, fed, model(m),
+                                    dataclasses.replace(CFG, seed=4)),
+                    atol=1e-6 if name == "hfedf" else 0.0)
+  for a, b in ((0, 1), (1, 2)):
+    assert max(float(np.max(np.abs(x.astype(np.float64) - y)))
+               for x, y in zip(state(together[a]), state(together[b]))
+               if x.dtype.kind == "f") > 1e-4

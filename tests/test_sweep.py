@@ -841,6 +841,9 @@ def test_seeds_batch_together_each_with_its_own_seed_data_and_values(
   lines = batches.explain(planned, cells)
   assert any(line.startswith("  fedavg: 4 runs in 1 batch of 4; it spans "
                              "seeds 0,1 x targets") for line in lines), lines
+  capped, _ = batches.plan(cells, max_replicas=1)
+  assert len(capped) == 8
+  assert "the batch cap" in " ".join(batches.explain(capped, cells))
   calls = []
   monkeypatch.setattr(engine, "run_batch", lambda rec, datas, model, cfg,
                       seeds, **kw: (calls.append((datas, seeds, kw["values"]))
@@ -856,32 +859,41 @@ def test_seeds_batch_together_each_with_its_own_seed_data_and_values(
     for v, j in zip(values, b.jobs, strict=True):
       np.testing.assert_array_equal(v["mean"], np.float32(
           cells[j.cell].model(j.target).mean))
-  capped, _ = batches.plan(cells, max_replicas=1)
-  assert len(capped) == 8
-  assert "the batch cap" in " ".join(batches.explain(capped, cells))
   for opened in cells:
     opened.log.close()
 
 
-def test_runs_built_from_their_data_are_planned_alone_and_say_why(tmp_path):
-  """ELCFS builds its amplitude bank from the run's clients: a recipe
-  of one target cannot serve another, so each of its runs is a batch
-  of one, and the plan says why; FedAvg's targets still share a batch."""
+def test_runs_built_from_their_data_batch_through_their_prepare(
+    tmp_path, monkeypatch):
+  """ELCFS builds its amplitude bank from each run's clients; its module's
+  `prepare` makes the bank a value of the program, so its two targets
+  share one batch (and one program) as FedAvg's do; a module that builds
+  from its data without a `prepare` would run alone, and the plan would
+  say why."""
+  from fedjax_dg import algorithms
   from fedjax_dg.run import batches
   path = tiny_experiment(tmp_path / "elcfs.py", tmp_path / "runs",
                          algorithms=("fedavg", "elcfs"), max_per_domain=30)
   cells = _opened(path, tmp_path, seeds=[0])
-  planned, _ = batches.plan(cells)
+  planned, built = batches.plan(cells)
   by_name = {}
   for b in planned:
     by_name.setdefault(b.jobs[0].name, []).append(b)
-  assert [len(b.jobs) for b in by_name["elcfs"]] == [1, 1]
-  assert all(b.key is None for b in by_name["elcfs"])
+  assert [len(b.jobs) for b in by_name["elcfs"]] == [2]
   assert [len(b.jobs) for b in by_name["fedavg"]] == [2]
-  lines = batches.explain(planned, cells)
+  assert all(b.key is not None for b in planned)
+  spec = algorithms.spec("elcfs")
+  assert spec.uses_data({}) and spec.batchable({})
+  # Without its prepare: each run alone, and the plan says why.
+  monkeypatch.setattr(algorithms.Spec, "prepares", property(
+      lambda self: self.name != "elcfs" and hasattr(self.module, "prepare")))
+  planned, _ = batches.plan(cells)
+  alone = [b for b in planned if b.jobs[0].name == "elcfs"]
+  assert [len(b.jobs) for b in alone] == [1, 1]
+  assert all(b.key is None for b in alone)
   assert any(line.startswith("  elcfs: 2 runs in 2 batches of 1; each run "
                              "alone: it is built from its run's data")
-             for line in lines), lines
+             for line in batches.explain(planned, cells))
   cells[0].log.close()
 
 

@@ -18,7 +18,7 @@
     TRACED              optional (()): float hyperparameters that are
                         arguments of the compiled programs (`recipe`), not
                         constants: `build` must accept tracers for them (its
-                        checks skip them, `optim.is_concrete`); a grid over
+                        checks skip them, `tree.is_concrete`); a grid over
                         them then shares one compile
     STATIC_CLIENT_LR    optional (False): the clients' learning rate is a
                         constant of the programs (`build` needs its value)
@@ -141,10 +141,9 @@ class Spec:
 
   def batchable(self, hparams: Mapping[str, Any]) -> bool:
     """Whether runs on other data can share its programs: it derives
-    nothing from its data, or what it derives is `prepare`'s values (a
-    server split is always its run's own)."""
-    return not self.uses_data(hparams) or (
-        self.prepares and not self.needs_server_data)
+    nothing from its data, or what it derives (style pools, embeddings, the
+    server's split) is `prepare`'s values."""
+    return not self.uses_data(hparams) or self.prepares
 
   @property
   def static_client_lr(self) -> bool:
@@ -425,7 +424,8 @@ RECIPE_KEY_PARTS = (
     "the clients' optimizer (other than its learning rate)",
     "the number of clients", "which hyperparameters are traced",
     "whether the learning rate is traced", "the seed (its build reads it)",
-    "its run's data (it is built from them)")
+    "its run's data (it is built from them)",
+    "the size of the server's split (data.server_fraction)")
 
 
 def recipe_key(name: str, model, *, hyperparameters: Mapping[str, Any],
@@ -441,13 +441,15 @@ def recipe_key(name: str, model, *, hyperparameters: Mapping[str, Any],
   static_client = {k: v for k, v in client.items()
                    if not (lr_traced and k == "lr")}
   prepared = s.uses_data(hp) and s.batchable(hp)  # data-built: values
+  server = (int(getattr(data, "server_size", 0) or 0)
+            if s.needs_server_data else None)  # its split's shape
   return ("registry", name, model.structure(),
           tuple(sorted((k, repr(v)) for k, v in static_hp.items())),
           tuple(sorted((k, repr(v)) for k, v in static_client.items())),
           int(num_clients), traced, lr_traced,
           int(seed) if takes_context(name, "seed") and not prepared else None,
           id(data) if (takes_context(name, "data") and s.uses_data(hp)
-                       and not prepared) else None)
+                       and not prepared) else None, server)
 
 
 def recipe_values(name: str, model, *, hyperparameters: Mapping[str, Any],

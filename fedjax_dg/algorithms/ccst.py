@@ -269,8 +269,8 @@ def build(model, optimizer, *, depth: int = 4,  # encoder ends at relu{depth}_1
     prepared = prepare(model, data=data, seed=seed, depth=depth, bank=bank,
                        k=k, r=r, objective=objective, eps=eps, vgg=vgg,
                        decoder=decoder, style_chunk=style_chunk)
-  net, single0, overall0 = (prepared["net"], prepared["single"],
-                            prepared["overall"])
+  net, single0, overall0 = jax.tree.map(jnp.asarray, (
+      prepared["net"], prepared["single"], prepared["overall"]))
   style = dict(depth=depth, chunk=style_chunk, eps=eps)
   use_single = bank in ("single", "both")
   slots = single0.valid.shape[1] if use_single else 0

@@ -197,7 +197,7 @@ def build(model, optimizer, *,
   if prepared is None:
     prepared = prepare(model, data=data, seed=seed, ratio=ratio,
                        bank_fraction=bank_fraction)
-  first = prepared["first"]
+  first = jax.tree.map(jnp.asarray, prepared["first"])
   slots = first.valid.shape[1]
   hp = dict(meta_step_size=meta_step_size, clip_value=clip_value,
             second_order=second_order, contrastive_weight=contrastive_weight,

@@ -135,7 +135,14 @@ def bayesian_ensemble_distillation(model, server_x, optimizer, *, steps: int,
   return ServerTransform(distill.initial_distill_state, update)
 
 
-def build(model, optimizer, loss, *, data,
+def prepare(model=None, *, data, **unused) -> dict:
+  """What `build` reads of the run's data, as arrays (the recipe's values,
+  `algorithms.recipe`: runs of other seeds and targets then share one
+  program): the server's split."""
+  return distill.prepare_server(model, data=data, name="fedbe")
+
+
+def build(model, optimizer, loss, *, data, prepared=None,
           num_samples: int = 10,      # ref. code num_sample_teacher
           sampler: str = "gaussian",  # gaussian (the paper's main) | dirichlet
           var_scale: float = 1.0,     # std multiplier of the samples (paper: 1;
@@ -179,7 +186,7 @@ def build(model, optimizer, loss, *, data,
   if sharpen_temperature <= 0:
     raise ConfigError(f"fedbe.sharpen_temperature must be > 0, got "
                      f"{sharpen_temperature}")
-  sx, _ = distill.require_server_data(data, "fedbe")
+  sx, _ = distill.require_server_data(data, "fedbe", prepared)
   num = int(sx.shape[0])
   bs = max(1, min(batch_size, num))
   n_steps = distill.resolve_steps(steps, epochs, num, bs)

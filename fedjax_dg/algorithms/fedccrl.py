@@ -144,7 +144,7 @@ def build(model, optimizer, *, r: float = 0.1,  # share of statistics uploaded
   if ccdt:
     if prepared is None:
       prepared = prepare(model, data=data, seed=seed, r=r, eps=eps)
-    first = prepared["first"]
+    first = jax.tree.map(jnp.asarray, prepared["first"])
   else:
     ch = model.input_shape[-1]
     first = StylePool(jnp.zeros((max(num_clients, 1), 1, ch)),

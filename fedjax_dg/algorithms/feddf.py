@@ -66,7 +66,14 @@ def ensemble_distillation(model, server_x, optimizer, *, steps: int,
   return ServerTransform(distill.initial_distill_state, update)
 
 
-def build(model, optimizer, loss, *, data,
+def prepare(model=None, *, data, **unused) -> dict:
+  """What `build` reads of the run's data, as arrays (the recipe's values,
+  `algorithms.recipe`: runs of other seeds and targets then share one
+  program): the server's split."""
+  return distill.prepare_server(model, data=data, name="feddf")
+
+
+def build(model, optimizer, loss, *, data, prepared=None,
           epochs: int = 20, steps: int = 0,  # FedLAW ref. code's FedDF: 20
                                              # server epochs (FedDF: up to 1e4
                                              # steps with early stopping)
@@ -86,7 +93,7 @@ def build(model, optimizer, loss, *, data,
   """
   if temperature <= 0:
     raise ConfigError(f"feddf.temperature must be > 0, got {temperature}")
-  sx, _ = distill.require_server_data(data, "feddf")
+  sx, _ = distill.require_server_data(data, "feddf", prepared)
   num = int(sx.shape[0])
   bs = max(1, min(batch_size, num))
   n_steps = distill.resolve_steps(steps, epochs, num, bs)

@@ -112,7 +112,14 @@ def _metrics(state: FedLawState, result) -> dict:
           "proxy_loss_last": state.loss_last}
 
 
-def build(model, optimizer, loss, *, data, num_clients: int,
+def prepare(model=None, *, data, **unused) -> dict:
+  """What `build` reads of the run's data, as arrays (the recipe's values,
+  `algorithms.recipe`: runs of other seeds and targets then share one
+  program): the server's split."""
+  return distill.prepare_server(model, data=data, name="fedlaw")
+
+
+def build(model, optimizer, loss, *, data, prepared=None, num_clients: int,
           epochs: int = 20, steps: int = 0,  # ref. code server_epochs
           batch_size: int = 128,     # ref. code validate_batchsize
           lr: float = 1e-2,          # ref. code: 1e-2 CIFAR-10, 5e-3 otherwise
@@ -131,7 +138,7 @@ def build(model, optimizer, loss, *, data, num_clients: int,
   if lambda_init not in LAMBDA_INITS:
     raise ConfigError(f"fedlaw.lambda_init={lambda_init!r}: allowed "
                      f"{LAMBDA_INITS}")
-  sx, sy = distill.require_server_data(data, "fedlaw")
+  sx, sy = distill.require_server_data(data, "fedlaw", prepared)
   num = int(sx.shape[0])
   bs = max(1, min(batch_size, num))
   aggregator = learned_aggregation(

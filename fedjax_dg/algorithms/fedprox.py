@@ -10,7 +10,7 @@ from fedjax_dg.algorithms.base import Algorithm
 from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.client import objectives
 from fedjax_dg.errors import ConfigError
-from fedjax_dg.optim import is_concrete
+from fedjax_dg.tree import is_concrete
 
 DISPLAY_NAME = "FedProx"
 PAPER = dict(

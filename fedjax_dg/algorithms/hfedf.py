@@ -53,8 +53,13 @@ from fedjax_dg.server.gradalign import ALIGN_OVER, GRANULARITIES
 from fedjax_dg.server.hypernetwork import (HyperParams, HypernetworkState,
                                           default_embed_dim,
                                           hypernetwork_server)
+from fedjax_dg.tree import is_concrete
 
 DISPLAY_NAME = "hFedF"
+# Arguments of the compiled programs, not constants (`algorithms.recipe`):
+# Fig. 11's grid over the EMA's alpha shares one compile, as does a grid over
+# the server's learning rate or GradAlign's temperature.
+TRACED = ("ema_decay", "server_lr", "temperature")
 PAPER = dict(
     title=("Hypernetwork-Driven Model Fusion for Federated Domain "
            "Generalization"),
@@ -155,6 +160,25 @@ def _autoencoder_program(module, num_images, epochs, lr, batch_size):
   return program
 
 
+def prepare(model=None, *, data, seed: int = 0, num_clients: int = 0,
+            embed_dim: int = 0, autoencoder_images: int = 100,
+            autoencoder_epochs: int = 50, autoencoder_lr: float = 1e-3,
+            autoencoder_batch_size: int = 20, **unused) -> dict:
+  """What `build` derives from the run's data with
+  `embeddings="autoencoder"`, as arrays (the recipe's values,
+  `algorithms.recipe`): the clients' [N, e] autoencoder embeddings, the
+  autoencoder seeded by `seed`."""
+  del model, unused
+  if num_clients and data.num_clients != num_clients:
+    raise ConfigError(f"data has {data.num_clients} clients, hfedf was built "
+                      f"for {num_clients}")
+  e = embed_dim or default_embed_dim(data.num_clients)
+  return dict(embeddings=np.asarray(autoencoder_embeddings(
+      data, e, key=jax.random.fold_in(jax.random.key(seed), 0xAE),
+      num_images=autoencoder_images, epochs=autoencoder_epochs,
+      lr=autoencoder_lr, batch_size=autoencoder_batch_size), np.float32))
+
+
 def build(model, optimizer, loss, *, num_clients: int,
           embed_dim: int = 0,          # 0: floor(1 + N/4) (pFedHN's rule, the paper)
           hidden: int = 50,    # the hypernetwork MLP's width (Table 8)
@@ -189,12 +213,14 @@ def build(model, optimizer, loss, *, num_clients: int,
           autoencoder_epochs: int = 50,   # the autoencoder's epochs
           autoencoder_lr: float = 1e-3,   # the autoencoder's Adam learning rate
           autoencoder_batch_size: int = 20,  # the autoencoder's batch size
-          data=None, seed: int = 0, name: str = "hfedf") -> Algorithm:
+          data=None, seed: int = 0, prepared=None,
+          name: str = "hfedf") -> Algorithm:
   """hFedF; `data` (the run's FederatedData) is needed by
-  `embeddings="autoencoder"` only, `seed` seeds that autoencoder."""
+  `embeddings="autoencoder"` only, `seed` seeds that autoencoder;
+  `prepared`: `prepare`'s embeddings, given instead of `data`."""
   if embeddings not in EMBEDDINGS:
     raise ConfigError(f"hfedf.embeddings={embeddings!r}: allowed {EMBEDDINGS}")
-  if temperature <= 0:
+  if is_concrete(temperature) and temperature <= 0:
     raise ConfigError(f"hfedf.temperature={temperature!r}: GradAlign's softmax "
                       "temperature must be > 0 (1 = the paper)")
   if norm_batch_size < 1:
@@ -212,16 +238,16 @@ def build(model, optimizer, loss, *, num_clients: int,
   e = embed_dim or default_embed_dim(num_clients)
   fixed = None
   if embeddings == "autoencoder":
-    if data is None:
+    if data is None and prepared is None:
       raise NeedsDataError("hfedf.embeddings='autoencoder' needs the run's "
                            "FederatedData: algorithms.build(..., data=fed)")
-    if data.num_clients != num_clients:
-      raise ConfigError(f"data has {data.num_clients} clients, hfedf was built "
-                       f"for {num_clients}")
-    fixed = jnp.asarray(autoencoder_embeddings(
-        data, e, key=jax.random.fold_in(jax.random.key(seed), 0xAE),
-        num_images=autoencoder_images, epochs=autoencoder_epochs,
-        lr=autoencoder_lr, batch_size=autoencoder_batch_size))
+    if prepared is None:
+      prepared = prepare(data=data, seed=seed, num_clients=num_clients,
+                         embed_dim=e, autoencoder_images=autoencoder_images,
+                         autoencoder_epochs=autoencoder_epochs,
+                         autoencoder_lr=autoencoder_lr,
+                         autoencoder_batch_size=autoencoder_batch_size)
+    fixed = jnp.asarray(prepared["embeddings"])
   # Random and autoencoder embeddings are never learned.
   learn = learn_embeddings and embeddings == "learned"
   hn = hypernetwork_server(

@@ -59,7 +59,7 @@ from fedjax_dg.client import objectives
 from fedjax_dg.client.passes import sum_over_chunks
 from fedjax_dg.client.update import Batch, RunProgress
 from fedjax_dg.errors import ConfigError
-from fedjax_dg.optim import is_concrete
+from fedjax_dg.tree import is_concrete
 from fedjax_dg.models.vit_adapters import adapter_setting
 
 DISPLAY_NAME = "SCAFFOLD"

@@ -13,10 +13,11 @@ shapes (clients, the largest client's examples, image shape). They may
 differ in the seed, the held-out target, the split (`data.d`, partitions of
 equal shapes), the input normalization (a seed's `data.max_per_domain`
 subsample), the learning rate and the traced hyperparameters: those are
-arguments of the program (`Recipe.values`). An algorithm built from the
-run's data (`assemble.uses_data`: FedCCRL's, CCST's and ELCFS's style pools,
-hFedF's autoencoder embeddings, a server split) runs alone: its recipe
-belongs to one federation.
+arguments of the program (`Recipe.values`), and so is what an algorithm
+builds from its run's data and seed (its module's `prepare`: FedCCRL's,
+CCST's and ELCFS's style pools, hFedF's autoencoder embeddings, FedDF's,
+FedBE's and FedLAW's server split). A module that builds from its data
+without a `prepare` runs alone: its recipe belongs to one federation.
 
 A batch holds at most `max_replicas` runs; 0 chooses from memory: as many
 as fit in `placement.AUTO_DEVICE_SHARE` of one device's memory, each

@@ -24,6 +24,7 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from fedjax_dg.errors import ConfigError, NeedsDataError
@@ -31,12 +32,25 @@ from fedjax_dg.errors import ConfigError, NeedsDataError
 PyTree = Any
 
 
-def require_server_data(data, name: str) -> tuple[jax.Array, jax.Array]:
-  """(server_x, server_y) of the run's FederatedData as device arrays.
+def prepare_server(model=None, *, data, name: str = "it", **unused) -> dict:
+  """An algorithm's `prepare` (`algorithms.recipe`) when what it derives
+  from the run's data is the server's split: {"server": (x, y)} numpy,
+  checked as `require_server_data` checks it."""
+  del model, unused
+  sx, sy = require_server_data(data, name)
+  return dict(server=(np.asarray(sx), np.asarray(sy)))
+
+
+def require_server_data(data, name: str, prepared=None
+                        ) -> tuple[jax.Array, jax.Array]:
+  """(server_x, server_y) of the run's FederatedData as device arrays (or
+  `prepared["server"]`, `prepare_server`'s, possibly traced).
 
   A clear error, naming the setting to change, when the federation holds no
   server split (data.server_fraction = 0).
   """
+  if prepared is not None:
+    return jax.tree.map(jnp.asarray, prepared["server"])
   if data is None:
     raise NeedsDataError(f"{name} trains on the server's split: pass the run's "
                          "FederatedData, built with data.server_fraction > 0, "

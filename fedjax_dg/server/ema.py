@@ -9,6 +9,7 @@ import jax.numpy as jnp
 
 from fedjax_dg.errors import ConfigError
 from fedjax_dg.server.aggregate import ServerTransform
+from fedjax_dg.tree import is_concrete
 
 
 class EmaState(NamedTuple):
@@ -26,7 +27,7 @@ def ema(decay: float, warmup_round: int) -> ServerTransform:
     t >  w: ema <- decay * theta + (1 - decay) * ema, and theta <- ema.
   (The paper's `alpha` weighs the *new* parameters: 0.75-0.95 in Table 10.)
   """
-  if not 0.0 <= decay <= 1.0:
+  if is_concrete(decay) and not 0.0 <= decay <= 1.0:
     raise ConfigError(f"ema decay must be in [0, 1], got {decay}")
   if warmup_round < 0:
     raise ConfigError(f"ema warm-up round must be >= 0, got {warmup_round}")
