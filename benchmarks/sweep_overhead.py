@@ -30,9 +30,10 @@ Two more shapes (`--shape`), where the rounds cost what they cost:
   styled_fashion_mnist` first).
 
 `--warm`: a sweep of other seeds first fills the persistent compilation
-cache (one per side), as a user's second sweep finds it; programs built from
-shapes then compile nothing, programs that embed a seed's values compile
-again.
+cache (one per side), and every repeat then sweeps seeds neither side has
+run (the next block of them), as a user's next sweep of the same shapes
+finds the cache: programs built from shapes compile nothing, programs that
+embed a seed's values compile again.
 """
 
 from __future__ import annotations
@@ -65,13 +66,14 @@ SHAPES = {
 
 
 def sweep(checkout: str, shape: str, seeds: list[int], targets: str,
-          extra: list[str], cache: str | None = None
-          ) -> tuple[float, float, int]:
+          extra: list[str], cache: str | None = None,
+          keep: str | None = None) -> tuple[float, float, int]:
   """(wall seconds, peak RSS GiB, exit code) of one sweep process of
   `checkout`'s fedjax_dg (`cache`: its persistent compilation cache
-  folder, kept; None: a fresh one, removed)."""
+  folder, kept; None: a fresh one, removed; `keep`: the sweep folder to
+  write, kept, else a temporary one)."""
   work = tempfile.mkdtemp(prefix="sweep_overhead_")
-  out = os.path.join(work, "sweep")
+  out = keep or os.path.join(work, "sweep")
   config, sets, _, _ = SHAPES[shape]
   cmd = [sys.executable, "-m", "fedjax_dg.cli", "sweep", "--config",
          os.path.join(checkout, "experiments", config),
@@ -97,6 +99,31 @@ def sweep(checkout: str, shape: str, seeds: list[int], targets: str,
   return wall, usage.ru_maxrss / 2**20, code
 
 
+def finals(sweep_dir: str) -> dict:
+  """{(cell, algorithm, target): (id_acc, ood_acc)} of a sweep folder's
+  finished runs."""
+  import json
+  got = {}
+  for cell in sorted(os.listdir(sweep_dir)):
+    path = os.path.join(sweep_dir, cell, "results.json")
+    if os.path.isfile(path):
+      with open(path) as f:
+        for r in json.load(f)["runs"]:
+          got[cell, r["algorithm"], r["target"]] = (
+              r["final"].get("id_acc"), r["final"].get("ood_acc"))
+  return got
+
+
+def largest_difference(a: str, b: str) -> float:
+  """The largest difference of the final accuracies of two sweep folders'
+  runs (inf when they hold other runs)."""
+  fa, fb = finals(a), finals(b)
+  if sorted(fa) != sorted(fb):
+    return float("inf")
+  return max((abs(x - y) for k in fa for x, y in zip(fa[k], fb[k])
+              if x is not None), default=0.0)
+
+
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--baseline", help="another fedjax_dg checkout to compare")
@@ -113,6 +140,10 @@ def main(argv=None) -> int:
                   "other seeds first")
   ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                   help="more settings for both sweeps")
+  ap.add_argument("--keep", metavar="DIR",
+                  help="keep the first repeat's sweep folders as DIR/this and "
+                  "DIR/baseline, and print the largest difference of their "
+                  "final accuracies")
   args = ap.parse_args(argv)
   _, _, default_seeds, default_targets = SHAPES[args.shape]
   seeds = list(range(args.seeds or default_seeds))
@@ -133,9 +164,13 @@ def main(argv=None) -> int:
         return code
   walls = {name: [] for name, _ in sides}
   for k in range(args.repeats):
+    # Warm: seeds no sweep of either side has run yet.
+    run_seeds = [s + 1000 * (k + 1) for s in seeds] if args.warm else seeds
     for name, checkout in sides:  # alternating: drift hits both
-      wall, rss, code = sweep(checkout, args.shape, seeds, targets, args.set,
-                              caches.get(name))
+      keep = (os.path.join(args.keep, name) if args.keep and k == 0
+              else None)
+      wall, rss, code = sweep(checkout, args.shape, run_seeds, targets,
+                              args.set, caches.get(name), keep)
       walls[name].append(wall)
       print(f"repeat {k + 1} {name:8s} {wall:7.1f} s  {wall / runs:6.2f} s a run"
             f"  peak RSS {rss:.2f} GiB  exit {code}", flush=True)
@@ -149,6 +184,9 @@ def main(argv=None) -> int:
   med = {name: statistics.median(w) for name, w in walls.items()}
   for name, _ in sides:
     print(f"  {name:8s} {med[name]:7.1f} s  {med[name] / runs:6.2f} s a run")
+  if args.keep and args.baseline:
+    print(f"  largest |final accuracy difference|, this vs baseline: "
+          f"{largest_difference(*(os.path.join(args.keep, n) for n in ('this', 'baseline'))):.2e}")
   if args.baseline:
     ratios = [b / a for a, b in zip(walls["this"], walls["baseline"])]
     print(f"  baseline / this: {med['baseline'] / med['this']:.1f}x (pair by "

@@ -301,8 +301,12 @@ def _built_from_data(num_clients=4, target=0):
                          target_domain=target, server_fraction=0.2)
 
 
-@pytest.mark.parametrize("name", ["fedccrl", "elcfs", "ccst", "feddf",
-                                  "fedbe", "fedlaw", "hfedf"])
+# ELCFS (a pool built from the clients' data) and FedDF (the server's
+# split) in the default suite; the others, the same path with other
+# prepares, are slow (30-90 s each on a 2-core CPU).
+@pytest.mark.parametrize("name", [
+    "elcfs", "feddf", *(pytest.param(n, marks=pytest.mark.slow) for n in (
+        "fedccrl", "ccst", "fedbe", "fedlaw", "hfedf"))])
 def test_data_built_algorithms_batch_over_seeds_and_targets(name):
   """What these build from each run's data and seed (FedCCRL's and ELCFS's
   first pools, CCST's AdaIN network and banks, FedDF's / FedBE's /
@@ -353,7 +357,10 @@ TRACED = [n for n in algorithms.available()
           if algorithms.spec(n).traced and n == algorithms.spec(n).section]
 
 
-@pytest.mark.parametrize("name", TRACED)
+# FedProx in the default suite; the other modules' grids are slow.
+@pytest.mark.parametrize("name", [
+    n if n == "fedprox" else pytest.param(n, marks=pytest.mark.slow)
+    for n in TRACED])
 def test_a_grid_of_scalar_hyperparameters_is_one_program_of_its_runs(
     setup, name):
   """Every module's TRACED hyperparameters, with the client lr and the

@@ -22,6 +22,7 @@ def _start(path, out, *args):
                           text=True, env=_env())
 
 
+@pytest.mark.slow  # three sweep processes, ~1 min on a 2-core CPU
 def test_two_processes_share_a_sweep_and_make_the_whole_one(tmp_path):
   """Parts 1/2 and 2/2 started together on one --out: both end well, every
   cell is done in the one sweep.json, the last part wrote the report, and

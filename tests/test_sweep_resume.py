@@ -134,6 +134,7 @@ def test_one_at_a_time_and_batched_sweeps_record_the_same_runs(tmp_path):
   assert any(stopped for _, stopped in kept["0"].values())
 
 
+@pytest.mark.slow  # three sweep processes; the engine's own is default
 def test_a_damaged_checkpoint_in_a_batch_costs_only_its_run(tmp_path):
   """Drill 2: a sweep of two seeds x two targets is killed after its
   first chunks were checkpointed; one run's checkpoint is then truncated.
