@@ -316,12 +316,17 @@ def test_data_built_algorithms_batch_over_seeds_and_targets(name):
   seed: bit for bit, but FedCCRL within 1e-6 (its AugMix turns the
   normalization, an argument now, a constant of the run alone, back into
   pixels: 7.5e-9 measured, where a replica given another's pool is 2.3e-3
-  away after these 2 rounds)."""
+  away after these 2 rounds). With XLA's optimizations on (`make
+  test-slow`) every one is within 1e-6, not bit for bit: what is a
+  constant of the run alone (the server split, the embeddings) is folded
+  into its program and sums in another order than the replica's argument
+  (FedBE 3.7e-9 on an Intel Xeon, hFedF 6.0e-8 on an AMD EPYC)."""
   import warnings
   from conftest import every_algorithm_setup
   from fedjax_dg.run import assemble
   _, cfg = every_algorithm_setup()
   cfg.hfedf.embeddings = "autoencoder"
+  optimized = not jax.config.read("jax_disable_most_optimizations")
   feds = [_built_from_data(target=0), _built_from_data(target=1)]
   model = model_for(name, feds[0], hidden=8)
   seeds = (3, 5)
@@ -348,7 +353,7 @@ def test_data_built_algorithms_batch_over_seeds_and_targets(name):
                                num_clients=4, data=fed, seed=seed)
       assert_same_run(got, engine.run(alone, fed, model,
                                       dataclasses.replace(base, seed=seed)),
-                      atol=1e-6 if name == "fedccrl" else 0.0)
+                      atol=1e-6 if name == "fedccrl" or optimized else 0.0)
   assert not np.allclose(state(together[0])[0], state(together[1])[0],
                          atol=1e-3)
 
