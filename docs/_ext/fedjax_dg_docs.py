@@ -424,6 +424,11 @@ def algorithm_page(section: str) -> str:
   if not spec.federated:
     facts.append("**Not federated** (a reference: no marks against FedAvg "
                  "in the reports).")
+  if spec.traced:
+    facts.append("**Traced** (arguments of its compiled programs: runs that "
+                 "differ only in them, e.g. a `--grid` over them, share one "
+                 "compile): " + ", ".join(f"`{section}.{k}`"
+                                          for k in spec.traced) + ".")
   if spec.ablations:
     facts.append(f"**Ablations** ({spec.ablation_table}): " + ", ".join(
         f"`{section}.{k}=False` is \"w/o {v}\"" for k, v in

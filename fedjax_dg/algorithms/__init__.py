@@ -412,8 +412,9 @@ def takes_context(name: str, what: str) -> bool:
 
 def _traced(name: str, hp: Mapping[str, Any]) -> tuple[str, ...]:
   """The hyperparameters of `hp` its recipes take as values: the module's
-  TRACED ones that are numbers (not bools)."""
-  return tuple(k for k in spec(name).traced if k in hp
+  TRACED ones that are numbers (not bools) and that no variant fixes."""
+  s = spec(name)
+  return tuple(k for k in s.traced if k in hp and k not in s.overrides
                and isinstance(hp[k], (int, float)) and not isinstance(hp[k], bool))
 
 

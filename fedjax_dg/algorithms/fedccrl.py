@@ -42,6 +42,7 @@ from fedjax_dg.client import objectives
 from fedjax_dg.client.style_pool import (StylePool, pool_slots, sampled_rows,
                                          valid_slots)
 from fedjax_dg.errors import ConfigError, NeedsDataError
+from fedjax_dg.tree import is_concrete
 
 DISPLAY_NAME = "FedCCRL"
 PAPER = dict(
@@ -53,6 +54,11 @@ PAPER = dict(
 CLIENT = dict(optimizer="adam", lr=1e-3, weight_decay=0.0, schedule="cosine")
 OVERFLOW = ("clamp", "wrap")
 CLS = ("mean", "sum")
+# Arguments of the compiled programs, not constants (`algorithms.recipe`): a
+# grid over them shares one compile. A loss weight is off (its term not
+# computed) only when it is a constant 0; a traced weight always computes its
+# term, which a 0 then multiplies away (the same numbers).
+TRACED = ("temperature", "lambda1", "lambda2")
 
 
 class FedCCRLState(NamedTuple):
@@ -118,8 +124,10 @@ def build(model, optimizer, *, r: float = 0.1,  # share of statistics uploaded
                          "must be in (0, 1]"),
             (alpha > 0, f"fedccrl.alpha={alpha!r}: must be > 0"),
             (beta > 0, f"fedccrl.beta={beta!r}: must be > 0"),
-            (temperature > 0, f"fedccrl.temperature={temperature!r}: must be > 0"),
-            (lambda1 >= 0 and lambda2 >= 0,
+            (not is_concrete(temperature) or temperature > 0,
+             f"fedccrl.temperature={temperature!r}: must be > 0"),
+            (not is_concrete(lambda1) or not is_concrete(lambda2)
+             or (lambda1 >= 0 and lambda2 >= 0),
              f"fedccrl.lambda1={lambda1!r}, lambda2={lambda2!r}: must be >= 0"),
             (eps > 0, f"fedccrl.eps={eps!r}: must be > 0"),
             (augmix_width >= 0, f"fedccrl.augmix_width={augmix_width!r}: a "
@@ -172,6 +180,9 @@ def build(model, optimizer, *, r: float = 0.1,  # share of statistics uploaded
       x = (out / 255.0 - mean) / std
     return x
 
+  def on(weight):
+    return not is_concrete(weight) or weight > 0
+
   def loss(params, batch, rng, ctx):
     k_drop, k1, k2 = jax.random.split(rng, 3)
     x = model.normalize(batch.x)
@@ -183,11 +194,11 @@ def build(model, optimizer, *, r: float = 0.1,  # share of statistics uploaded
         optax.softmax_cross_entropy_with_integer_labels(li, batch.y), batch.mask)
           for li in l]
     total = sum(ce) / (3.0 if cls_loss == "mean" else 1.0)
-    if lambda1 > 0:
+    if on(lambda1):
       sc = lambda za: objectives.supervised_contrastive(
           za, z[0], batch.y, batch.mask, temperature)
       total = total + lambda1 * 0.5 * (sc(z[1]) + sc(z[2]))
-    if lambda2 > 0:
+    if on(lambda2):
       total = total + lambda2 * objectives.js_divergence(l, batch.mask)
     return total
 

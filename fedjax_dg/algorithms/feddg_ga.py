@@ -27,6 +27,7 @@ cohort), `ga_gaps` (G_k, 0 for a client without a previous local model) and
 from __future__ import annotations
 
 import math
+import numbers
 
 from fedjax_dg.algorithms.base import (Algorithm, ClientEnd, ClientResult,
                                        with_frozen)
@@ -35,11 +36,14 @@ from fedjax_dg.client.passes import slice_metrics
 from fedjax_dg.errors import ConfigError
 from fedjax_dg.server import ga
 from fedjax_dg.server.ga import GapMetrics, ga_server_update
+from fedjax_dg.tree import is_concrete
 
 DISPLAY_NAME = "FedDG-GA"
 PAPER = dict(
     title="Federated Domain Generalization with Generalization Adjustment",
     authors="Zhang et al.", venue="CVPR", year=2023)
+# Arguments of the compiled programs, not constants (`algorithms.recipe`).
+TRACED = ("step_size",)
 
 
 def build(model, optimizer, loss, *, num_clients: int,
@@ -50,8 +54,9 @@ def build(model, optimizer, loss, *, num_clients: int,
           gap_chunk: int = 64,      # examples per pass when measuring
           ) -> Algorithm:
   """FedDG-GA on `model`: FedAvg with GA aggregation weights."""
-  if not (isinstance(step_size, (int, float)) and math.isfinite(step_size)
-          and step_size >= 0):
+  if is_concrete(step_size) and not (
+      isinstance(step_size, numbers.Real) and math.isfinite(step_size)
+      and step_size >= 0):
     raise ConfigError(f"feddg_ga.step_size={step_size!r}: must be a finite "
                       "number >= 0 (0 keeps the weights uniform)")
   if metric not in ga.SIGNS:

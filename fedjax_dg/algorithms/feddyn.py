@@ -41,11 +41,14 @@ from fedjax_dg import tree
 from fedjax_dg.algorithms.base import Algorithm, ClientEnd, ClientResult
 from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.errors import ConfigError
+from fedjax_dg.tree import is_concrete
 
 DISPLAY_NAME = "FedDyn"
 PAPER = dict(
     title="Federated Learning Based on Dynamic Regularization",
     authors="Acar et al.", venue="ICLR", year=2021)
+# Arguments of the compiled programs, not constants (`algorithms.recipe`).
+TRACED = ("alpha",)
 # The released code's CIFAR-10 script: SGD lr 0.1, weight decay 1e-3.
 CLIENT = dict(optimizer="sgd", lr=0.1, weight_decay=1e-3, momentum=0.0)
 EVALUATE = ("average", "cloud")
@@ -75,7 +78,7 @@ def build(model, optimizer, loss, *, num_clients: int,
           clip_norm: float = 0.0,   # > 0: clip each local gradient's norm
           ) -> Algorithm:
   """FedDyn of `model` with local objective `loss` (module docstring)."""
-  if not alpha > 0:
+  if is_concrete(alpha) and not alpha > 0:
     raise ConfigError(f"feddyn.alpha={alpha!r}: must be > 0 (the dynamic "
                       "regularizer's weight; the released code uses 1e-2)")
   if evaluate not in EVALUATE:

@@ -19,6 +19,8 @@ DISPLAY_NAME = "FedGMA"
 PAPER = dict(
     title="Gradient Masked Averaging for Federated Learning",
     authors="Tenison et al.", venue="arXiv 2201.11986", year=2022)
+# Arguments of the compiled programs, not constants (`algorithms.recipe`).
+TRACED = ("threshold", "step_size")
 # Table 10's client settings, all three datasets.
 CLIENT = dict(lr=1e-3, weight_decay=1e-4)
 

@@ -30,12 +30,15 @@ from fedjax_dg.algorithms.base import (Algorithm, ClientEnd, ClientResult,
 from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.client.passes import sum_over_chunks
 from fedjax_dg.errors import ConfigError
+from fedjax_dg.tree import is_concrete
 
 DISPLAY_NAME = "FedIIR"
 PAPER = dict(
     title=("Out-of-Distribution Generalization of Federated Learning via "
            "Implicit Invariant Relationships"),
     authors="Guo et al.", venue="ICML", year=2023)
+# Arguments of the compiled programs, not constants (`algorithms.recipe`).
+TRACED = ("penalty", "ema")
 # The released code's clients: SGD with momentum 0.9 (lr per dataset, 1e-3 by
 # default), no weight decay.
 CLIENT = dict(optimizer="sgd", lr=1e-3, momentum=0.9, weight_decay=0.0)
@@ -79,9 +82,9 @@ def build(model, optimizer, *, penalty: float = 1e-3,  # code: 1e-2 RMNIST,
           grad_chunk: int = 64,    # examples per pass when measuring g_i
           name: str = "fediir") -> Algorithm:
   """FedIIR on `model` (any model with `features` + `head`)."""
-  if penalty < 0:
+  if is_concrete(penalty) and penalty < 0:
     raise ConfigError(f"fediir.penalty={penalty!r}: must be >= 0 (0 is FedAvg)")
-  if not 0 <= ema < 1:
+  if is_concrete(ema) and not 0 <= ema < 1:
     raise ConfigError(f"fediir.ema={ema!r}: allowed [0, 1) (the weight of the "
                       "previous g_bar)")
   if grad_chunk < 1:
@@ -113,7 +116,10 @@ def build(model, optimizer, *, penalty: float = 1e-3,  # code: 1e-2 RMNIST,
     w = result.num_examples.astype(jnp.float32)
     w = w / jnp.maximum(jnp.sum(w), 1.0)
     mean = jax.tree.map(lambda g: jnp.tensordot(w, g, axes=1), result.message)
-    grad_mean = jax.tree.map(lambda old, m: ema * old + (1 - ema) * m,
+    # 1 - ema in float32 whether ema is a constant or traced (`TRACED`):
+    # the same numbers either way.
+    decay = jnp.asarray(ema, jnp.float32)
+    grad_mean = jax.tree.map(lambda old, m: decay * old + (1 - decay) * m,
                              server.grad_mean, mean)
     norm = jnp.sqrt(sum(jnp.sum(jnp.square(g))
                         for g in jax.tree.leaves(grad_mean)))

@@ -22,6 +22,8 @@ DISPLAY_NAME = "FedSam"
 PAPER = dict(
     title="Generalized Federated Learning via Sharpness Aware Minimization",
     authors="Qu et al.", venue="ICML", year=2022)
+# Arguments of the compiled programs, not constants (`algorithms.recipe`).
+TRACED = ("eta", "rho")
 
 
 def build(model, optimizer, loss, *,

@@ -41,11 +41,14 @@ from fedjax_dg.client.objectives import masked_mean, row_norms
 from fedjax_dg.client.update import Batch
 from fedjax_dg.errors import ConfigError
 from fedjax_dg.models.moon import ContrastiveModel
+from fedjax_dg.tree import is_concrete
 
 DISPLAY_NAME = "MOON"
 PAPER = dict(
     title="Model-Contrastive Federated Learning",
     authors="Li, He, Song", venue="CVPR", year=2021)
+# Arguments of the compiled programs, not constants (`algorithms.recipe`).
+TRACED = ("mu", "temperature")
 PREV_INIT = ("initial", "global")
 COS_EPS = 1e-8  # torch.nn.CosineSimilarity's eps
 
@@ -119,9 +122,9 @@ def build(model, optimizer, *, num_clients: int,
   The clients use the run's optimizer (`client`; the reference code: SGD lr
   1e-2, momentum 0.9, weight decay 1e-5).
   """
-  if mu < 0:
+  if is_concrete(mu) and mu < 0:
     raise ConfigError(f"MOON mu must be >= 0, got {mu}")
-  if temperature <= 0:
+  if is_concrete(temperature) and temperature <= 0:
     raise ConfigError(f"MOON temperature must be > 0, got {temperature}")
   if prev_init not in PREV_INIT:
     raise ConfigError(f"prev_init={prev_init!r}; allowed: {PREV_INIT}")

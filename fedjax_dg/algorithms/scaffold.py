@@ -66,6 +66,8 @@ DISPLAY_NAME = "SCAFFOLD"
 PAPER = dict(
     title="SCAFFOLD: Stochastic Controlled Averaging for Federated Learning",
     authors="Karimireddy et al.", venue="ICML", year=2020)
+# Arguments of the compiled programs, not constants (`algorithms.recipe`).
+TRACED = ("server_lr",)
 # Algorithm 1's clients: plain SGD. lr 1e-2: NIID-Bench's default (the paper
 # tunes it per experiment).
 CLIENT = dict(optimizer="sgd", lr=1e-2, momentum=0.0, weight_decay=0.0)
@@ -155,7 +157,7 @@ def build(model, optimizer, loss, *, num_clients: int,
     raise ConfigError(f"scaffold.variant={variant!r}: allowed {OPTIONS}"
                       " (Algorithm 1's options: I = c_i+ is the gradient at x, "
                       "II = from the local steps)")
-  if not server_lr > 0:
+  if is_concrete(server_lr) and not server_lr > 0:
     raise ConfigError(f"scaffold.server_lr={server_lr!r}: must be > 0 (eta_g; "
                       "1 = the mean of the clients' models)")
   if weighting not in WEIGHTINGS:

@@ -24,6 +24,7 @@ import optax
 from optax import contrib
 
 from fedjax_dg.errors import ConfigError
+from fedjax_dg.tree import is_concrete
 
 EPS = 1e-12  # added to the gradient norm (the reference SAM code)
 
@@ -41,7 +42,7 @@ def ascent(rho: float, adaptive: bool = False, eta: float = 0.01
   as a descent optimizer, e.g. normalized SGD), so this returns -e and SAM moves to
   w + e.
   """
-  if rho < 0:
+  if is_concrete(rho) and rho < 0:
     raise ConfigError(f"SAM rho must be >= 0, got {rho}")
 
   def update(g, state, params=None):

@@ -51,6 +51,7 @@ import jax.numpy as jnp
 from fedjax_dg import tree
 from fedjax_dg.errors import ConfigError
 from fedjax_dg.server.aggregate import ServerTransform
+from fedjax_dg.tree import is_concrete
 
 # The metric's sign: a loss gap > 0 and an accuracy gap < 0 both mean the global
 # model generalizes worse to the client than its own model (code: `signal`).
@@ -132,7 +133,8 @@ def ga_aggregation(num_clients: int, *, step_size: float = 0.2,
   """
   if num_clients < 1:
     raise ConfigError(f"GA num_clients={num_clients!r}: must be >= 1")
-  if not (math.isfinite(step_size) and step_size >= 0):
+  if is_concrete(step_size) and not (math.isfinite(step_size)
+                                    and step_size >= 0):
     raise ConfigError(f"GA step_size={step_size!r}: must be a finite value "
                       ">= 0 (0: uniform weights)")
   if metric not in SIGNS:

@@ -22,6 +22,7 @@ import optax
 from fedjax_dg import tree
 from fedjax_dg.errors import ConfigError
 from fedjax_dg.server.aggregate import ServerTransform
+from fedjax_dg.tree import is_concrete
 
 PyTree = Any
 
@@ -49,9 +50,9 @@ def gradient_masked_averaging(threshold: float,
     threshold: tau, the agreement at or above which a parameter is not damped.
     step_size: eta, the server step on the masked mean delta (1 = FedAvg's step).
   """
-  if not 0.0 <= threshold <= 1.0:
+  if is_concrete(threshold) and not 0.0 <= threshold <= 1.0:
     raise ConfigError(f"FedGMA threshold must be in [0, 1], got {threshold}")
-  if step_size <= 0:
+  if is_concrete(step_size) and step_size <= 0:
     raise ConfigError(f"FedGMA server step size must be > 0, got {step_size}")
 
   def init(params):
