@@ -208,6 +208,44 @@ def test_a_sweep_failing_at_its_start_leaves_no_cell_running(
   assert cell["error"] == "ConfigError: planned to fail"
 
 
+def test_a_bug_in_a_batch_leaves_its_traceback_in_the_cell(
+    tiny, tmp_path, capsys, monkeypatch):
+  """A batch failing with an error that is no ConfigError (a bug: its
+  message does not say where) writes the traceback into the cell's
+  error.txt and names that file; a config error writes none; the cell's
+  file goes once a --resume finishes it."""
+  from fedjax_dg import engine
+  from fedjax_dg.errors import ConfigError
+  real = engine.run_batch
+
+  def planted_bug(*args, **kwargs):
+    raise TypeError("unhashable type: 'planted'")
+
+  monkeypatch.setattr(engine, "run_batch", planted_bug)
+  path, _ = tiny
+  out = str(tmp_path / "sw")
+  assert cli.main(["sweep", "--config", path, "--out", out]) != 0
+  error = os.path.join(out, "seed=0", "error.txt")
+  said = capsys.readouterr()
+  assert f"(traceback: {error})" in said.out + said.err
+  text = open(error).read()
+  assert "TypeError: unhashable type: 'planted'" in text
+  assert "in planted_bug" in text  # where it was raised
+
+  def config_error(*args, **kwargs):
+    raise ConfigError("a bad setting")
+
+  monkeypatch.setattr(engine, "run_batch", config_error)
+  other = str(tmp_path / "sw2")
+  assert cli.main(["sweep", "--config", path, "--out", other]) != 0
+  assert not os.path.exists(os.path.join(other, "seed=0", "error.txt"))
+  assert "traceback:" not in capsys.readouterr().out
+
+  monkeypatch.setattr(engine, "run_batch", real)
+  assert cli.main(["sweep", "--resume", out]) == 0
+  assert not os.path.exists(error)
+
+
 @pytest.mark.parametrize("sets,grid,needle", [
     (["algorithms=fedprox"], ["client.lr=0.001,1e9"],
      "--grid client.lr=1000000000.0 does not reach fedprox: fedprox trains "

@@ -40,6 +40,7 @@ import os
 import re
 import shutil
 import time
+import traceback
 
 from fedjax_dg import distributed
 from fedjax_dg.errors import ConfigError, DiskFull, Stopped
@@ -535,8 +536,12 @@ def _cells_in_batches(p: Plan, manifest: dict, sweep_dir: str, loaded: dict,
       failures += 1
       _mark(sweep_dir, manifest, entry, "failed",
             error="; ".join(message for message, _ in errors))
-      echo(f"[sweep] cell {index[c] + 1}/{n} {name}: FAILED: {entry['error']}")
+      where = _write_tracebacks(opened.run_dir, errors)
+      echo(f"[sweep] cell {index[c] + 1}/{n} {name}: FAILED: {entry['error']}"
+           + (f" (traceback: {where})" if where else ""))
       return
+    with contextlib.suppress(FileNotFoundError):  # an earlier part's
+      os.remove(os.path.join(opened.run_dir, ERROR_FILE))
     _mark(sweep_dir, manifest, entry, "done",
           seconds=opened.results["seconds_this_part"])
     echo(f"[sweep] cell {index[c] + 1}/{n} {name}: done")
@@ -590,6 +595,27 @@ def _no_stuck_cells(sweep_dir: str, manifest: dict, *, fresh: bool, echo,
            "computed; its sweep.json and cell folders are removed, so the "
            "same --out starts afresh")
     raise
+
+
+# A failed cell's tracebacks of what was not a config or data error (a bug:
+# the message alone does not say where it happened).
+ERROR_FILE = "error.txt"
+
+
+def _write_tracebacks(run_dir: str, errors: list) -> str | None:
+  """Writes `run_dir`/error.txt with the traceback of every error of
+  `errors` ((message, exception) pairs) that is no `ConfigError`; returns
+  its path, or None when there is none."""
+  bugs = [(m, e) for m, e in errors
+          if e is not None and not isinstance(e, ConfigError)]
+  if not bugs:
+    return None
+  path = os.path.join(run_dir, ERROR_FILE)
+  with open(path, "w") as f:
+    for message, e in bugs:
+      f.write(f"{message}\n\n")
+      f.write("".join(traceback.format_exception(e)) + "\n")
+  return path
 
 
 def _mark(sweep_dir: str, manifest: dict, entry: dict, status: str,
