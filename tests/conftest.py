@@ -39,7 +39,7 @@ from fedjax_dg.data import federated, partition
 from fedjax_dg.data.dataset import DomainDataset
 
 # CI's time budget for the slow tests (FEDJAX_DG_SLOW_DEADLINE, set by .ci/run).
-pytest_plugins = ["slow_budget"]
+pytest_plugins = ["slow_budget", "suite_time"]
 
 
 def synthetic_domains(num_domains=4, per_domain=60, classes=3, size=8, seed=0,
