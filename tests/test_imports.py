@@ -236,7 +236,7 @@ def test_an_engine_import_of_a_data_module_is_found():
 # The engine's modules, each importing only modules before it (docs: the
 # package docstring of fedjax_dg/engine).
 ENGINE_ORDER = ("settings", "checkpoint", "layout", "round", "placement",
-                "evaluation", "programs", "runner")
+                "evaluation", "programs", "feeds", "runner")
 
 
 def engine_upward_imports(edges) -> list[tuple[str, str]]:

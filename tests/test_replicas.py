@@ -375,7 +375,7 @@ def test_every_module_traces_with_its_runs_values_as_arguments(name):
   while their runs alone passed). Tracing only, no compile of a round."""
   import warnings
   from conftest import every_algorithm_setup
-  from fedjax_dg.engine import runner
+  from fedjax_dg.engine import feeds, runner
   from fedjax_dg.run import assemble
   fed, cfg = every_algorithm_setup()
   model = model_for(name, fed, hidden=8)
@@ -392,7 +392,7 @@ def test_every_module_traces_with_its_runs_values_as_arguments(name):
     other = algorithms.recipe_values(name, model, seed=1, **kw)
     c, _, rec, reps = runner.setup(rec, [fed, fed], None, base, (0, 1),
                                    values=[rec.values, other])
-    feed = runner.ReplicaFeed(rec, c, reps, "map")
+    feed = feeds.ReplicaFeed(rec, c, reps, "map")
   feed.progs.chunk.trace(feed.carry, jnp.int32(0), feed.train, feed.keys,
                          feed.frozen, feed.values, 1, jnp.int32(1))
   ood, bs_ood = feed.oods[0]

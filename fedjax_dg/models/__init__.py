@@ -65,8 +65,8 @@ class Model:
     `fc2` / `head`, when `skip_head`; a ViT's adapters are always sampled)."""
     # The normalization is not read by the sampling (and may be traced:
     # a recipe's values), so it is no part of the cached program's key.
-    params = _jitted_init(dataclasses.replace(self, weights="", skip_head=False,
-                                              mean=(), std=()))(key)
+    params = _jitted_init(dataclasses.replace(self.unnormalized(), weights="",
+                                              skip_head=False))(key)
     if not self.weights:
       return params
     if self.name in _VIT:
@@ -98,6 +98,12 @@ class Model:
     """This model with another per-channel normalization (arrays, possibly
     traced)."""
     return dataclasses.replace(self, mean=mean, std=std)
+
+  def unnormalized(self) -> "Model":
+    """This model without its normalization, which parameter sampling never
+    reads and which may be traced (a recipe's values): what an init cache
+    is keyed by."""
+    return self.normalized_by((), ())
 
   @property
   def dtype(self):

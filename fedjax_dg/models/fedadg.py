@@ -89,10 +89,8 @@ class FedADGNets:
 
   def init(self, key: jax.Array) -> Params:
     """{"model", "gen", "disc"}; jitted."""
-    # The normalization is not read by the sampling and may be traced (a
-    # recipe's values): no part of the cached program's key.
     return _jitted_init(dataclasses.replace(
-        self, model=self.model.normalized_by((), ())))(key)
+        self, model=self.model.unnormalized()))(key)
 
   def init_generator(self, key: jax.Array) -> Params:
     return _init_generator(self, key)

@@ -67,10 +67,8 @@ class ProbabilisticModel:
 
   def init(self, key: jax.Array) -> Params:
     """Samples {"body", "rep", "cls"}; jitted."""
-    # The normalization is not read by the sampling and may be traced (a
-    # recipe's values): no part of the cached program's key.
     return _jitted_init(dataclasses.replace(
-        self, model=self.model.normalized_by((), ())))(key)
+        self, model=self.model.unnormalized()))(key)
 
   def distribution(self, params: Params, x: jax.Array, *, train: bool = False,
                    rng: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:

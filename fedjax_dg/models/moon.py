@@ -54,10 +54,8 @@ class ContrastiveModel:
 
   def init(self, key: jax.Array) -> Params:
     """{"model": model.init(key), "proj": ...}: the client model as `model.init(key)`."""
-    # The normalization is not read by the sampling and may be traced (a
-    # recipe's values): no part of the cached program's key.
     return _jitted_init(dataclasses.replace(
-        self, model=self.model.normalized_by((), ())))(key)
+        self, model=self.model.unnormalized()))(key)
 
   def project(self, params: Params, h: jax.Array) -> jax.Array:
     """z = l2(relu(l1(h))), [B, proj_dim]."""

@@ -50,7 +50,7 @@ import numpy as np
 
 from fedjax_dg import engine
 from fedjax_dg.data import sources
-from fedjax_dg.engine import runner
+from fedjax_dg.engine import feeds, runner
 from fedjax_dg.engine.placement import resolve_placement
 from fedjax_dg.run import assemble, checks, sweep
 from fedjax_dg.run.config import ConfigDict
@@ -193,7 +193,7 @@ def measure(alg, fed, model, ecfg: engine.EngineConfig, echo=print) -> dict:
                                              host_gather="clients"),
       [ecfg.seed])
   alg = recipe.alg
-  feed = runner.SingleFeed(recipe, ecfg, rep, "device")
+  feed = feeds.SingleFeed(recipe, ecfg, rep, "device")
   progs, frozen = feed.progs, feed.frozen
   carry, inputs = feed.store.begin(feed.state, 0, 1)
   jax.block_until_ready(carry)

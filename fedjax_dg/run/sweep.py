@@ -38,14 +38,12 @@ import itertools
 import json
 import os
 import re
-import shutil
 import time
-import traceback
 
 from fedjax_dg import distributed
 from fedjax_dg.errors import ConfigError, DiskFull, Stopped
 from fedjax_dg.run import (assemble, batches, checks, directory, experiment,
-                           ignored, lock, presets, reports)
+                           ignored, lock, presets, reports, sweep_state)
 from fedjax_dg.run import config as config_lib
 
 
@@ -343,9 +341,9 @@ def run_sweep(config_path: str | None = None, sets=(), grid=(), seeds=None, *,
   if resume:
     manifest = directory.read_manifest(resume)
     if not dry_run:  # one sweep per folder: read again under the lock
-      _hold(resume, part)
+      sweep_state.hold(resume, part)
       manifest = directory.read_manifest(resume)
-    _check_parts(resume, manifest, part)
+    sweep_state.check_parts(resume, manifest, part)
     p = plan(manifest["config"], manifest["sets"],
              [(k, v) for k, v in manifest["grid"]], manifest["seeds"],
              use_defaults=False, base=_stored_base(manifest, echo))
@@ -392,7 +390,8 @@ def run_sweep(config_path: str | None = None, sets=(), grid=(), seeds=None, *,
         raise ConfigError(f"--out {sweep_dir}: cannot create it "
                           f"({type(e).__name__}: {e}): give a writable "
                           "folder") from None
-      _hold(sweep_dir, part)  # one sweep per folder: checked again under it
+      # One sweep per folder: checked again under the lock.
+      sweep_state.hold(sweep_dir, part)
     manifest = dict(
         version=1, name=p.base.name, config=p.config_path, sets=p.sets,
         grid=[[k, v] for k, v in p.grid], seeds=p.seeds,
@@ -407,14 +406,14 @@ def run_sweep(config_path: str | None = None, sets=(), grid=(), seeds=None, *,
         _check_fresh(sweep_dir)
       directory.write_manifest(sweep_dir, manifest)
     else:  # the first part writes it, the others join it
-      with lock.exclusive(os.path.join(sweep_dir, MANIFEST_LOCK)):
+      with lock.exclusive(os.path.join(sweep_dir, sweep_state.MANIFEST_LOCK)):
         if os.path.isfile(os.path.join(sweep_dir, directory.MANIFEST)):
-          manifest = _join(sweep_dir, manifest, p)
+          manifest = sweep_state.join(sweep_dir, manifest, p)
           resume = sweep_dir
         else:
           _check_fresh(sweep_dir, part)
           directory.write_manifest(sweep_dir, manifest)
-      _check_parts(sweep_dir, manifest, part)
+      sweep_state.check_parts(sweep_dir, manifest, part)
   echo(f"[sweep] directory: {sweep_dir}" + (" (resuming)" if resume else ""))
 
   n, t_start = len(p.cells), time.perf_counter()
@@ -422,8 +421,9 @@ def run_sweep(config_path: str | None = None, sets=(), grid=(), seeds=None, *,
   if part is not None:
     echo(f"[sweep] part {part[0]}/{part[1]}: cells {mine.start + 1}-"
          f"{mine.stop} of {n}")
-  with _no_stuck_cells(sweep_dir, manifest, fresh=not resume and part is None,
-                       echo=echo, mine=mine):
+  with sweep_state.no_stuck_cells(sweep_dir, manifest,
+                                  fresh=not resume and part is None,
+                                  echo=echo, mine=mine):
     failures = _cells_in_batches(p, manifest, sweep_dir, loaded, max_replicas,
                                  replica_mapping, echo, mine)
   if part is not None:  # the other parts' cells as they are now
@@ -445,43 +445,6 @@ def run_sweep(config_path: str | None = None, sets=(), grid=(), seeds=None, *,
     echo(f"[sweep] report: {os.path.dirname(paths[0])} "
          f"(fedjax-dg report {sweep_dir} rewrites it)")
   return sweep_dir, failures
-
-
-# The short lock around a partitioned sweep's manifest writes.
-MANIFEST_LOCK = "sweep.json.lock"
-
-
-def _hold(sweep_dir: str, part) -> None:
-  """This process's locks of the folder: the sweep lock, exclusive for a
-  whole sweep; shared, plus the part's own exclusive one, for a part."""
-  if part is None:
-    lock.hold(sweep_dir)
-  else:
-    lock.hold(sweep_dir, shared=True)
-    lock.hold(sweep_dir, lock.part_lock(*part))
-
-
-def _check_parts(sweep_dir: str, manifest: dict, part) -> None:
-  """A part of a partitioned sweep is one of the N it was made with."""
-  parts = manifest.get("parts")
-  if part is not None and parts not in (None, part[1]):
-    raise ConfigError(f"--part {part[0]}/{part[1]}: {sweep_dir} was split "
-                      f"into {parts} parts; give --part I/{parts}")
-
-
-def _join(sweep_dir: str, fresh: dict, p) -> dict:
-  """The manifest of a partitioned sweep another part made, checked to be
-  this part's: the same cells and settings."""
-  stored = directory.read_manifest(sweep_dir)
-  if [c["name"] for c in stored["cells"]] != [c.name for c in p.cells]:
-    raise ConfigError(f"{sweep_dir} holds another sweep (other cells) than "
-                      "this part's: give every part the same --config, "
-                      "--set, --grid and --seeds")
-  drift = config_lib.drift(stored["base_config"], fresh["base_config"])
-  if drift:
-    raise ConfigError(f"{sweep_dir} holds a sweep with other settings than "
-                      f"this part's: {'; '.join(drift)}")
-  return stored
 
 
 def _cells_in_batches(p: Plan, manifest: dict, sweep_dir: str, loaded: dict,
@@ -509,7 +472,7 @@ def _cells_in_batches(p: Plan, manifest: dict, sweep_dir: str, loaded: dict,
       raise
     except Exception as e:  # noqa: BLE001 -- recorded; the other cells run
       failures += 1
-      _mark(sweep_dir, manifest, entry, "failed",
+      sweep_state.mark(sweep_dir, manifest, entry, "failed",
             error=f"{type(e).__name__}: {e}")
       echo(f"[sweep] cell {k + 1}/{n} {cell.name}: FAILED: {entry['error']}")
       continue
@@ -521,7 +484,7 @@ def _cells_in_batches(p: Plan, manifest: dict, sweep_dir: str, loaded: dict,
     for i, name in opened.finished():
       echo(f"{name} / {opened.targets[i]}: already finished, kept from "
            "results.json")
-    _mark(sweep_dir, manifest, entry, "running")
+    sweep_state.mark(sweep_dir, manifest, entry, "running")
 
   def cell_done(c: int, errors: list) -> None:
     nonlocal failures
@@ -534,15 +497,15 @@ def _cells_in_batches(p: Plan, manifest: dict, sweep_dir: str, loaded: dict,
                 for (a, t), why in opened.stopped().items()]
     if errors:
       failures += 1
-      _mark(sweep_dir, manifest, entry, "failed",
+      sweep_state.mark(sweep_dir, manifest, entry, "failed",
             error="; ".join(message for message, _ in errors))
-      where = _write_tracebacks(opened.run_dir, errors)
+      where = sweep_state.write_tracebacks(opened.run_dir, errors)
       echo(f"[sweep] cell {index[c] + 1}/{n} {name}: FAILED: {entry['error']}"
            + (f" (traceback: {where})" if where else ""))
       return
     with contextlib.suppress(FileNotFoundError):  # an earlier part's
-      os.remove(os.path.join(opened.run_dir, ERROR_FILE))
-    _mark(sweep_dir, manifest, entry, "done",
+      os.remove(os.path.join(opened.run_dir, sweep_state.ERROR_FILE))
+    sweep_state.mark(sweep_dir, manifest, entry, "done",
           seconds=opened.results["seconds_this_part"])
     echo(f"[sweep] cell {index[c] + 1}/{n} {name}: done")
 
@@ -565,83 +528,6 @@ def _cells_in_batches(p: Plan, manifest: dict, sweep_dir: str, loaded: dict,
     e.run_dir = sweep_dir
     raise
   return failures
-
-
-@contextlib.contextmanager
-def _no_stuck_cells(sweep_dir: str, manifest: dict, *, fresh: bool, echo,
-                    mine: range | None = None):
-  """A sweep that fails (not stopped, not a full disk: those resume) leaves
-  no cell "running": each is marked failed with the error; a new sweep
-  (`fresh`) that computed nothing is removed again (its sweep.json and cell
-  folders), so the same --out starts afresh once the cause is fixed."""
-  try:
-    yield
-  except Exception as e:
-    if isinstance(e, DiskFull) or not distributed.is_main():
-      raise
-    stuck = [c for k, c in enumerate(manifest["cells"])
-             if c["status"] == "running" and (mine is None or k in mine)]
-    for entry in stuck:  # this process's cells only (a part's)
-      _mark(sweep_dir, manifest, entry, "failed",
-            error=f"{type(e).__name__}: {e}")
-    cells = [os.path.join(sweep_dir, c["name"]) for c in manifest["cells"]]
-    if fresh and not any(directory.holds_work(c) for c in cells):
-      for c in cells:
-        shutil.rmtree(c, ignore_errors=True)
-      shutil.rmtree(os.path.join(sweep_dir, reports.REPORT_DIR),
-                    ignore_errors=True)
-      os.remove(os.path.join(sweep_dir, directory.MANIFEST))
-      echo(f"[sweep] {sweep_dir}: the sweep failed before any run was "
-           "computed; its sweep.json and cell folders are removed, so the "
-           "same --out starts afresh")
-    raise
-
-
-# A failed cell's tracebacks of what was not a config or data error (a bug:
-# the message alone does not say where it happened).
-ERROR_FILE = "error.txt"
-
-
-def _write_tracebacks(run_dir: str, errors: list) -> str | None:
-  """Writes `run_dir`/error.txt with the traceback of every error of
-  `errors` ((message, exception) pairs) that is no `ConfigError`; returns
-  its path, or None when there is none."""
-  bugs = [(m, e) for m, e in errors
-          if e is not None and not isinstance(e, ConfigError)]
-  if not bugs:
-    return None
-  path = os.path.join(run_dir, ERROR_FILE)
-  with open(path, "w") as f:
-    for message, e in bugs:
-      f.write(f"{message}\n\n")
-      f.write("".join(traceback.format_exception(e)) + "\n")
-  return path
-
-
-def _mark(sweep_dir: str, manifest: dict, entry: dict, status: str,
-          **fields) -> None:
-  """A cell's status (and `fields`) in the manifest, written."""
-  now = datetime.datetime.now().isoformat(timespec="seconds")
-  if status == "running":
-    entry.update(status=status, started=now)
-    entry.pop("error", None)
-  elif status == "done":
-    entry.update(status=status, finished=now, **fields)
-  else:
-    entry.update(status=status, **fields)
-  if manifest.get("parts") and distributed.is_main():
-    # Other parts write their cells into the same file: read it again,
-    # replace this cell's entry only.
-    with lock.exclusive(os.path.join(sweep_dir, MANIFEST_LOCK)):
-      on_disk = directory.read_manifest(sweep_dir)
-      on_disk["cells"] = [entry if c["name"] == entry["name"] else c
-                          for c in on_disk["cells"]]
-      directory.write_manifest(sweep_dir, on_disk)
-    return
-  directory.write_manifest(sweep_dir, manifest)
-
-
-# -------------------------------------------------------------------- report
 
 
 # ------------------------------------------------------------------------ cli
