@@ -51,7 +51,8 @@ WORKER = JOIN + textwrap.dedent("""
                              std=fed.std)
     loss, opt = objectives.cross_entropy(model), make_optimizer("adam", 1e-2)
     cfg = engine.EngineConfig(rounds=3, eval_every=1, epochs=1, batch_size=8,
-                              cohort_size=3, progress=False, eval_batch_size=8)
+                              cohort_size=3, progress=False, eval_batch_size=8,
+                              checkpoint_every=0.0)
     out = {{}}
     for alg in (fedavg(model, opt, loss), local_only.build(model, opt, loss,
                                                            num_clients=4)):

@@ -28,8 +28,8 @@ from fedjax_dg.run import assemble
 
 N = 6
 # A cohort of 2 of 6 over chunks of 2 rounds: a chunk's table holds at most 4
-# of the 6 clients' state rows.
-CFG = engine.EngineConfig(rounds=4, eval_every=2, epochs=1, batch_size=8,
+# of the 6 clients' state rows. Checkpoints after every chunk.
+CFG = engine.EngineConfig(checkpoint_every=0.0, rounds=4, eval_every=2, epochs=1, batch_size=8,
                           cohort_size=2, client_mapping="map", progress=False,
                           eval_batch_size=16)
 
@@ -78,6 +78,7 @@ def test_host_placement_equals_device_resumed_midway(setup, name, tmp_path):
   ckpt = str(tmp_path / "ckpt")
   half = engine.run(alg, fed, model, dataclasses.replace(host, rounds=2),
                     checkpoint_dir=ckpt)
+  assert os.listdir(ckpt)  # the resume below starts from round 2
   resumed = engine.run(alg, fed, model, host, checkpoint_dir=ckpt)
   assert [h["round"] for h in resumed.history] == [2, 4]
   assert resumed.history[0] == half.history[0] == device.history[0]

@@ -286,8 +286,9 @@ def run_batch(alg, datas: Sequence, model, cfg: EngineConfig,
     cfg: the engine settings (`EngineConfig`); with R > 1 the "device"
       placement.
     seeds: R seeds: replica r's root key is `jax.random.key(seeds[r])`.
-    checkpoint_dirs: replica r's orbax checkpoints (written after every
-      chunk, the latest `cfg.checkpoints_to_keep` kept), resumed from.
+    checkpoint_dirs: replica r's orbax checkpoints (written at the end of
+      the first chunk at least `cfg.checkpoint_every` seconds after the
+      last write, the latest `cfg.checkpoints_to_keep` kept), resumed from.
     on_eval: replica r's callback, called with each of its evaluations.
     mapping: how the replica axis is mapped (`programs.replica_mapping`).
     values: replica r's recipe values (default: the recipe's own; None for
@@ -433,9 +434,11 @@ def run(alg: Algorithm, data, model, cfg: EngineConfig, *,
   seed `cfg.seed`: `run_batch` of one replica; a run that went non-finite
   raises its `NonFiniteError`.
 
-  With `checkpoint_dir`, a checkpoint is written after every chunk (the
-  latest `cfg.checkpoints_to_keep` stay) and the latest existing one is
-  resumed from (same final parameters as an uninterrupted run).
+  With `checkpoint_dir`, a checkpoint is written at the end of a chunk
+  once `cfg.checkpoint_every` seconds have passed since the last write (0:
+  after every chunk; a run shorter than that writes none; the latest
+  `cfg.checkpoints_to_keep` stay) and the latest existing one is resumed
+  from (same final parameters as an uninterrupted run).
   `cfg.placement` says where client data and state live
   (`placement.DeviceStore`, `placement.HostStore`); both give the same
   numbers.
