@@ -209,6 +209,10 @@ def test_every_algorithm_same_numbers_on_every_placement_and_mapping(every,
   hypernetwork moves with the float summation order, docs/faithfulness.md,
   "HyperGenFL"; measured 3e-3)."""
   fed, cfg = every
+  # Each algorithm compiles its own 7 runs' programs, never reused by the
+  # next: dropped here, so the worker's memory does not grow with the
+  # number of algorithms run before this one.
+  jax.clear_caches()
   model = model_for(name, fed, hidden=8)
   alg = assemble.algorithm(name, model, 4, cfg, data=fed)
   base = dataclasses.replace(CFG, rounds=2, eval_every=1, cohort_size=3)
