@@ -29,8 +29,9 @@ from fedjax_dg.run import assemble
 N = 6
 # A cohort of 2 of 6 over chunks of 2 rounds: a chunk's table holds at most 4
 # of the 6 clients' state rows. Checkpoints after every chunk.
-CFG = engine.EngineConfig(checkpoint_every=0.0, rounds=4, eval_every=2, epochs=1, batch_size=8,
-                          cohort_size=2, client_mapping="map", progress=False,
+CFG = engine.EngineConfig(checkpoint_every=0.0, rounds=4, eval_every=2,
+                          epochs=1, batch_size=8, cohort_size=2,
+                          client_mapping="map", progress=False,
                           eval_batch_size=16)
 
 
@@ -209,7 +210,7 @@ def test_every_algorithm_same_numbers_on_every_placement_and_mapping(every,
   hypernetwork moves with the float summation order, docs/faithfulness.md,
   "HyperGenFL"; measured 3e-3)."""
   fed, cfg = every
-  # Each algorithm compiles its own 7 runs' programs, never reused by the
+  # Each algorithm compiles its own 6 runs' programs, never reused by the
   # next: dropped here, so the worker's memory does not grow with the
   # number of algorithms run before this one.
   jax.clear_caches()

@@ -4,10 +4,10 @@ host history (`Checkpointer`).
 
 The runner writes one at the end of a chunk of rounds once
 `EngineConfig.checkpoint_every` seconds have passed since the last write
-(asynchronously: the next chunk runs meanwhile) and resumes from the latest. A full disk ends a run with
-one `DiskFull` naming the directory (`QuietDiskFull` keeps orbax's writer
-threads from logging hundreds of lines first). Nothing here depends on another
-engine module.
+(asynchronously: the next chunk runs meanwhile) and resumes from the latest.
+A full disk ends a run with one `DiskFull` naming the directory
+(`QuietDiskFull` keeps orbax's writer threads from logging hundreds of lines
+first). Nothing here depends on another engine module.
 """
 
 from __future__ import annotations
