@@ -104,8 +104,8 @@ def make_dry_run(tmp_path, target: str, nvidia_smi: int | None) -> list[str]:
 
 
 CPU_SETUP = ["python3 -m venv V",
-             "V/bin/python -m pip install -q -r requirements.lock",
-             "V/bin/python -m pip install -q --no-deps -e ."]
+             "python3 tools/install.py V/bin/python -q -r requirements.lock",
+             "python3 tools/install.py V/bin/python -q --no-deps -e ."]
 
 
 @pytest.mark.parametrize("nvidia_smi", [None, 9], ids=["absent", "failing"])
@@ -156,3 +156,58 @@ def test_readme_algorithm_table_has_every_algorithm_systems_first():
   assert set(algorithms.modules()) <= set(names)
   assert set(names) <= set(algorithms.available())
   assert len(names) == len(set(names))
+
+
+def _tools_install():
+  """tools/install.py as a module (`make setup` runs it as a script)."""
+  spec = importlib.util.spec_from_file_location(
+      "tools_install", os.path.join(ROOT, "tools", "install.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+install = _tools_install()
+
+# What `pip config list` prints on these machines, plus an [install] line.
+LISTED = """:env:.cert='/etc/ssl/certs/ca-certificates.crt'
+:env:.find-links='/opt/wheels'
+global.cert='/etc/other.crt'
+global.constraint='/etc/xdg/pip/constraints.txt'
+global.extra-index-url='file:///opt/pypi/simple file:///opt/pypi-more/simple'
+global.find-links='/opt/elsewhere'
+global.index-url='https://mirror.example/simple'
+install.index-url='https://install.example/simple'
+"""
+
+
+def test_pips_precedence_decides_between_scopes():
+  got = install.parse_config_list(LISTED)
+  assert got["cert"] == "/etc/ssl/certs/ca-certificates.crt"  # PIP_CERT wins
+  assert got["find-links"] == "/opt/wheels"
+  assert got["index-url"] == "https://install.example/simple"  # [install]
+  assert got["extra-index-url"].split() == ["file:///opt/pypi/simple",
+                                            "file:///opt/pypi-more/simple"]
+
+
+def test_every_index_link_and_constraint_reaches_uv():
+  cmd, env = install.uv_command("/v/bin/python", install.parse_config_list(
+      LISTED), ["-r", "requirements.lock"])
+  assert cmd[:5] == ["/v/bin/uv", "pip", "install", "--python", "/v/bin/python"]
+  pairs = list(zip(cmd, cmd[1:]))
+  for pair in [("--index-url", "https://install.example/simple"),
+               ("--extra-index-url", "file:///opt/pypi/simple"),
+               ("--extra-index-url", "file:///opt/pypi-more/simple"),
+               ("--find-links", "/opt/wheels"),
+               ("--constraints", "/etc/xdg/pip/constraints.txt"),
+               # pip's best match over all indexes, not uv's first index
+               ("--index-strategy", "unsafe-best-match")]:
+    assert pair in pairs, pair
+  assert cmd[-2:] == ["-r", "requirements.lock"]
+  assert env["SSL_CERT_FILE"] == "/etc/ssl/certs/ca-certificates.crt"
+
+
+def test_a_setting_uv_would_not_follow_means_pip(capsys):
+  settings = install.parse_config_list(LISTED + "global.proxy='http://p:3128'\n")
+  assert install.uv_command("/v/bin/python", settings, []) is None
+  assert "proxy" in capsys.readouterr().out
