@@ -220,7 +220,8 @@ SETTINGS = {
     "AVX": ("--xla_cpu_max_isa=AVX", "0", None),
     "SSE4_2": ("--xla_cpu_max_isa=SSE4_2", "0", None),
     "1 thread": ("", "0", {0}),
-    "no opt": ("", "1", None),
+    # the default suite's code (tests/conftest.py)
+    "no opt": ("--xla_cpu_use_fusion_emitters=false", "1", None),
     "2 devices": ("--xla_force_host_platform_device_count=2", "0", None),
 }
 

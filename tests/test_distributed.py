@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import tiny_experiment
+from conftest import SUITE_XLA_FLAGS, tiny_experiment
 from fedjax_dg import cli, distributed
 from fedjax_dg.errors import ConfigError
 
@@ -91,7 +91,7 @@ def _workers(tmp_path, processes, devices, mappings, ckpt=None,
           processes=processes, pid=pid, mappings=mappings, ckpt=ckpt,
           path=path)],
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-      env=dict(os.environ, XLA_FLAGS=""))
+      env=dict(os.environ, XLA_FLAGS=SUITE_XLA_FLAGS))
       for pid in range(processes)]
   logs = [p.communicate(timeout=600)[0] for p in procs]
   for pid, (p, log) in enumerate(zip(procs, logs)):
@@ -294,8 +294,8 @@ def _cli(config, processes):
   flags = lambda pid: (["--coordinator", coordinator, "--num-processes",
                         str(processes), "--process-id", str(pid)]
                        if processes > 1 else [])
-  env = dict(os.environ, XLA_FLAGS="", FEDJAX_DG_CPU_DEVICES=str(
-      2 // processes))
+  env = dict(os.environ, XLA_FLAGS=SUITE_XLA_FLAGS,
+             FEDJAX_DG_CPU_DEVICES=str(2 // processes))
   procs = [subprocess.Popen(
       [sys.executable, "-m", "fedjax_dg.cli", "run", "--config", config,
        "--set", "algorithms=fedavg", "--set", "data.targets=0", *flags(pid)],

@@ -203,7 +203,8 @@ def test_invalid_settings_fail_before_compute(fed3, field, value):
 
 SHARDED = textwrap.dedent("""
     import os
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count={devices}"
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + " --xla_force_host_platform_device_count={devices}")
     import dataclasses, sys
     sys.path.insert(0, {tests!r})
     import jax, numpy as np
@@ -290,7 +291,8 @@ def test_sharded_over_host_devices_matches_one_device(devices, clients, mesh):
 
 EVERY_ALGORITHM_SHARDED = textwrap.dedent("""
     import os
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + " --xla_force_host_platform_device_count=2")
     import sys
     sys.path.insert(0, {tests!r})
     import jax, numpy as np

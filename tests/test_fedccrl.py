@@ -4,6 +4,7 @@ views it built against numpy, the views' plumbing, the style pool's ceil(r n)
 on unequal clients, the cosine schedule over the run, and the algorithm end to
 end. AugMix's operations, level mapping and random draws: tests/test_augment.py."""
 
+import functools
 import math
 
 import jax
@@ -13,7 +14,7 @@ import optax
 import pytest
 from PIL import Image, ImageOps
 
-from conftest import synthetic_federation, with_sizes
+from conftest import USERS_CODEGEN, synthetic_federation, with_sizes
 from fedjax_dg import algorithms, engine, models, optim
 from fedjax_dg.algorithms import fedccrl
 from fedjax_dg.algorithms.base import ClientResult
@@ -38,7 +39,9 @@ def _image(h=12, w=10, constant_channel=False):
 # AugMix operations against PIL (the reference's implementation).
 
 
-@jax.jit
+# Compiled as a user's run compiles (conftest.USERS_CODEGEN): a grey level is
+# a floor of a rounded product.
+@functools.partial(jax.jit, compiler_options=USERS_CODEGEN)
 def _pixel_ops(xf):
   return (augment.equalize(xf),
           [augment.posterize(xf, jnp.asarray(bits)) for bits in (1, 3, 4)],
@@ -66,10 +69,11 @@ def test_pixel_operations_equal_pil(constant_channel):
     np.testing.assert_array_equal(got[..., 1], 77)
 
 
-# Jitted: one program for the cases (eagerly ~35 programs).
-_affine = jax.jit(augment.affine)
+# Jitted: one program for the cases (eagerly ~35 programs), as a user's run
+# compiles (whether a sample point on the edge is inside is a rounding).
+_affine = jax.jit(augment.affine, compiler_options=USERS_CODEGEN)
 _rotate = jax.jit(lambda x, degrees: augment.affine(
-    x, augment.rotation_matrix(degrees, 12, 10)))
+    x, augment.rotation_matrix(degrees, 12, 10)), compiler_options=USERS_CODEGEN)
 
 
 @pytest.mark.parametrize("matrix", [(1, 0.25, 0, 0, 1, 0), (1, 0, 0, -0.2, 1, 0),

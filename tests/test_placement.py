@@ -147,7 +147,8 @@ def test_auto_placement_rule(setup, monkeypatch):
 
 SHARDED = textwrap.dedent("""
     import os
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + " --xla_force_host_platform_device_count=2")
     import dataclasses, sys
     sys.path.insert(0, {tests!r})
     import jax, numpy as np
