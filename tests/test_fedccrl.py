@@ -565,13 +565,12 @@ def test_the_server_writes_the_cohorts_redrawn_statistics(setup):
       old.valid.sum())
 
 
-# Slow (~14 s of compiling AugMix in a round program): the default
-# tests/test_pinned.py::test_learns_above_chance_and_reproduces_pinned_numbers
-# [fedccrl] runs FedCCRL (CCDT and DIFP on) end to end (above chance, pinned
-# losses and parameters), and test_the_server_writes_the_cohorts_redrawn_
-# statistics pins the pool's refresh and size (a server that keeps the first
-# pool fails both).
-@pytest.mark.slow
+# FedCCRL end to end in the default suite (CCDT and DIFP on, ~25 s of
+# compiling AugMix in a round program): its pinned entry in
+# tests/test_pinned.py, which compiles the optimized program for ~60 s, is
+# slow. With test_the_server_writes_the_cohorts_redrawn_statistics it pins
+# the pool's refresh and size (a server that keeps the first pool fails
+# both).
 def test_fedccrl_learns_and_refreshes_the_pool(setup):
   fed, model = setup
   alg = _build(fed, model, augmix_width=1)
