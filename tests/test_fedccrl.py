@@ -508,6 +508,23 @@ def test_difp_gets_pixels_keys_and_settings_and_is_normalized_back(unequal,
     assert np.abs(v1[:, 0, :2] - v2[:, 0, :2]).min() > 1e-4  # own keys per view
 
 
+def test_ccdt_draws_one_symmetric_beta_alpha_weight_per_example(unequal,
+                                                               monkeypatch):
+  """CCDT's mixing weight is MixStyle's lambda ~ Beta(alpha, alpha), one per
+  example of each view (a spy on jax.random.beta, DIFP off so AugMix draws
+  none): an asymmetric Beta(alpha, 2 alpha) or one weight per batch fails."""
+  real = jax.random.beta
+  calls = []
+
+  def spy(key, a, b, shape=(), *args, **kw):
+    calls.append((float(a), float(b), tuple(shape)))
+    return real(key, a, b, shape, *args, **kw)
+
+  monkeypatch.setattr(jax.random, "beta", spy)
+  _run_loss(unequal, difp=False, alpha=0.3)
+  assert calls == [(0.3, 0.3, (6,))] * 2  # two views of a batch of 6
+
+
 def test_style_pool_keeps_ceil_r_n_statistics_per_client(unequal):
   """S = ceil(r n_max) slots, ceil(r n_i) valid statistics per client (Eq. 8,
   Alg. 1), on 13, 7, 2 examples (padded to 13) with r = 0.25: 4 slots and
