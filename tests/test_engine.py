@@ -202,14 +202,13 @@ def test_invalid_settings_fail_before_compute(fed3, field, value):
 
 
 SHARDED = textwrap.dedent("""
-    import os
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                               + " --xla_force_host_platform_device_count={devices}")
     import dataclasses, sys
     sys.path.insert(0, {tests!r})
     import jax, numpy as np
+    from fedjax_dg import engine
+    engine.use_cpu_devices({devices})  # before JAX runs
     from conftest import synthetic_federation
-    from fedjax_dg import engine, models
+    from fedjax_dg import models
     from fedjax_dg.algorithms.fedavg import fedavg
     from fedjax_dg.algorithms import hfedf
     from fedjax_dg.algorithms import local_only
@@ -290,14 +289,12 @@ def test_sharded_over_host_devices_matches_one_device(devices, clients, mesh):
 
 
 EVERY_ALGORITHM_SHARDED = textwrap.dedent("""
-    import os
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                               + " --xla_force_host_platform_device_count=2")
     import sys
     sys.path.insert(0, {tests!r})
     import jax, numpy as np
-    from conftest import every_algorithm_setup, model_for
     from fedjax_dg import engine
+    engine.use_cpu_devices(2)  # before JAX runs
+    from conftest import every_algorithm_setup, model_for
     from fedjax_dg.run import assemble
     fed, cfg = every_algorithm_setup()
     for name in sys.argv[1:]:

@@ -146,14 +146,13 @@ def test_auto_placement_rule(setup, monkeypatch):
 
 
 SHARDED = textwrap.dedent("""
-    import os
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                               + " --xla_force_host_platform_device_count=2")
     import dataclasses, sys
     sys.path.insert(0, {tests!r})
     import jax, numpy as np
+    from fedjax_dg import engine
+    engine.use_cpu_devices(2)  # before JAX runs
     from conftest import synthetic_federation
-    from fedjax_dg import engine, evaluate, models
+    from fedjax_dg import evaluate, models
     from fedjax_dg.algorithms import local_only
     from fedjax_dg.client import objectives
     from fedjax_dg.engine.placement import resolve_gather

@@ -22,9 +22,12 @@ UV = "uv==0.13.9"
 # pip settings -> uv options (each may hold several space-separated values).
 OPTIONS = {"index-url": "--index-url", "extra-index-url": "--extra-index-url",
            "find-links": "--find-links", "constraint": "--constraints"}
+# Passed on as uv's environment (SSL_CERT_FILE).
+CERT = "cert"
 # Settings that change nothing uv resolves or downloads.
-HARMLESS = {"cert", "default-timeout", "timeout", "disable-pip-version-check",
-            "no-cache-dir", "progress-bar", "quiet", "no-input", "root-user-action"}
+HARMLESS = {"default-timeout", "timeout", "disable-pip-version-check",
+            "no-cache-dir", "progress-bar", "quiet", "no-input",
+            "root-user-action"}
 
 
 def parse_config_list(text: str) -> dict[str, str]:
@@ -54,7 +57,7 @@ def pip_settings(python: str) -> dict[str, str]:
 def uv_command(python: str, settings: dict[str, str], args: list[str]):
   """(uv's command, its environment), or None when pip's configuration has a
   setting uv would not follow."""
-  unknown = set(settings) - set(OPTIONS) - HARMLESS
+  unknown = set(settings) - set(OPTIONS) - {CERT} - HARMLESS
   if unknown:
     print(f"tools/install.py: pip's configuration sets {sorted(unknown)}, which"
           " this script does not pass on to uv; installing with pip")
@@ -67,8 +70,8 @@ def uv_command(python: str, settings: dict[str, str], args: list[str]):
     for value in settings.get(name, "").split():
       cmd += [option, value]
   env = dict(os.environ)
-  if "cert" in settings:
-    env["SSL_CERT_FILE"] = settings["cert"]
+  if CERT in settings:
+    env["SSL_CERT_FILE"] = settings[CERT]
   return cmd + args, env
 
 
