@@ -36,3 +36,10 @@ def test_the_summary_names_the_wall_time_and_the_slowest_files_first(
     assert [name for _, name in rows] == ["test_sleepy.py", "test_quick.py"]
     assert float(rows[0][0]) >= 1.2  # both sleeps, summed over its tests
     assert float(rows[1][0]) < 0.6
+    workers = re.findall(r"(gw\d) (\d+) s, (\d+) s", out.stdout)
+    if args:  # both files' 1.2 s of sleeps on one worker or the other
+      assert sorted(w for w, _, _ in workers) == ["gw0", "gw1"], out.stdout
+      assert sum(int(b) for _, b, _ in workers) in (1, 2), out.stdout
+      assert all(int(b) <= int(d) for _, b, d in workers), out.stdout
+    else:
+      assert "workers" not in out.stdout
