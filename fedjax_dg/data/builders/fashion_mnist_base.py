@@ -172,7 +172,7 @@ def deal_round_robin(
 
 def encode_png(image: np.ndarray) -> bytes:
   buf = io.BytesIO()
-  Image.fromarray(image).save(buf, format="PNG", compress_level=1)
+  Image.fromarray(image).save(buf, format="PNG", compress_level=0)
   return buf.getvalue()
 
 
