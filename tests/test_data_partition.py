@@ -278,3 +278,165 @@ def test_dirichlet_paper_scenarios_are_feasible(clients, beta):
                               min_partition_size=10, seed=0)
   assert len(parts) == clients and min(len(p) for p in parts) >= 10
   assert sum(len(p) for p in parts) == 50000
+
+
+def _released_counts(sizes, num_shards, iid):
+  """The released benchmark code's count matrix (FedDG_Benchmark,
+  src/splitter.py, NonIIDSplitter.split), transcribed loop for loop with
+  its names: the independent computation `heterogeneous_counts` is checked
+  against."""
+  num_examples_per_domain = np.asarray(sizes)
+  num_domains = len(num_examples_per_domain)
+  if sum(num_examples_per_domain > 0) <= num_shards:
+    main_shards_per_domain = (num_examples_per_domain > 0).astype("int")
+    while np.sum(main_shards_per_domain) < num_shards:
+      ratio = np.divide(num_examples_per_domain.astype("float"),
+                        main_shards_per_domain.astype("float"),
+                        out=np.zeros_like(num_examples_per_domain.astype("float")),
+                        where=main_shards_per_domain != 0)
+      main_shards_per_domain[np.argmax(ratio)] += 1
+    main_domain_per_shards = []
+    for i, num_shard in enumerate(main_shards_per_domain):
+      main_domain_per_shards += [i] * int(num_shard)
+    main_ratio = np.array([1 / u if u != 0 else 0
+                           for u in main_shards_per_domain])
+    rows = []
+    for main_domain in main_domain_per_shards:
+      onehot = np.zeros(num_domains)
+      onehot[main_domain] = 1
+      rows.append(num_examples_per_domain * (main_ratio * onehot * (1 - iid)
+                                             + 1 / num_shards * iid))
+    exact = np.array(rows)
+    floor = exact.astype(int)
+    diff = np.rint(np.sum(exact - floor, axis=0)).astype(int)
+    mask = np.zeros((num_shards, num_domains))
+    for col in range(num_domains):
+      mask[0:diff[col], col] = 1
+    return np.rint(floor + mask).astype(int)
+  hetero = np.zeros((num_shards, num_domains))
+  # The released code sorts with numpy's default (unstable: its order of
+  # equal domains varies with numpy's build and the CPU); stable here, as in
+  # fedjax_dg (docs/faithfulness.md).
+  for idx in np.argsort(num_examples_per_domain, kind="stable")[::-1]:
+    hetero[np.argmin(np.sum(hetero, axis=1)), idx] = num_examples_per_domain[idx]
+  homo = np.zeros((num_shards, num_domains))
+  for shard in homo:
+    shard += num_examples_per_domain / num_shards
+  final = np.floor(homo * iid + hetero * (1 - iid)).astype("int")
+  for i, diff in enumerate(num_examples_per_domain - np.sum(final, axis=0)):
+    for d in range(int(diff)):
+      final[d, i] += 1
+  return final
+
+
+def _random_settings(count, seed=0):
+  """(domain sizes, clients, lam) over 1-6 domains of 20-400 examples,
+  2-200 clients (fewer and more than the domains) and lam at both ends,
+  the paper's 0.1 and anywhere between."""
+  rng = np.random.default_rng(seed)
+  for k in range(count):
+    sizes = rng.integers(20, 400, size=rng.integers(1, 7))
+    clients = int(rng.integers(2, 9) if k % 2 else rng.integers(2, 201))
+    lam = float((0.0, 0.1, 1.0, rng.uniform())[k % 4])
+    yield sizes, min(clients, int(sizes.sum())), lam
+
+
+def test_heterogeneous_counts_are_the_released_codes_but_for_remainders():
+  """Each count within one example of the released code's, each domain
+  dealt whole by both; equal where no floor loses an example (the two
+  differ only in which clients get a domain's remainder)."""
+  equal = 0
+  for sizes, clients, lam in _random_settings(400):
+    got = partition.heterogeneous_counts(sizes, clients, lam)
+    want = _released_counts(sizes, clients, lam)
+    assert np.abs(got - want).max() <= 1, (sizes, clients, lam)
+    np.testing.assert_array_equal(got.sum(axis=0), sizes)
+    np.testing.assert_array_equal(want.sum(axis=0), sizes)
+    equal += np.array_equal(got, want)
+  assert 40 < equal < 400, equal  # both kinds of case were drawn
+  # Two domains, 3 clients at lam = 0: domain 0 (100 examples) has two main
+  # clients of 50; domain 1's 51 go to client 2. Exactly divisible: equal.
+  np.testing.assert_array_equal(partition.heterogeneous_counts([100, 51], 3, 0.0),
+                                [[50, 0], [50, 0], [0, 51]])
+  # 101: one example over; here it goes to a main client of domain 0, the
+  # released code's to client 0 as well.
+  np.testing.assert_array_equal(partition.heterogeneous_counts([101, 51], 3, 0.0),
+                                [[51, 0], [50, 0], [0, 51]])
+  # Domain 1 with two main clients, 51 / 2: its extra example goes to one of
+  # them (client 1), where the released code gives it to client 0, whose
+  # main domain is domain 0.
+  np.testing.assert_array_equal(partition.heterogeneous_counts([50, 51], 3, 0.0),
+                                [[50, 0], [0, 26], [0, 25]])
+  np.testing.assert_array_equal(_released_counts([50, 51], 3, 0.0),
+                                [[50, 1], [0, 25], [0, 25]])
+
+
+def test_heterogeneous_is_a_balanced_partition_at_every_lambda():
+  """For random domain sizes, client counts (2-200) and lam: C clients,
+  every source example exactly once, client i's examples of domain j the
+  count's, within one example of lam's mixture; lam = 1: every client the
+  domains' proportions; lam = 0: one domain per client (C >= domains) or
+  each domain in one client (C < domains); the main clients spread so that
+  moving one to another domain would not lower the most examples a main
+  client holds (balanced sizes)."""
+  for k, (sizes, clients, lam) in enumerate(_random_settings(120, seed=1)):
+    domains = _domains(sizes) * 2 + 1  # non-contiguous ids
+    source = np.flatnonzero(np.arange(len(domains)) % 7 != 3)  # a subset
+    dom = domains[source]
+    ids = np.unique(dom)
+    n = np.array([np.sum(dom == j) for j in ids])
+    if clients > len(source):
+      continue
+    parts = partition.heterogeneous(domains, source, clients, lam, seed=k)
+    assert len(parts) == clients and min(map(len, parts)) >= 1
+    np.testing.assert_array_equal(np.sort(np.concatenate(parts)), source)
+    got = np.array([[np.sum(domains[p] == j) for j in ids] for p in parts])
+    np.testing.assert_array_equal(
+        got, partition.heterogeneous_counts(n, clients, lam))
+    if clients >= len(ids):
+      main = partition.main_clients_per_domain(n, clients)
+      assert main.sum() == clients and main.min() >= 1
+      per = n / main
+      lower = [n[j] / (main[j] - 1) for j in range(len(n)) if main[j] > 1]
+      assert per.max() <= min(lower, default=np.inf) + 1e-9, (n, main)
+      owner = np.repeat(np.arange(len(n)), main)
+      exact = n * ((1 - lam) * (owner[:, None] == np.arange(len(n))) / main
+                   + lam / clients)
+    else:
+      whole = (got > 0) if lam == 0 else None
+      exact = None
+      if lam == 0:
+        assert (whole.sum(axis=0) == 1).all(), got  # each domain whole
+    if exact is not None:
+      assert np.abs(got - exact).max() < 1 + 1e-9, (got, exact)
+    if lam == 0 and clients >= len(ids):
+      assert ((got > 0).sum(axis=1) == 1).all(), got
+    if lam == 1:
+      assert np.abs(got - n / clients).max() < 1 + 1e-9
+      assert np.ptp(got.sum(axis=1)) <= 1, got.sum(axis=1)
+    big = [p for p in parts if len(p) > 5]  # seeded-random order within
+    assert not big or not all(np.all(np.diff(p) > 0) for p in big)
+
+
+def test_heterogeneous_is_seeded_and_validated():
+  domains = _domains([50, 80, 30])
+  source = np.arange(len(domains))
+  a = partition.heterogeneous(domains, source, 7, 0.1, seed=3)
+  b = partition.heterogeneous(domains, source, 7, 0.1, seed=3)
+  c = partition.heterogeneous(domains, source, 7, 0.1, seed=4)
+  assert all(np.array_equal(x, y) for x, y in zip(a, b))
+  assert not all(np.array_equal(np.sort(x), np.sort(y)) for x, y in zip(a, c))
+  for bad in (-0.1, 1.5, True, "0.1"):
+    with pytest.raises(ValueError, match="lam="):
+      partition.heterogeneous(domains, source, 7, bad)
+    with pytest.raises(ValueError, match="lam="):
+      PartitionSpec("heterogeneous", num_clients=7, lam=bad)
+  with pytest.raises(ValueError, match="num_clients=161"):
+    partition.heterogeneous(domains, source, 161, 0.5)
+  spec = PartitionSpec("heterogeneous", num_clients=7, lam=1.0, seed=3)
+  parts = partition.make_partition(spec, domains=domains, labels=domains,
+                                   indices=source)
+  np.testing.assert_array_equal(
+      [[np.sum(domains[p] == j) for j in range(3)] for p in parts],
+      partition.heterogeneous_counts([50, 80, 30], 7, 1.0))
+  assert "lam=1.0" in spec.describe()

@@ -98,6 +98,31 @@ def test_domain_counts_are_the_federations(config_path, tmp_path, capsys, d):
   assert out.stat().st_size > 0
 
 
+@pytest.mark.parametrize("lam", [0.0, 1.0])
+def test_the_benchmarks_partition_from_the_config(config_path, tmp_path,
+                                                  capsys, lam):
+  """data.partition=heterogeneous with 7 clients over 4 source domains: at
+  lam = 0 each client trains on one domain, at 1 every client on all five,
+  each client's share of a domain within a few examples of the others'
+  (its id-validation share is carved out afterwards); the plot is written."""
+  sets = ["data.partition=heterogeneous", "data.num_clients=7",
+          f"data.lam={lam}"]
+  out = tmp_path / "lam.png"
+  assert cli.main(["partition", "--config", config_path, "--plot", str(out)]
+                  + sum((["--set", s] for s in sets), [])) == 0
+  tables = parse(capsys.readouterr().out)
+  _, feds = federations(config_path, sets)
+  for target, fed in feds.items():
+    _, counts, n, _ = tables[target]
+    assert counts.shape == (7, 5)
+    np.testing.assert_array_equal(n, np.asarray(fed.train.n))
+    held = (counts > 0).sum(axis=1)
+    assert (held == 1).all() if lam == 0 else (held == 5).all(), counts
+    if lam == 1:
+      assert np.ptp(counts, axis=0).max() <= 3, counts
+  assert out.stat().st_size > 0
+
+
 def test_counts_on_a_synthetic_federation_and_errors(tmp_path):
   fed = synthetic_federation(num_clients=3, d=1)
   ds = synthetic_domains()

@@ -271,6 +271,9 @@ def test_a_bug_in_a_batch_leaves_its_traceback_in_the_cell(
      "reads data.num_clients, data.d only)"),
     (["data.partition=k_per_domain", "data.num_clients=10"],
      ["data.k_per_domain=1,2"], "data.num_clients=10 (a client count wins"),
+    (["data.partition=dirichlet"], ["data.lam=0.1,1.0"],
+     "--grid data.lam=0.1 changes no run: data.partition='dirichlet' (it "
+     "reads data.num_clients, data.alpha, data.min_partition_size only)"),
 ])
 def test_an_ignored_setting_is_refused_naming_what_wins(tiny, sets, grid,
                                                         needle):
@@ -295,6 +298,8 @@ def test_an_ignored_setting_is_refused_naming_what_wins(tiny, sets, grid,
     # rows drop fedprox.mu (records.split_settings): no row is mislabelled
     (["algorithms=hfedf,hfedf_no_ema"], ["hfedf.gradalign=True,False"]),
     (["data.partition=dirichlet"], ["data.alpha=0.1,0.5"]),
+    (["data.partition=heterogeneous", "data.num_clients=8"],
+     ["data.lam=0.0,0.1,1.0"]),
 ])
 def test_a_setting_that_takes_effect_is_not_refused(tiny, sets, grid):
   """Item 5: what does reach every run it labels is planned as before."""

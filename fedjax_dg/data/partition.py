@@ -16,6 +16,11 @@ and the allowed values, before any work is done.
 * `k_clients_per_domain`: each source domain split into `k_per_domain` clients.
 * `iid`: uniform random split.
 * `dirichlet`: flwr-datasets `DirichletPartitioner` label skew.
+* `heterogeneous`: the federated DG benchmark's split (Bai, Bagchi and
+  Inouye, ICLR 2024): any number of clients, each source domain's examples
+  dealt with the balancing parameter `lam` (1: every client the same domain
+  mixture; 0: each client its main domain only, or whole domains when there
+  are fewer clients than domains).
 * `few_shot_target`: `k` target-domain examples per client, injected into training.
 """
 
@@ -30,7 +35,8 @@ import numpy as np
 from fedjax_dg.data.settings import DataConfig
 from fedjax_dg.errors import ConfigError, StandInWarning
 
-PARTITIONERS = ("domain_split", "k_per_domain", "iid", "dirichlet")
+PARTITIONERS = ("domain_split", "k_per_domain", "iid", "dirichlet",
+                "heterogeneous")
 # The settings each partitioner reads (besides few_shot_k and the seed):
 # another partitioner's (`d` for iid) change nothing.
 FIELDS = {
@@ -38,6 +44,7 @@ FIELDS = {
     "k_per_domain": ("k_per_domain", "num_clients"),
     "iid": ("num_clients",),
     "dirichlet": ("num_clients", "alpha", "min_partition_size"),
+    "heterogeneous": ("num_clients", "lam"),
 }
 ALIASES = {"hfedf": "domain_split", "k_clients_per_domain": "k_per_domain"}
 
@@ -230,6 +237,89 @@ def dirichlet(
   )
 
 
+def main_clients_per_domain(sizes: Sequence[int], num_clients: int) -> np.ndarray:
+  """How many clients take each domain as their main one (`heterogeneous`,
+  `num_clients` >= the non-empty domains): one each, then one more at a time
+  to the domain with the most examples per main client (the first on a tie),
+  until every client has a main domain; an empty domain gets none."""
+  sizes = np.asarray(sizes, np.float64)
+  main = (sizes > 0).astype(np.int64)
+  while main.sum() < num_clients:
+    per = np.divide(sizes, main, out=np.zeros_like(sizes), where=main > 0)
+    main[int(np.argmax(per))] += 1
+  return main
+
+
+def heterogeneous_counts(sizes: Sequence[int], num_clients: int,
+                         lam: float) -> np.ndarray:
+  """[clients, domains] example counts of `heterogeneous` (the released
+  benchmark code's `NonIIDSplitter`, `iid` = `lam`, but for where the
+  floors' remainders go), domains in the order of `sizes`.
+
+  With at least as many clients as non-empty domains, client i has a main
+  domain m(i) (`main_clients_per_domain`: the clients of domain 0 first)
+  and takes n_j ((1 - lam) [j = m(i)] / s_j + lam / C) of domain j (n_j its
+  examples, s_j its main clients, C the clients). With fewer clients, the
+  heterogeneous end deals whole domains, the largest first, each to the
+  client holding the fewest examples so far (the first on a tie), and the
+  counts are lam n_j / C + (1 - lam) times that. Either way the counts are
+  floored and what a domain lost to the floors goes one example each to
+  the clients whose counts of it lost the most, on a tie to those holding
+  the fewest examples so far (then the first): every example is dealt
+  once, at lam = 0 no client gets an example of a domain it has no share
+  of, and at lam = 1 the clients' sizes differ by at most one. (The
+  released code gives those examples to clients 0, 1, ... whatever their
+  shares: at lam = 0 a few examples of other domains on the first
+  clients, with many clients the later ones smaller or empty;
+  docs/faithfulness.md.)
+  """
+  n = np.asarray(sizes, np.int64)
+  c, lam = int(num_clients), float(lam)
+  if int(np.sum(n > 0)) <= c:
+    main = main_clients_per_domain(n, c)
+    owner = np.repeat(np.arange(len(n)), main)  # m(i), client by client
+    share = np.divide(1.0, main, out=np.zeros(len(n)), where=main > 0)
+    onehot = np.eye(len(n))[owner]
+    exact = n * (share * onehot * (1 - lam) + (1 / c) * lam)
+  else:
+    whole = np.zeros((c, len(n)))
+    for j in np.argsort(n, kind="stable")[::-1]:
+      whole[int(np.argmin(whole.sum(axis=1))), j] = n[j]
+    exact = lam * np.broadcast_to(n / c, whole.shape) + (1 - lam) * whole
+  counts = np.floor(exact).astype(np.int64)
+  frac = np.round(exact - counts, 9)  # equal shares compare equal
+  for j, short in enumerate(n - counts.sum(axis=0)):
+    order = np.lexsort((np.arange(c), counts.sum(axis=1), -frac[:, j]))
+    counts[order[:short], j] += 1
+  return counts
+
+
+def heterogeneous(domains: np.ndarray, indices: np.ndarray, num_clients: int,
+                  lam: float, seed: int = 0) -> list[np.ndarray]:
+  """The federated DG benchmark's split (Bai, Bagchi and Inouye, 2024):
+  `num_clients` clients, fewer or more than the source domains, each
+  domain's examples dealt by `heterogeneous_counts` (`lam` 1: every
+  client the same mixture of the domains; 0: the most heterogeneous split,
+  one domain per client where there are enough clients), from a seeded
+  shuffle of each domain (ascending domain id), client after client."""
+  indices = _as_indices(indices)
+  _check_int("num_clients", num_clients, 1, max(len(indices), 1),
+             f" with {len(indices)} examples")
+  if not (isinstance(lam, (int, float, np.floating, np.integer))
+          and not isinstance(lam, bool) and 0.0 <= float(lam) <= 1.0):
+    raise ConfigError(f"lam={lam!r}: allowed a float in 0..1 (1: every "
+                      "client the same domain mixture; 0: each client its "
+                      "own domain)")
+  dom = np.asarray(domains)[indices]
+  rng = np.random.default_rng(seed)
+  per_domain = [rng.permutation(indices[dom == j]) for j in np.unique(dom)]
+  counts = heterogeneous_counts([len(p) for p in per_domain], num_clients, lam)
+  cuts = np.cumsum(counts, axis=0)[:-1]
+  dealt = [np.split(p, cuts[:, j]) for j, p in enumerate(per_domain)]
+  return _shuffled_parts(rng, [np.concatenate([d[i] for d in dealt])
+                               for i in range(num_clients)])
+
+
 def few_shot_target(
     target_indices: np.ndarray, num_clients: int, k: int, seed: int = 0
 ) -> tuple[list[np.ndarray], np.ndarray]:
@@ -280,6 +370,7 @@ class PartitionSpec:
   k_per_domain: int | None = None
   alpha: float = DataConfig.alpha
   min_partition_size: int = DataConfig.min_partition_size
+  lam: float = DataConfig.lam
   few_shot_k: int = DataConfig.few_shot_k
   seed: int = 0
 
@@ -310,6 +401,11 @@ class PartitionSpec:
     _check_int("PartitionSpec.min_partition_size", self.min_partition_size, 0)
     _check_int("PartitionSpec.few_shot_k", self.few_shot_k, 0)
     _check_int("PartitionSpec.seed", self.seed, 0)
+    if not (isinstance(self.lam, (int, float)) and not isinstance(self.lam, bool)
+            and 0.0 <= self.lam <= 1.0):
+      raise ConfigError(
+          f"PartitionSpec.lam={self.lam!r}: allowed a float in 0..1 (1: every "
+          "client the same domain mixture; 0: each client its own domain)")
     if not np.all(np.asarray(self.alpha, np.float64) > 0):
       raise ConfigError(
           f"PartitionSpec.alpha={self.alpha!r}: allowed a positive float"
@@ -407,5 +503,8 @@ def make_partition(
     return k_clients_per_domain(domains, indices, k, spec.seed)
   if spec.name == "iid":
     return iid(indices, spec.num_clients, spec.seed)
+  if spec.name == "heterogeneous":
+    return heterogeneous(domains, indices, spec.num_clients, spec.lam,
+                         spec.seed)
   return dirichlet(labels, indices, spec.num_clients, spec.alpha,
                    spec.min_partition_size, spec.seed)

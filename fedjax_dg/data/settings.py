@@ -28,7 +28,7 @@ class DataConfig:
     max_per_domain: 0: every example; else a seeded subset per domain.
     targets: "all" | "none" | comma-separated held-out domain names.
     partition: "domain_split" (hFedF Alg. 5) | "k_per_domain" | "iid" |
-      "dirichlet".
+      "dirichlet" | "heterogeneous" (the federated DG benchmark's).
     num_clients: 0: one per source domain (the hFedF papers); else the count
       (k_per_domain: k x source domains).
     d: source domains per client (domain_split).
@@ -36,6 +36,10 @@ class DataConfig:
     alpha: Dirichlet concentration (dirichlet).
     min_partition_size: smallest client partition a Dirichlet draw may give
       (redrawn until every client has it).
+    lam: the benchmark's balancing parameter lambda in 0..1 (heterogeneous):
+      1 every client the same mixture of the source domains, 0 each client
+      its main domain only (whole domains when there are fewer clients
+      than domains).
     few_shot_k: target-domain images injected into each client's training data.
     val_fraction: each client's id-validation share.
     server_fraction: share of the source examples held by the server (carved
@@ -63,6 +67,7 @@ class DataConfig:
   k_per_domain: int = 1
   alpha: float = 0.5
   min_partition_size: int = 1
+  lam: float = 0.1
   few_shot_k: int = 0
   val_fraction: float = 0.1
   server_fraction: float = 0.0

@@ -225,7 +225,7 @@ def federate(cfg: ConfigDict, dataset, target):
         num_clients=d.num_clients or (None if per_domain else n_sources),
         d=d.d,
         k_per_domain=None if (per_domain and d.num_clients) else d.k_per_domain,
-        alpha=d.alpha, min_partition_size=d.min_partition_size,
+        alpha=d.alpha, min_partition_size=d.min_partition_size, lam=d.lam,
         few_shot_k=d.few_shot_k, seed=cfg.seed)
     return federated.build(dataset, spec, target_domain=target,
                            val_fraction=d.val_fraction, seed=cfg.seed,
