@@ -8,7 +8,10 @@ per round, FedAvg and Local-only (a model per client: the largest per-client
 state):
 
   random     every client holds `--per-client` random examples, `--epochs`
-             epochs: a round does the same work at every N
+             epochs: a round does the same work at every N; with `--total T`
+             each of the N clients holds T / N of them instead, so that
+             (with `--cohort 0`, every client every round) a round trains
+             the same examples at every N, in more or fewer clients
   fmnist     Dir(`--fmnist-alpha`) label skew of the 60,000 Fashion-MNIST
              training images (`fedjax-dg prepare fashion_mnist`), at least
              one example per client (alpha 0.5 cannot give 10,000 non-empty
@@ -65,6 +68,10 @@ training, the host's gathers and the state's trips).
         --host-gather clients rows --reps 3 --rounds 4
     .venv/bin/python benchmarks/scale.py --flower --clients 1000 --rounds 4 \
         --reps 2                                           # after `make bench`
+    .venv/bin/python benchmarks/scale.py --data random --total 24000 \
+        --clients 20 200 --cohort 0 --placements device --algorithms fedavg \
+        --batch 32 --epochs 1 --hidden 64 --reps 5 --rounds 4
+                                        # the same 24,000 examples, 20 or 200
 """
 
 from __future__ import annotations
@@ -203,12 +210,21 @@ def placements(args, data: str) -> list[tuple[str, str]]:
           for g in (args.host_gather if pl == "host" else ["auto"])]
 
 
+def per_client(args, n: int) -> int:
+  """A random client's examples at N = n: `--per-client`, or `--total` / n."""
+  if not args.total:
+    return args.per_client
+  if args.total % n:
+    raise SystemExit(f"--total {args.total} is not a multiple of N = {n}")
+  return args.total // n
+
+
 def feds_for(args) -> dict:
   """{(data, N): FederatedData} and the local steps of each data kind."""
   feds = {}
   for n in args.clients:
     if "random" in args.data:
-      feds[("random", n)] = federation(n, args.per_client)
+      feds[("random", n)] = federation(n, per_client(args, n))
     if "fmnist" in args.data:
       feds[("fmnist", n)] = fmnist_federation(n, args.fmnist_alpha)
     if "synthetic" in args.data:
@@ -281,6 +297,9 @@ def main(argv=None):
                  "take as many local steps as a random client")
   p.add_argument("--fmnist-alpha", type=float, default=0.5)
   p.add_argument("--per-client", type=int, default=64)
+  p.add_argument("--total", type=int, default=0,
+                 help="random data: this many examples over the N clients "
+                 "(N divides it) instead of --per-client each")
   p.add_argument("--synthetic-total", type=int, default=1_000_000)
   p.add_argument("--synthetic-skew", type=float, default=0.3)
   p.add_argument("--hidden", type=int, default=16)
@@ -357,8 +376,10 @@ def main(argv=None):
       rows[key]["cpu_s"] += got["cpu_s"]
       rows[key]["live"] = max(rows[key]["live"], got["live"])
       print(".", end="", flush=True)
-  print(f"\ncohort {args.cohort}; random: {args.per_client} examples per "
-        f"client, {args.epochs} epoch(s) of batch {args.batch}; fmnist: "
+  random = (f"{args.total:,} examples over the N clients" if args.total
+            else f"{args.per_client} examples per client")
+  print(f"\ncohort {args.cohort or 'all'}; random: {random}, "
+        f"{args.epochs} epoch(s) of batch {args.batch}; fmnist: "
         f"Dir({args.fmnist_alpha}) over 60,000 images; synthetic: "
         f"{args.synthetic_total:,} examples over N clients (log-normal sizes, "
         f"sigma {args.synthetic_skew}), {fixed} local steps (fmnist, "
