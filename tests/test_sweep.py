@@ -940,3 +940,32 @@ def test_one_algorithm_over_seeds_targets_and_learning_rates_compiles_once(
           run["final"]["id_acc_per_client"])
     opened.log.close()
   assert len(finals) == 2 and finals["0.001"] != finals["0.01"]
+
+
+def test_the_federated_dg_benchmark_grid_plans_and_validates():
+  """experiments/feddg_benchmark_offline.py: lambda (1, 0.1, 0) x C (5, 50)
+  x its seeds, every cell a valid run of the heterogeneous partition, every
+  method's clients on the one Adam (lr 1e-3, no decay, constant) whatever
+  its module's CLIENT says (SCAFFOLD's SGD 0.01); its documented commands
+  plan its own grid."""
+  from fedjax_dg import algorithms
+  path = os.path.join(EXPERIMENTS, "feddg_benchmark_offline.py")
+  p = sweep.plan(path)
+  assert len(p.cells) == 3 * 2 * 3
+  assert sweep.check(p, data=False) == [1] * len(p.cells)
+  assert {(c.data.lam, c.data.num_clients) for c in p.configs} == {
+      (lam, n) for lam in (1.0, 0.1, 0.0) for n in (5, 50)}
+  assert p.base.data.partition == "heterogeneous"
+  assert p.base.train.cohort_size == 0 and p.base.train.epochs == 1
+  for name in p.base.algorithms:
+    section = algorithms.spec(name).section
+    assert algorithms.client_settings(dict(p.base.client), dict(
+        p.base[section].client)) == dict(optimizer="adam", lr=1e-3,
+                                         weight_decay=0.0, momentum=0.0,
+                                         schedule="constant"), name
+  doc = open(path).read().split('"""')[1]
+  for args in _commands(doc):
+    assert args[:2] == ["--config", f"experiments/{os.path.basename(path)}"]
+    seeds = dict(zip(args[2::2], args[3::2])).get("--seeds")
+    planned = sweep.plan(path, seeds=sweep.parse_seeds(seeds))
+    assert {c.data.lam for c in planned.configs} == {1.0, 0.1, 0.0}
