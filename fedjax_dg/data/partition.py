@@ -68,6 +68,15 @@ def _check_int(field: str, value: Any, low: int, high: int | None = None,
     raise ConfigError(f"{field}={value!r}{why}: allowed {allowed} (an int)")
 
 
+def _check_lam(field: str, value: Any) -> None:
+  ok = (isinstance(value, (int, float, np.integer, np.floating))
+        and not isinstance(value, bool) and 0.0 <= float(value) <= 1.0)
+  if not ok:
+    raise ConfigError(f"{field}={value!r}: allowed a float in 0..1 (1: every "
+                      "client the same domain mixture; 0: each client its "
+                      "own domain)")
+
+
 def leave_one_domain_out(
     domains: np.ndarray, target: int
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -305,11 +314,7 @@ def heterogeneous(domains: np.ndarray, indices: np.ndarray, num_clients: int,
   indices = _as_indices(indices)
   _check_int("num_clients", num_clients, 1, max(len(indices), 1),
              f" with {len(indices)} examples")
-  if not (isinstance(lam, (int, float, np.floating, np.integer))
-          and not isinstance(lam, bool) and 0.0 <= float(lam) <= 1.0):
-    raise ConfigError(f"lam={lam!r}: allowed a float in 0..1 (1: every "
-                      "client the same domain mixture; 0: each client its "
-                      "own domain)")
+  _check_lam("lam", lam)
   dom = np.asarray(domains)[indices]
   rng = np.random.default_rng(seed)
   per_domain = [rng.permutation(indices[dom == j]) for j in np.unique(dom)]
@@ -401,11 +406,7 @@ class PartitionSpec:
     _check_int("PartitionSpec.min_partition_size", self.min_partition_size, 0)
     _check_int("PartitionSpec.few_shot_k", self.few_shot_k, 0)
     _check_int("PartitionSpec.seed", self.seed, 0)
-    if not (isinstance(self.lam, (int, float)) and not isinstance(self.lam, bool)
-            and 0.0 <= self.lam <= 1.0):
-      raise ConfigError(
-          f"PartitionSpec.lam={self.lam!r}: allowed a float in 0..1 (1: every "
-          "client the same domain mixture; 0: each client its own domain)")
+    _check_lam("PartitionSpec.lam", self.lam)
     if not np.all(np.asarray(self.alpha, np.float64) > 0):
       raise ConfigError(
           f"PartitionSpec.alpha={self.alpha!r}: allowed a positive float"
