@@ -80,9 +80,9 @@ def replica_atol():
   return 1e-6 if optimized or SUITE_XLA_FLAGS else 0.0
 
 
-def _close_metrics(a, b):
+def _close_metrics(a, b, atol=1e-6):
   """Two runs' metrics equal up to float rounding: every number within
-  1e-5 (relative) or 1e-6, every other value equal."""
+  1e-5 (relative) or `atol`, every other value equal."""
   la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
   assert jax.tree.structure(a) == jax.tree.structure(b)
   for x, y in zip(la, lb, strict=True):
@@ -91,13 +91,17 @@ def _close_metrics(a, b):
     else:
       np.testing.assert_allclose(np.asarray(x, np.float64),
                                  np.asarray(y, np.float64), rtol=1e-5,
-                                 atol=1e-6)
+                                 atol=atol)
 
 
 def assert_same_run(a, b, atol=0.0):
   """Two runs' state leaves within `atol` (0: bit for bit) and, at atol up
-  to 1e-6, their round metrics, evaluations, final scores and features
-  (exactly at 0, else to rounding)."""
+  to 1e-6, their round metrics, evaluations and final scores (exactly at
+  0, else to rounding) and their features (exactly at 0, else within
+  100 * atol). A feature sums 64 normalized pixels (|x| up to 2) times
+  weights that may each be `atol` off, so it may be up to ~1.3e-4 off at
+  1e-6: FedCCRL's replicas with the optimizations on were 8.3e-6 off on
+  the CI machine while every state leaf was within 1e-6."""
   for x, y in zip(state(a), state(b), strict=True):
     if atol:
       np.testing.assert_allclose(x.astype(np.float64), y.astype(np.float64),
@@ -106,8 +110,9 @@ def assert_same_run(a, b, atol=0.0):
       np.testing.assert_array_equal(x, y)
   if atol:
     if atol <= 1e-6:
-      _close_metrics((a.round_metrics, a.history, a.final, a.features),
-                     (b.round_metrics, b.history, b.final, b.features))
+      _close_metrics((a.round_metrics, a.history, a.final),
+                     (b.round_metrics, b.history, b.final))
+      _close_metrics(a.features, b.features, atol=100 * atol)
     return
   assert a.round_metrics == b.round_metrics
   assert a.history == b.history
