@@ -280,11 +280,19 @@ def main(argv: list[str] | None = None) -> int:
       return _run(None, args.set, args.resume,
                   module=FULL if args.full else DEMO,
                   processes=distributed.from_args(args))
-    if args.command in ("sweep", "report"):
-      from fedjax_dg.run import reports, sweep
-      if args.command == "report":
-        return reports.main_report(args)
-      setup_jax(distributed.from_args(args))
+    if args.command == "report":
+      from fedjax_dg.run import reports
+      return reports.main_report(args)
+    if args.command == "sweep":
+      processes = distributed.from_args(args)
+      folder = args.resume or args.out
+      if folder and os.path.isdir(folder) and not (
+          args.dry_run or processes.enabled):
+        # A folder another sweep holds is refused before JAX is imported.
+        from fedjax_dg.run import lock
+        lock.check_free(folder, shared=args.part is not None)
+      from fedjax_dg.run import sweep
+      setup_jax(processes)
       return sweep.main_sweep(args)
     if args.estimate:
       return _estimate(args.config, args.set, args.resume)

@@ -183,7 +183,11 @@ def process_count() -> int:
 
 
 def is_main() -> bool:
-  """Whether this process writes the run directory (process 0, or the only one)."""
+  """Whether this process writes the run directory (process 0, or the only
+  one). A process that has not imported JAX has joined no multi-process run:
+  the only one, asked without starting JAX (a sweep lock's holder)."""
+  if "jax" not in sys.modules:
+    return True
   import jax
   return jax.process_index() == 0
 

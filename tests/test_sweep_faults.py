@@ -68,6 +68,27 @@ def test_a_second_sweep_on_a_held_folder_is_refused(tiny, tmp_path):
   lock.released(lock.hold)(str(out))     # free once its holder is gone
 
 
+def test_a_held_folder_is_named_before_jax_starts_and_nothing_is_taken(
+    tmp_path):
+  """`lock.check_free` (what the CLI asks before it starts JAX): a folder
+  another process holds raises `Busy` naming it, for a whole sweep and a
+  part alike; a free folder, with or without a lock file, passes, and the
+  probe keeps nothing (another process takes the lock at once)."""
+  lock.check_free(str(tmp_path))                     # no lock file yet
+  proc = _holder(tmp_path)
+  try:
+    for shared in (False, True):
+      with pytest.raises(lock.Busy, match=f"process {proc.pid} on host"):
+        lock.check_free(str(tmp_path), shared=shared)
+  finally:
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+  lock.check_free(str(tmp_path))                     # its holder is gone
+  again = _holder(tmp_path)                          # the probe kept nothing
+  again.stdin.close()
+  assert again.wait() == 0
+
+
 def test_the_lock_is_released_when_the_sweep_returns(tmp_path):
   """Item 4: a function under `lock.released` gives its locks back when it
   returns or raises, so the same process (or another) can take them again."""

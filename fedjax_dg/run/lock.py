@@ -72,15 +72,7 @@ def hold(sweep_dir: str, name: str = LOCK, shared: bool = False) -> None:
     fcntl.flock(f, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
   except BlockingIOError:
     f.close()
-    other = holder(path)
-    who = (f"process {other.get('pid', '?')} on host {other.get('host', '?')}"
-           + (f" (since {other['started']})" if other.get("started") else "")
-           if other else "another process (it is still writing its id)")
-    raise Busy(
-        f"{sweep_dir} is in use by another sweep: {who} holds {path}. Only "
-        "one sweep writes a folder at a time; wait for that one to end (or "
-        "stop it), then continue with fedjax-dg sweep --resume "
-        f"{sweep_dir}") from None
+    raise _busy(sweep_dir, path) from None
   if not shared:  # a shared lock's file names the last exclusive holder
     f.seek(0)
     f.truncate()
@@ -93,6 +85,36 @@ def hold(sweep_dir: str, name: str = LOCK, shared: bool = False) -> None:
     stack[-1].append(f)
   else:  # not under `released`: held until the process ends
     _held.__dict__.setdefault("orphans", []).append(f)
+
+
+def _busy(sweep_dir: str, path: str) -> Busy:
+  other = holder(path)
+  who = (f"process {other.get('pid', '?')} on host {other.get('host', '?')}"
+         + (f" (since {other['started']})" if other.get("started") else "")
+         if other else "another process (it is still writing its id)")
+  return Busy(
+      f"{sweep_dir} is in use by another sweep: {who} holds {path}. Only "
+      "one sweep writes a folder at a time; wait for that one to end (or "
+      "stop it), then continue with fedjax-dg sweep --resume "
+      f"{sweep_dir}")
+
+
+def check_free(sweep_dir: str, shared: bool = False) -> None:
+  """Raises `Busy` (as `hold` would) when another process holds
+  `sweep_dir`'s sweep lock, taking nothing: the CLI asks before it starts
+  JAX (seconds), and `hold` asks again when the sweep takes the lock. A
+  folder without a lock file is free."""
+  path = os.path.join(sweep_dir, LOCK)
+  try:
+    f = open(path)  # pylint: disable=consider-using-with
+  except OSError:
+    return  # no lock file (or none readable): `hold` decides
+  with f:
+    try:
+      fcntl.flock(f, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+                  | fcntl.LOCK_NB)
+    except BlockingIOError:
+      raise _busy(sweep_dir, path) from None
 
 
 class exclusive:
