@@ -68,11 +68,7 @@ def hold(sweep_dir: str, name: str = LOCK, shared: bool = False) -> None:
     raise ConfigError(f"{sweep_dir}: cannot write its lock file {LOCK} "
                       f"({type(e).__name__}: {e}); a sweep writes into its "
                       "folder: give a writable one") from None
-  try:
-    fcntl.flock(f, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
-  except BlockingIOError:
-    f.close()
-    raise _busy(sweep_dir, path) from None
+  _take(f, sweep_dir, path, shared)
   if not shared:  # a shared lock's file names the last exclusive holder
     f.seek(0)
     f.truncate()
@@ -85,6 +81,16 @@ def hold(sweep_dir: str, name: str = LOCK, shared: bool = False) -> None:
     stack[-1].append(f)
   else:  # not under `released`: held until the process ends
     _held.__dict__.setdefault("orphans", []).append(f)
+
+
+def _take(f, sweep_dir: str, path: str, shared: bool) -> None:
+  """Locks the open lock file `f` without waiting, or closes it and raises
+  `Busy` naming the process that holds it."""
+  try:
+    fcntl.flock(f, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+  except BlockingIOError:
+    f.close()
+    raise _busy(sweep_dir, path) from None
 
 
 def _busy(sweep_dir: str, path: str) -> Busy:
@@ -101,20 +107,16 @@ def _busy(sweep_dir: str, path: str) -> Busy:
 
 def check_free(sweep_dir: str, shared: bool = False) -> None:
   """Raises `Busy` (as `hold` would) when another process holds
-  `sweep_dir`'s sweep lock, taking nothing: the CLI asks before it starts
-  JAX (seconds), and `hold` asks again when the sweep takes the lock. A
+  `sweep_dir`'s sweep lock, keeping nothing: the CLI asks before it
+  imports JAX, and `hold` asks again when the sweep takes the lock. A
   folder without a lock file is free."""
   path = os.path.join(sweep_dir, LOCK)
   try:
     f = open(path)  # pylint: disable=consider-using-with
   except OSError:
     return  # no lock file (or none readable): `hold` decides
-  with f:
-    try:
-      fcntl.flock(f, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
-                  | fcntl.LOCK_NB)
-    except BlockingIOError:
-      raise _busy(sweep_dir, path) from None
+  with f:  # closing it gives back what `_take` took
+    _take(f, sweep_dir, path, shared)
 
 
 class exclusive:
