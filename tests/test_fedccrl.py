@@ -511,18 +511,19 @@ def test_difp_gets_pixels_keys_and_settings_and_is_normalized_back(unequal,
 def test_ccdt_draws_one_symmetric_beta_alpha_weight_per_example(unequal,
                                                                monkeypatch):
   """CCDT's mixing weight is MixStyle's lambda ~ Beta(alpha, alpha), one per
-  example of each view (a spy on jax.random.beta, DIFP off so AugMix draws
-  none): an asymmetric Beta(alpha, 2 alpha) or one weight per batch fails."""
-  real = jax.random.beta
+  example of each view (a spy on `augment.symmetric_beta`, whose draws
+  tests/test_augment.py checks against the Beta distribution): another
+  alpha or one weight per batch fails."""
+  real = augment.symmetric_beta
   calls = []
 
-  def spy(key, a, b, shape=(), *args, **kw):
-    calls.append((float(a), float(b), tuple(shape)))
-    return real(key, a, b, shape, *args, **kw)
+  def spy(key, a, shape):
+    calls.append((float(a), tuple(shape)))
+    return real(key, a, shape)
 
-  monkeypatch.setattr(jax.random, "beta", spy)
+  monkeypatch.setattr(augment, "symmetric_beta", spy)
   _run_loss(unequal, difp=False, alpha=0.3)
-  assert calls == [(0.3, 0.3, (6,))] * 2  # two views of a batch of 6
+  assert calls == [(0.3, (6,))] * 2  # two views of a batch of 6
 
 
 def test_style_pool_keeps_ceil_r_n_statistics_per_client(unequal):

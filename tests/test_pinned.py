@@ -85,10 +85,10 @@ def check_pinned(key, alg, res, fed):
 
 BASE = [k for k in PINNED if k not in pinned.VARIANTS]
 # Pinned by default only where the suite's time allows; the rest with -m slow.
-# FedCCRL's entry (its AugMix program compiles for ~60 s, a third of this
-# file) is slow: the bugs it was shown to catch (docs/testing.md, "Pinned
-# numbers") each fail a default test of tests/test_fedccrl.py or
-# tests/test_augment.py too.
+# FedCCRL's entry (its AugMix program compiles for ~20 s optimized, more
+# than any other entry) is slow: the bugs it was shown to catch
+# (docs/testing.md, "Pinned numbers") each fail a default test of
+# tests/test_fedccrl.py or tests/test_augment.py too.
 SLOW = ("fedsdaf_no_bkd", "fedsdaf_no_mhsa", "fedsdaf_di", "fedsdaf_head",
         "fedccrl")
 

@@ -167,7 +167,7 @@ def build(model, optimizer, *, r: float = 0.1,  # share of statistics uploaded
       pool = ctx.shared
       mu2, sig2 = augment.sample_foreign(k_pick, pool.mu, pool.sig, pool.valid,
                                          ctx.id, b)
-      lam = jax.random.beta(k_lam, alpha, alpha, (b,))
+      lam = augment.symmetric_beta(k_lam, alpha, (b,))
       x = jax.vmap(lambda im, m, s, l: augment.mixstyle(im, m, s, l, eps))(
           x, mu2, sig2, lam)
     if difp:

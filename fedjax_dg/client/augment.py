@@ -80,6 +80,13 @@ def sample_foreign(key: Array, pool_mu: Array, pool_sig: Array,
 # AugMix operations on one image [H, W, C] of pixel values 0..255.
 
 
+def symmetric_beta(key: Array, a: float, shape: tuple[int, ...]) -> Array:
+  """Beta(a, a) samples of `shape`: G1 / (G1 + G2) for G1, G2 ~ Gamma(a),
+  from one Gamma sampler in log space (`jax.random.beta` compiles two)."""
+  log_g = jax.random.loggamma(key, a, (2, *shape))
+  return jax.nn.sigmoid(log_g[0] - log_g[1])
+
+
 def _per_channel_lut(x: Array, lut: Array) -> Array:
   """Applies a [C, 256] lookup table to integer-valued x [H, W, C]."""
   idx = jnp.clip(x, 0, 255).astype(jnp.int32)
@@ -230,14 +237,19 @@ def augmix(x: Array, chain_key: Array, mix_key: Array, *, width: int = 3,
   `width` > 0 chains (the reference: 3), or 0: k ~ U{1, 2, 3} chains (FedCCRL's
   appendix, Algorithm 3); `depth` <= 0: each chain's depth ~ U{1, 2, 3}.
   """
-  k_w, k_m, k_k = jax.random.split(mix_key, 3)
+  k_g, k_k = jax.random.split(mix_key)
   slots = width if width > 0 else 3
-  g = jax.random.gamma(k_w, beta, (slots,))
+  # The chains' Dirichlet(beta) weights and m ~ Beta(beta, beta), both from
+  # one draw of slots + 2 Gamma(beta) variates: normalized Gamma variates are
+  # Dirichlet, G1 / (G1 + G2) is Beta. In log space (no 0 / 0 at a small
+  # beta). One sampler (two nested while loops) compiles instead of three.
+  log_g = jax.random.loggamma(k_g, beta, (slots + 2,))
+  logits = log_g[:slots]
   if width <= 0:
     k = jax.random.randint(k_k, (), 1, 4)
-    g = jnp.where(jnp.arange(slots) < k, g, 0.0)
-  ws = g / jnp.sum(g)
-  m = jax.random.beta(k_m, beta, beta)
+    logits = jnp.where(jnp.arange(slots) < k, logits, -jnp.inf)
+  ws = jax.nn.softmax(logits)
+  m = jax.nn.sigmoid(log_g[slots] - log_g[slots + 1])
   keys = jax.vmap(lambda i: jax.random.fold_in(chain_key, i))(jnp.arange(slots))
   chains = jax.vmap(lambda k: _chain(x, k, depth, severity))(keys)
   mix = jnp.tensordot(ws, chains, axes=1)
