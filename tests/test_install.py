@@ -105,7 +105,8 @@ def make_dry_run(tmp_path, target: str, nvidia_smi: int | None) -> list[str]:
 
 CPU_SETUP = ["python3 -m venv V",
              "python3 tools/install.py V/bin/python -q -r requirements.lock",
-             "python3 tools/install.py V/bin/python -q --no-deps -e ."]
+             "python3 tools/install.py V/bin/python -q --no-deps -e .",
+             "V/bin/python -m compileall -q -j 0 fedjax_dg >/dev/null"]
 
 
 @pytest.mark.parametrize("nvidia_smi", [None, 9], ids=["absent", "failing"])
@@ -204,6 +205,8 @@ def test_every_index_link_and_constraint_reaches_uv():
                ("--index-strategy", "unsafe-best-match")]:
     assert pair in pairs, pair
   assert cmd[-2:] == ["-r", "requirements.lock"]
+  # Bytecode compiled at install, as pip does: not per process at import.
+  assert "--compile-bytecode" in cmd
   assert env["SSL_CERT_FILE"] == "/etc/ssl/certs/ca-certificates.crt"
 
 
