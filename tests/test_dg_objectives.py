@@ -1,6 +1,8 @@
-"""The domain labels the DG objectives read: each example's domain reaches
-its batch (`Batch.d`) on both placements, only for an algorithm that asks
-for it."""
+"""The centralized DG objectives adapted to clients, and the domain labels
+they read: each example's domain reaches its batch (`Batch.d`) on both
+placements, only for an algorithm that asks for it, and each objective
+matches an independent computation (a numpy loop over the domains, or
+autodiff of a separately written loss) on a tiny input."""
 
 import dataclasses
 
@@ -12,7 +14,8 @@ import pytest
 from conftest import synthetic_federation
 from fedjax_dg import algorithms, engine, models
 from fedjax_dg.algorithms.fedavg import fedavg
-from fedjax_dg.client.update import Batch
+from fedjax_dg.client import objectives
+from fedjax_dg.client.update import Batch, ClientContext
 from fedjax_dg.errors import ConfigError
 from fedjax_dg.optim import make_optimizer
 
@@ -120,3 +123,140 @@ def test_only_an_algorithm_that_asks_gets_the_domains(fed):
   with pytest.raises(ConfigError, match="train_domains"):
     hand_built.with_domains()
 
+
+# A tiny batch: 7 examples of domains 2, 0, 5 and a padded row (mask 0) of
+# domain 1, which is absent from the batch.
+D = np.array([2, 0, 2, 2, 5, 0, 1], np.int32)
+MASK = np.array([1, 1, 1, 1, 1, 1, 0], np.float32)
+Y = np.array([0, 2, 1, 1, 0, 2, 1], np.int32)
+LOGITS = np.random.default_rng(0).normal(size=(7, 3)).astype(np.float32)
+
+
+def np_ce(logits, y):
+  z = logits - logits.max(axis=1, keepdims=True)
+  logp = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+  return -logp[np.arange(len(y)), y]
+
+
+def present():
+  """Each domain present in the batch: the indices of its real examples,
+  in batch order."""
+  valid = MASK > 0
+  return [np.where(valid & (D == e))[0] for e in np.unique(D[valid])]
+
+
+def terms(fn):
+  members, first = objectives.domain_groups(jnp.asarray(D), jnp.asarray(MASK))
+  return [float(v) for v in fn(jnp.asarray(LOGITS), jnp.asarray(Y), members,
+                               first)]
+
+
+def test_domain_groups_are_the_domains_present():
+  members, first = objectives.domain_groups(jnp.asarray(D), jnp.asarray(MASK))
+  assert np.asarray(first).tolist() == [1, 1, 0, 0, 1, 0, 0]
+  for idx in present():
+    for k in idx:
+      np.testing.assert_array_equal(np.nonzero(np.asarray(members[k]))[0], idx)
+  np.testing.assert_array_equal(np.asarray(members[6]), 0)  # the padded row
+
+
+def test_vrex_is_the_variance_of_the_domains_mean_risks():
+  ce = np_ce(LOGITS.astype(np.float64), Y)
+  risks = np.array([ce[idx].mean() for idx in present()])
+  mean, var = terms(objectives.vrex_terms)
+  np.testing.assert_allclose(mean, risks.mean(), rtol=1e-5)
+  np.testing.assert_allclose(var, risks.var(), rtol=1e-5)
+
+
+def irm_penalty_by_autodiff(logits, y):
+  """The released code's loop: per domain, grad of the even / odd halves'
+  mean loss w.r.t. a scale on the logits, their product, the mean over the
+  domains (an empty half: 0)."""
+  def half_grad(idx):
+    if len(idx) == 0:
+      return 0.0
+    f = lambda s: jnp.mean(optax_ce(logits[idx] * s, y[idx]))
+    return float(jax.grad(f)(1.0))
+  return np.mean([half_grad(idx[0::2]) * half_grad(idx[1::2])
+                  for idx in present()])
+
+
+def optax_ce(logits, y):
+  logp = jax.nn.log_softmax(logits, axis=-1)
+  return -jnp.take_along_axis(logp, y[:, None], axis=1)[:, 0]
+
+
+def test_irm_penalty_is_the_product_of_the_halves_scale_gradients():
+  ce = np_ce(LOGITS.astype(np.float64), Y)
+  mean, penalty = terms(objectives.irm_terms)
+  np.testing.assert_allclose(mean, np.mean([ce[i].mean() for i in present()]),
+                             rtol=1e-5)
+  # Domain 5 has one example: its odd half is empty and contributes 0.
+  want = irm_penalty_by_autodiff(jnp.asarray(LOGITS), jnp.asarray(Y))
+  np.testing.assert_allclose(penalty, want, rtol=1e-4)
+
+
+class Linear:
+  """A stand-in model: logits = flattened x @ params["w"]."""
+
+  def apply(self, params, x, *, train=False, rng=None):
+    del train, rng
+    return x.reshape(x.shape[0], -1).astype(jnp.float32) @ params["w"]
+
+
+@pytest.mark.parametrize("steps_before,step,weight", [(0, 0, 0.0),
+                                                      (30, 10, 0.4),
+                                                      (95, 5, 1000.0),
+                                                      (400, 3, 1000.0)])
+def test_the_irm_objective_anneals_its_weight_and_differentiates(
+    steps_before, step, weight):
+  """The objective's value and gradient are autodiff's of a separately
+  written loss (mean domain risk + the released schedule's weight times
+  the loop's penalty), at the client's count = earlier rounds' steps +
+  this round's step."""
+  rng = np.random.default_rng(1)
+  x = jnp.asarray(rng.normal(size=(7, 2, 2, 1)).astype(np.float32))
+  params = {"w": jnp.asarray(rng.normal(size=(4, 3)).astype(np.float32))}
+  loss = objectives.domain_penalty(Linear(), objectives.irm_terms, 1000.0, 100)
+  ctx = ClientContext(id=0, round=0, start=params, state=jnp.int32(steps_before),
+                      step=jnp.int32(step))
+  batch = Batch(x, jnp.asarray(Y), jnp.asarray(MASK), jnp.asarray(D))
+
+  def reference(p):
+    logits = Linear().apply(p, x)
+    ys = jnp.asarray(Y)
+    risk = jnp.mean(jnp.stack([jnp.mean(optax_ce(logits[i], ys[i]))
+                               for i in present()]))
+
+    def half(idx, s):
+      return jnp.mean(optax_ce(logits[idx] * s, ys[idx]))
+    pens = []
+    for idx in present():
+      even, odd = idx[0::2], idx[1::2]
+      if len(odd) == 0:
+        pens.append(0.0)
+        continue
+      pens.append(jax.grad(lambda s: half(even, s))(1.0)
+                  * jax.grad(lambda s: half(odd, s))(1.0))
+    return risk + weight * jnp.mean(jnp.stack([jnp.asarray(p) for p in pens]))
+
+  value, grad = jax.value_and_grad(loss)(params, batch, None, ctx)
+  want, want_grad = jax.value_and_grad(reference)(params)
+  np.testing.assert_allclose(float(value), float(want), rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(grad["w"]), np.asarray(want_grad["w"]),
+                             rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["irm", "vrex"])
+def test_clients_count_their_local_steps_over_the_rounds(fed, name):
+  model = mlp(fed)
+  client = dict(optimizer="sgd", lr=0.05, weight_decay=0.0, momentum=0.0,
+                schedule="constant")
+  alg = algorithms.build(name, model, hyperparameters={}, client=client,
+                         num_clients=N)
+  assert alg.client.domains
+  result = engine.run(alg, fed, model, CFG)
+  steps = -(-fed.packed_train.n // B)
+  np.testing.assert_array_equal(np.asarray(result.clients),
+                                CFG.rounds * steps)
+  assert np.all(np.isfinite(result.round_metrics["loss"]))

@@ -169,3 +169,100 @@ def ntxent(z: jax.Array, labels: jax.Array, mask: jax.Array,
   total = jnp.sum(jnp.where(pos, per_pair, 0.0))
   mean = total / jnp.maximum(jnp.sum(pos.astype(jnp.float32)), 1.0)
   return jnp.where(jnp.any(neg), mean, 0.0)
+
+
+def domain_groups(d: jax.Array, mask: jax.Array) -> tuple[jax.Array,
+                                                          jax.Array]:
+  """A batch's domains as groups of its examples, without a static count of
+  domains: (members [B, B] float32, first [B] float32).
+
+  members[k, i] = 1 where examples k and i are both real (mask 1) and of one
+  domain (d_k = d_i); first[k] = 1 where k is the first real example of its
+  domain in the batch. The domains present are the rows k with first[k] = 1
+  (at most B of them); a domain absent from the batch has no row."""
+  valid = mask > 0
+  same = (d[:, None] == d[None, :]) & valid[:, None] & valid[None, :]
+  earlier = jnp.any(jnp.tril(same, k=-1), axis=1)  # a same-domain i < k
+  return same.astype(jnp.float32), (valid & ~earlier).astype(jnp.float32)
+
+
+def group_means(values: jax.Array, members: jax.Array) -> jax.Array:
+  """[B]: row k the mean of `values` [B] over the members of k's domain,
+  sum_i members[k, i] values_i / sum_i members[k, i] (0 for a padded row)."""
+  return (members @ values) / jnp.maximum(jnp.sum(members, axis=1), 1.0)
+
+
+def vrex_terms(logits: jax.Array, y: jax.Array, members: jax.Array,
+               first: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """V-REx (Krueger et al. 2021) over the domains e present in a batch:
+  (mean_e R_e, Var_e R_e), R_e the mean cross-entropy of domain e's
+  examples and Var the population variance (1/|E| sum_e (R_e - mean)^2)."""
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits, y)
+  risks = group_means(ce, members)
+  mean = masked_mean(risks, first)
+  return mean, masked_mean(jnp.square(risks - mean), first)
+
+
+def irm_terms(logits: jax.Array, y: jax.Array, members: jax.Array,
+              first: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """IRMv1 (Arjovsky et al. 2019) over the domains e present in a batch:
+  (mean_e R_e, mean_e g_e^even g_e^odd).
+
+  R_e is the mean cross-entropy of domain e's examples; with a dummy scale
+  w on the logits, ell_i(w) = CE(w z_i, y_i), g_e^even (g_e^odd) is
+  d/dw at w = 1 of the mean of ell_i over the even (odd) members of e, in
+  batch order: the product of two independent halves' gradients, an
+  unbiased estimate of |grad_w R_e|^2 (the released code's
+  `losses[0::2]`, `losses[1::2]`). An empty half contributes 0."""
+  def ce_at(w):
+    return optax.softmax_cross_entropy_with_integer_labels(logits * w, y)
+
+  ce, dce = jax.jvp(ce_at, (jnp.ones((), logits.dtype),),
+                    (jnp.ones((), logits.dtype),))
+  rank = jnp.sum(jnp.tril(members, k=-1), axis=1)  # earlier same-domain rows
+  even = (rank % 2 == 0).astype(jnp.float32)
+  g_even = group_means(dce, members * even[None, :])
+  g_odd = group_means(dce, members * (1.0 - even)[None, :])
+  return (masked_mean(group_means(ce, members), first),
+          masked_mean(g_even * g_odd, first))
+
+
+def annealed_weight(weight, anneal_steps: int, count: jax.Array) -> jax.Array:
+  """The released code's penalty schedule of IRM / V-REx: count / anneal_steps
+  during the first `anneal_steps` local steps of a client, then `weight`
+  (`weight` from the start when anneal_steps = 0). `count`: the client's
+  local steps before the current one, over every round."""
+  if anneal_steps <= 0:
+    return jnp.asarray(weight, jnp.float32)
+  ramp = count.astype(jnp.float32) / anneal_steps
+  return jnp.where(count >= anneal_steps, weight, ramp)
+
+
+def domain_penalty(model, terms, weight, anneal_steps: int) -> Any:
+  """risk + w_t * penalty, (risk, penalty) = `terms(logits, y, members,
+  first)` over the batch's domains (`domain_groups` of `Batch.d`), w_t =
+  `annealed_weight(weight, anneal_steps, count)` with count = ctx.state (the
+  client's local steps of earlier rounds) + ctx.step."""
+
+  def loss(params, batch: Batch, rng: jax.Array, ctx) -> jax.Array:
+    logits = model.apply(params, batch.x, train=True, rng=rng)
+    members, first = domain_groups(batch.d, batch.mask)
+    risk, penalty = terms(logits, batch.y, members, first)
+    w = annealed_weight(weight, anneal_steps, ctx.state + ctx.step)
+    return risk + w * penalty
+
+  return loss
+
+
+def no_steps(key: jax.Array, ids: jax.Array) -> jax.Array:
+  """int32 [k]: the initial step counts of clients `ids` (0 local steps
+  taken): the client state `annealed_weight`'s count starts from."""
+  del key
+  return jnp.zeros(ids.shape, jnp.int32)
+
+
+def add_steps(ctx, trained, data, key) -> tuple[jax.Array, None]:
+  """A client's end of round (`algorithms.base.ClientEnd`, no data read):
+  its count grows by the local steps it took (`data.steps`); no message."""
+  del trained, key
+  return ctx.state + data.steps, None

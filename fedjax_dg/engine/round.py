@@ -228,6 +228,11 @@ def make_round(alg: Algorithm, cfg: EngineConfig, num_clients: int,
       else:
         ids = jnp.arange(num_clients)
       pos, n = ids, jnp.take(train.n, ids)
+    if alg.client.domains and len(arrays) < 3:
+      raise ValueError(f"{alg.name}'s objective reads each example's domain "
+                       "(ClientSide.domains), but its training arrays carry "
+                       "none: train on FederatedData.with_domains() (as "
+                       "engine.run does)")
     rows = clients if slots is None else tree.take(clients, slots)
     start = alg.client.start(server, rows, ids)
     chex.assert_tree_shape_prefix(
