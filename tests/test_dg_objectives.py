@@ -260,3 +260,72 @@ def test_clients_count_their_local_steps_over_the_rounds(fed, name):
   np.testing.assert_array_equal(np.asarray(result.clients),
                                 CFG.rounds * steps)
   assert np.all(np.isfinite(result.round_metrics["loss"]))
+
+
+FEATS = np.random.default_rng(2).normal(size=(7, 3)).astype(np.float32) * 0.5
+
+
+def np_mmd(x, y, gammas=(0.001, 0.01, 0.1, 1, 10, 100, 1000)):
+  """The released code's `MMD.penalty`, in numpy."""
+  def kernel(a, b):
+    d = ((a * a).sum(1)[:, None] + (b * b).sum(1)[None, :] - 2 * a @ b.T)
+    d = np.maximum(d, 1e-30)
+    return sum(np.exp(-g * d) for g in gammas)
+  return kernel(x, x).mean() + kernel(y, y).mean() - 2 * kernel(x, y).mean()
+
+
+def np_coral(x, y):
+  """The released code's `Coral.penalty`, in numpy (a one-example domain's
+  covariance 0)."""
+  mx, my = x.mean(0, keepdims=True), y.mean(0, keepdims=True)
+  cx = (x - mx).T @ (x - mx) / max(len(x) - 1, 1)
+  cy = (y - my).T @ (y - my) / max(len(y) - 1, 1)
+  return ((mx - my) ** 2).mean() + ((cx - cy) ** 2).mean()
+
+
+def pairs_mean(fn, h):
+  groups = present()
+  vals = [fn(h[a], h[b]) for i, a in enumerate(groups) for b in groups[i + 1:]]
+  return np.mean(vals)
+
+
+@pytest.mark.parametrize("penalty,reference", [
+    (objectives.mmd_penalty, np_mmd), (objectives.coral_penalty, np_coral)])
+def test_feature_penalties_are_the_mean_over_pairs_of_domains(penalty,
+                                                              reference):
+  members, first = objectives.domain_groups(jnp.asarray(D), jnp.asarray(MASK))
+  got = float(penalty(jnp.asarray(FEATS), members, first))
+  want = pairs_mean(reference, FEATS.astype(np.float64))
+  np.testing.assert_allclose(got, want, rtol=1e-4)
+  # One domain present: no pair, no penalty.
+  one = jnp.asarray(np.where(MASK > 0, 2, 1).astype(np.int32))
+  members, first = objectives.domain_groups(one, jnp.asarray(MASK))
+  assert float(penalty(jnp.asarray(FEATS), members, first)) == 0.0
+
+
+class Features(Linear):
+  """A stand-in model with features h = x @ w1 and head logits = h @ w2."""
+
+  def features(self, params, x, *, train=False, rng=None):
+    del train, rng
+    return x.reshape(x.shape[0], -1).astype(jnp.float32) @ params["w1"]
+
+  def head(self, params, h):
+    return h @ params["w2"]
+
+
+@pytest.mark.parametrize("penalty,reference", [
+    (objectives.mmd_penalty, np_mmd), (objectives.coral_penalty, np_coral)])
+def test_the_feature_alignment_objective_is_ce_plus_the_weighted_penalty(
+    penalty, reference):
+  rng = np.random.default_rng(3)
+  x = rng.normal(size=(7, 2, 2, 1)).astype(np.float32)
+  params = {"w1": jnp.asarray(rng.normal(size=(4, 3)).astype(np.float32)),
+            "w2": jnp.asarray(rng.normal(size=(3, 3)).astype(np.float32))}
+  loss = objectives.feature_alignment(Features(), penalty, 0.7)
+  got = float(loss(params, Batch(jnp.asarray(x), jnp.asarray(Y),
+                                 jnp.asarray(MASK), jnp.asarray(D)), None))
+  h = x.reshape(7, -1).astype(np.float64) @ np.asarray(params["w1"], np.float64)
+  ce = np_ce(h @ np.asarray(params["w2"], np.float64), Y)
+  want = ce[MASK > 0].mean() + 0.7 * pairs_mean(reference, h)
+  np.testing.assert_allclose(got, want, rtol=1e-4)

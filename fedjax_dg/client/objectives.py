@@ -266,3 +266,75 @@ def add_steps(ctx, trained, data, key) -> tuple[jax.Array, None]:
   its count grows by the local steps it took (`data.steps`); no message."""
   del trained, key
   return ctx.state + data.steps, None
+
+
+# The released code's MMD kernel bandwidths (`MMD.penalty`'s `gamma`, as
+# DomainBed's).
+MMD_GAMMAS = (0.001, 0.01, 0.1, 1.0, 10.0, 100.0, 1000.0)
+
+
+def gaussian_kernels(h: jax.Array, gammas=MMD_GAMMAS) -> jax.Array:
+  """[B, B]: sum_g exp(-g D_ij), D_ij = |h_i - h_j|^2 clamped at 1e-30 (the
+  released code's `my_cdist`, which expands it as |h_i|^2 + |h_j|^2 - 2
+  h_i.h_j: here the differences themselves, [B, B, F], whose float32 sum
+  does not cancel, so that exp(-1000 D) does not move with the summation
+  order). h: [B, F]."""
+  diff = h[:, None, :] - h[None, :, :]
+  dist = jnp.maximum(jnp.sum(jnp.square(diff), axis=-1), 1e-30)
+  return sum(jnp.exp(-g * dist) for g in gammas)
+
+
+def _pairs_mean(values: jax.Array, first: jax.Array) -> jax.Array:
+  """The mean of values[k, l] over the pairs k < l of domains present
+  (`first`), 0 with fewer than two domains."""
+  pairs = jnp.triu(first[:, None] * first[None, :], k=1)
+  return jnp.sum(pairs * values) / jnp.maximum(jnp.sum(pairs), 1.0)
+
+
+def mmd_penalty(h: jax.Array, members: jax.Array, first: jax.Array,
+                gammas=MMD_GAMMAS) -> jax.Array:
+  """MMD (Li et al. 2018, the released code's `MMD.penalty`): the mean over
+  the pairs of domains (a, b) present in the batch of mean K_aa + mean K_bb
+  - 2 mean K_ab, K = `gaussian_kernels(h)` restricted to the two domains'
+  real examples (means over all their pairs of examples). h: [B, F]."""
+  w = members / jnp.maximum(jnp.sum(members, axis=1), 1.0)[:, None]
+  means = w @ gaussian_kernels(h, gammas) @ w.T  # [k, l]: mean K, k's x l's
+  diag = jnp.diagonal(means)
+  return _pairs_mean(diag[:, None] + diag[None, :] - 2.0 * means, first)
+
+
+def coral_penalty(h: jax.Array, members: jax.Array,
+                  first: jax.Array) -> jax.Array:
+  """Deep CORAL (Sun & Saenko 2016, the released code's `Coral.penalty`):
+  the mean over the pairs of domains (a, b) present in the batch of
+  mean_f (mu_a - mu_b)^2 + mean_fg (C_a - C_b)^2, mu the mean and C the
+  covariance (over n - 1) of a domain's real examples' features h [B, F];
+  a domain of one example has covariance 0."""
+  count = jnp.sum(members, axis=1)
+  mu = (members @ h) / jnp.maximum(count, 1.0)[:, None]  # [k, F]
+  cent = h[None, :, :] - mu[:, None, :]                  # [k, i, F]
+  cov = jnp.einsum("ki,kif,kig->kfg", members, cent, cent) / jnp.maximum(
+      count - 1.0, 1.0)[:, None, None]
+  f = h.shape[1]
+  mean_diff = jnp.mean(jnp.square(mu[:, None, :] - mu[None, :, :]), axis=-1)
+  sq = jnp.sum(jnp.square(cov), axis=(1, 2))
+  cov_diff = (sq[:, None] + sq[None, :]
+              - 2.0 * jnp.einsum("kfg,lfg->kl", cov, cov)) / (f * f)
+  return _pairs_mean(mean_diff + cov_diff, first)
+
+
+def feature_alignment(model, penalty, weight) -> Any:
+  """CE + weight * penalty(h, members, first): the batch's mean
+  cross-entropy (over its real examples) and a distance between its
+  domains' features h = `model.features` (`mmd_penalty`, `coral_penalty`;
+  the domains from `Batch.d`, `domain_groups`); logits = `model.head(h)`."""
+
+  def loss(params, batch: Batch, rng: jax.Array, ctx=None) -> jax.Array:
+    del ctx
+    h = model.features(params, batch.x, train=True, rng=rng)
+    logits = model.head(params, h)
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch.y)
+    members, first = domain_groups(batch.d, batch.mask)
+    return masked_mean(ce, batch.mask) + weight * penalty(h, members, first)
+
+  return loss
