@@ -329,3 +329,45 @@ def test_the_feature_alignment_objective_is_ce_plus_the_weighted_penalty(
   ce = np_ce(h @ np.asarray(params["w2"], np.float64), Y)
   want = ce[MASK > 0].mean() + 0.7 * pairs_mean(reference, h)
   np.testing.assert_allclose(got, want, rtol=1e-4)
+
+
+def test_group_dro_steps_are_the_released_codes_exponentiated_weights():
+  """Three local steps of groupdro's objective and optimizer (the model's
+  learning rate 0: fixed logits) against the released `GroupDRO.step` in
+  numpy: weights 1 on the client's domains (all in the first batch; domain
+  1 only ever at padding), q <- q exp(eta L) with L_g the batch's mean loss
+  of domain g (0 where absent: domain 0 in the last batch), normalized, the
+  objective q @ L; the same weights after."""
+  import optax
+  from fedjax_dg.algorithms import groupdro
+  eta, num_domains = 0.5, 6
+  rng = np.random.default_rng(4)
+  alg = groupdro.build(Linear(), optax.sgd(0.0), num_clients=1, eta=eta,
+                       num_domains=num_domains)
+  params = {"model": {"w": jnp.asarray(rng.normal(size=(4, 3)), jnp.float32)},
+            "weights": objectives.GroupWeights(jnp.zeros(num_domains),
+                                               jnp.zeros(num_domains))}
+  batches = [(D, MASK), (np.array([2, 2, 0, 0, 0, 5, 1], np.int32), MASK),
+             (np.array([5, 5, 5, 2, 2, 2, 0], np.int32), MASK)]  # 0 absent
+  opt = alg.client.optimizer
+  state = opt.init(params)
+  q = np.zeros(num_domains)
+  q[[0, 2, 5]] = 1.0 / 3  # the client's domains (the first batch's)
+  for d, mask in batches:
+    x = rng.normal(size=(7, 2, 2, 1)).astype(np.float32)
+    batch = Batch(jnp.asarray(x), jnp.asarray(Y), jnp.asarray(mask),
+                  jnp.asarray(d))
+    value, grads = jax.value_and_grad(alg.client.loss)(params, batch, None)
+    updates, state = opt.update(grads, state, params)
+    params = optax.apply_updates(params, updates)
+    ce = np_ce(x.reshape(7, -1).astype(np.float64)
+               @ np.asarray(params["model"]["w"], np.float64), Y)
+    losses = np.zeros(num_domains)
+    for g in np.unique(d[mask > 0]):
+      losses[g] = ce[(d == g) & (mask > 0)].mean()
+    q = q * np.exp(eta * losses)
+    q = q / q.sum()
+    np.testing.assert_allclose(float(value), q @ losses, rtol=1e-5)
+  np.testing.assert_allclose(
+      np.asarray(objectives.normalized_weights(params["weights"])), q,
+      rtol=1e-5, atol=1e-7)

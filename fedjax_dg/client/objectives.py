@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -336,5 +336,75 @@ def feature_alignment(model, penalty, weight) -> Any:
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch.y)
     members, first = domain_groups(batch.d, batch.mask)
     return masked_mean(ce, batch.mask) + weight * penalty(h, members, first)
+
+  return loss
+
+
+class GroupWeights(NamedTuple):
+  """A client's GroupDRO weights over the domain indices 0..D-1 (its
+  persistent state, trained beside the model: `group_dro`)."""
+  log_q: jax.Array  # [D] float32: log of the unnormalized weights, 0 at the
+                    # start, + eta * (a domain's mean loss) at every step
+  seen: jax.Array   # [D] float32: 1 for the domains met in a batch so far
+
+
+def domain_means(values: jax.Array, d: jax.Array, mask: jax.Array,
+                 num_domains: int) -> tuple[jax.Array, jax.Array]:
+  """(means [D], present [D]): per domain index the mean of `values` [B] over
+  the batch's real examples of that domain (0 where it has none), and 1
+  where it has some. A domain index >= D counts in no domain."""
+  onehot = jax.nn.one_hot(d, num_domains) * mask[:, None]  # [B, D]
+  count = jnp.sum(onehot, axis=0)
+  means = (values @ onehot) / jnp.maximum(count, 1.0)
+  return means, (count > 0).astype(jnp.float32)
+
+
+def group_dro_update(weights: GroupWeights, losses: jax.Array,
+                     present: jax.Array, eta) -> GroupWeights:
+  """The released code's step of the weights, in logs: q_g <- q_g exp(eta
+  L_g), L_g the batch's mean loss of domain g (0 where absent, so an absent
+  domain keeps its weight); the domains met so far grow by the present
+  ones."""
+  return GroupWeights(weights.log_q + eta * losses,
+                      jnp.maximum(weights.seen, present))
+
+
+def normalized_weights(weights: GroupWeights) -> jax.Array:
+  """[D]: q_g / sum q over the domains met so far (`seen`), 0 elsewhere."""
+  z = jnp.where(weights.seen > 0, weights.log_q, -jnp.inf)
+  return jnp.where(weights.seen > 0, jax.nn.softmax(z), 0.0)
+
+
+def carried(new, old):
+  """A term of value 0 whose gradient w.r.t. `old` (a pytree) is
+  -(new - old): an SGD step of learning rate 1 on `old` then sets it to
+  `new`, so a quantity updated by a rule instead of its gradient rides in
+  the trained parameters (`group_dro`'s weights)."""
+  step = jax.tree.map(lambda n, o: jax.lax.stop_gradient(n - o), new, old)
+  terms = jax.tree.map(
+      lambda st, o: -jnp.sum(st * (o - jax.lax.stop_gradient(o))), step, old)
+  return sum(jax.tree.leaves(terms))
+
+
+def group_dro(model, eta, num_domains: int) -> Any:
+  """GroupDRO's local objective (Sagawa et al. 2020, the released code's
+  `GroupDRO.step`) on params {"model": the model's, "weights": the client's
+  `GroupWeights`}: with L_g the batch's mean cross-entropy of domain g
+  (`domain_means` of `Batch.d`) and q' = `group_dro_update(weights, L,
+  eta)`, the objective is sum_g stop_gradient(q'_g / sum q') L_g over the
+  domains met so far, plus `carried(q', weights)` (value 0), so that the
+  weights' SGD step of learning rate 1 (`groupdro.build`'s optimizer) makes
+  them q'."""
+
+  def loss(params, batch: Batch, rng: jax.Array, ctx=None) -> jax.Array:
+    del ctx
+    logits = model.apply(params["model"], batch.x, train=True, rng=rng)
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch.y)
+    losses, present = domain_means(ce, batch.d, batch.mask, num_domains)
+    weights = params["weights"]
+    new = group_dro_update(weights, jax.lax.stop_gradient(losses), present,
+                           eta)
+    q = jax.lax.stop_gradient(normalized_weights(new))
+    return jnp.sum(q * losses) + carried(new, weights)
 
   return loss
