@@ -115,10 +115,13 @@ def test_only_an_algorithm_that_asks_gets_the_domains(fed):
   client = dict(optimizer="sgd", lr=0.1, weight_decay=0.0, momentum=0.0,
                 schedule="constant")
   model = mlp(fed)
-  for name in ("fedavg", "fedprox", "fedsr"):
+  asking = {n for n in algorithms.available()
+            if algorithms.spec(n).needs_domains}
+  assert asking == {"irm", "vrex", "mmd", "coral", "groupdro"}
+  for name in ("fedavg", "fedprox", "fedsr", *sorted(asking)):
     alg = algorithms.build(name, model, hyperparameters={}, client=client,
-                           num_clients=N)
-    assert not alg.client.domains, name
+                           num_clients=N, data=fed)
+    assert alg.client.domains == (name in asking), name
   hand_built = dataclasses.replace(fed, train_domains=None)
   with pytest.raises(ConfigError, match="train_domains"):
     hand_built.with_domains()
@@ -371,3 +374,20 @@ def test_group_dro_steps_are_the_released_codes_exponentiated_weights():
   np.testing.assert_allclose(
       np.asarray(objectives.normalized_weights(params["weights"])), q,
       rtol=1e-5, atol=1e-7)
+
+
+def test_out_of_range_settings_are_refused_with_the_field(fed):
+  from fedjax_dg.algorithms import coral, groupdro, irm, mmd, vrex
+  model, opt = mlp(fed), make_optimizer("sgd", 0.1)
+  with pytest.raises(ConfigError, match="groupdro.num_domains=2"):
+    groupdro.build(model, opt, num_clients=N, data=fed, num_domains=2)
+  for module in (irm, vrex):
+    with pytest.raises(ConfigError, match="penalty_weight=-1"):
+      module.build(model, opt, num_clients=N, penalty_weight=-1.0)
+    with pytest.raises(ConfigError, match="anneal_steps=-1"):
+      module.build(model, opt, num_clients=N, anneal_steps=-1)
+  for module in (mmd, coral):
+    with pytest.raises(ConfigError, match="penalty_weight=-1"):
+      module.build(model, opt, penalty_weight=-1.0)
+  with pytest.raises(ConfigError, match="eta=-1"):
+    groupdro.build(model, opt, num_clients=N, eta=-1.0)
