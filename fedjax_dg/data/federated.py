@@ -11,6 +11,10 @@ client's examples back to back, no padding)
     packed_train.y       int32 [total]
     packed_train.offsets int64 [C + 1]   client c: rows offsets[c]:offsets[c+1]
 
+`train_domains` (int32 [total]) is each training row's domain; `with_domains()`
+carries it as `packed_train.d` (and `train.d`) for an algorithm whose
+objective reads it (`Batch.d`); otherwise the arrays are x, y and n only.
+
 `train` / `val` are the padded view the whole-run-on-device placement uses,
 built from the packed form on first use (`engine.run` with
 `train.placement="host"` never builds it: it gathers each round's cohort):
