@@ -221,8 +221,8 @@ def test_the_irm_objective_anneals_its_weight_and_differentiates(
   x = jnp.asarray(rng.normal(size=(7, 2, 2, 1)).astype(np.float32))
   params = {"w": jnp.asarray(rng.normal(size=(4, 3)).astype(np.float32))}
   loss = objectives.domain_penalty(Linear(), objectives.irm_terms, 1000.0, 100)
-  ctx = ClientContext(id=0, round=0, start=params, state=jnp.int32(steps_before),
-                      step=jnp.int32(step))
+  ctx = ClientContext(id=0, round=0, start=params,
+                      state=jnp.int32(steps_before), step=jnp.int32(step))
   batch = Batch(x, jnp.asarray(Y), jnp.asarray(MASK), jnp.asarray(D))
 
   def reference(p):
