@@ -305,6 +305,8 @@ def describe() -> str:
       facts.append(", ".join(f"{k}={v!r}" for k, v in s.overrides.items()))
     if s.needs_server_data:
       facts.append("needs data.server_fraction > 0")
+    if s.needs_domains:
+      facts.append("reads each example's domain")
     lines.append(f"{name:20s} {s.display_name} ({'; '.join(facts)})")
     if s.name == s.section:
       hp = hyperparameters(s.section)
