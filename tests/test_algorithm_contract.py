@@ -110,7 +110,10 @@ def test_algorithm_contract(setup, name):
                                    cohort_size=0 if alg.client.pooled else M,
                                    client_mapping="map")
   n = 1 if alg.client.pooled else N
-  train = fed.pooled().train if alg.client.pooled else fed.train
+  # An objective that reads each example's domain trains on arrays that
+  # carry them (`ClientSide.domains`; the runner hands them so).
+  data = fed.with_domains() if alg.client.domains else fed
+  train = data.pooled().train if alg.client.pooled else data.train
   round_fn = make_round(alg, cfg_engine, n)
   carry = jax.eval_shape(alg.init, jax.random.key(0))
   frozen = None if alg.frozen is None else jax.eval_shape(alg.frozen,

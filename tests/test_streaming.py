@@ -404,3 +404,33 @@ def test_settings_that_cannot_stream_are_refused_before_any_data(
   ok = config.apply_overrides(config.base_config(), [
       "data.name=pacs", "data.streaming=on", "algorithms=fedavg,hfedf"])
   checks.validate(ok)  # hfedf's learned embeddings read no data
+
+
+def test_a_streamed_federation_carries_the_domains_of_its_rows(data_dir):
+  """The domains an objective reads (`with_domains`) of a streamed
+  federation are the in-memory one's, gathered per cohort with the rows
+  read from their records; an IRM run on the host (its clients of two
+  domains) gives the in-memory run's numbers."""
+  from fedjax_dg import algorithms
+  spec = partition.PartitionSpec(name="domain_split", num_clients=2, d=2)
+  feds = [federated.build(_load(data_dir, s), spec, target_domain="c",
+                          val_fraction=0.25) for s in ("off", "on")]
+  assert feds[1].streamed
+  off, on = (f.with_domains().packed_train.gather(np.array([1, 0]))
+             for f in feds)
+  np.testing.assert_array_equal(on.d, off.d)
+  np.testing.assert_array_equal(on.x, off.x)
+  assert len(set(feds[0].train_domains.tolist())) == 2
+  model = models.get_model("mlp", input_shape=feds[0].image_shape,
+                           num_classes=3, hidden=4)
+  client = dict(optimizer="sgd", lr=0.1, weight_decay=0.0, momentum=0.0,
+                schedule="constant")
+  alg = algorithms.build("irm", model, hyperparameters={"anneal_steps": 0,
+                                                        "penalty_weight": 1.0},
+                         client=client, num_clients=2)
+  cfg = engine.EngineConfig(rounds=2, epochs=1, batch_size=4,
+                            client_mapping="map", progress=False,
+                            placement="host", eval_batch_size=4)
+  runs = [engine.run(alg, f, model, cfg) for f in feds]
+  assert runs[0].round_metrics["loss"] == runs[1].round_metrics["loss"]
+  assert runs[0].final["ood_acc"] == runs[1].final["ood_acc"]

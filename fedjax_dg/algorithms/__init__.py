@@ -10,6 +10,12 @@
     CLIENT              optional: its clients' optimizer defaults ({"lr": ...}),
                         overriding the run's `client` settings
     NEEDS_SERVER_DATA   optional (False): it trains on the server's split
+    NEEDS_DOMAINS       optional (False): its objective reads each training
+                        example's domain (`Batch.d`, an index into the
+                        federation's `domain_names`): the registry sets
+                        `ClientSide.domains` and the engine carries the
+                        domains with the examples; every other algorithm's
+                        programs take no domain array
     FEDERATED           optional (True): False for Central / Local-only (no
                         arrows against FedAvg in the tables)
     MODELS              optional (any): the `model.name`s it runs on, e.g.
@@ -123,6 +129,12 @@ class Spec:
   @property
   def needs_server_data(self) -> bool:
     return bool(getattr(self.module, "NEEDS_SERVER_DATA", False))
+
+  @property
+  def needs_domains(self) -> bool:
+    """Whether its objective reads `Batch.d` (the module's
+    `NEEDS_DOMAINS`)."""
+    return bool(getattr(self.module, "NEEDS_DOMAINS", False))
 
   @property
   def federated(self) -> bool:
@@ -293,6 +305,8 @@ def describe() -> str:
       facts.append(", ".join(f"{k}={v!r}" for k, v in s.overrides.items()))
     if s.needs_server_data:
       facts.append("needs data.server_fraction > 0")
+    if s.needs_domains:
+      facts.append("reads each example's domain")
     lines.append(f"{name:20s} {s.display_name} ({'; '.join(facts)})")
     if s.name == s.section:
       hp = hyperparameters(s.section)
@@ -341,7 +355,8 @@ def create(name: str, model, *, optimizer, hparams: Mapping[str, Any],
   if unknown:
     raise ConfigError(f"{name}: unknown hyperparameters {sorted(unknown)}; "
                      f"allowed: {sorted(hyperparameters(s.section))}")
-  return build_fn(model, optimizer, **kwargs, **hp)
+  alg = build_fn(model, optimizer, **kwargs, **hp)
+  return alg.replace(domains=True) if s.needs_domains else alg
 
 
 def build(name: str, model, *, hyperparameters: Mapping[str, Any],

@@ -131,6 +131,11 @@ class ClientSide:
   local_steps: > 0 overrides the engine's epochs with a fixed number of local
       steps for every client (pFedHN's inner steps).
   pooled: one "client" trains on the union of the clients' data (Central).
+  domains: its objective reads each example's domain (`Batch.d`, int32 [B]):
+      the engine then carries the federation's domains with its examples
+      (`FederatedData.with_domains`), on either placement; without, `Batch.d`
+      is None and the programs take no domain array (the registry sets it
+      from the module's `NEEDS_DOMAINS`).
   """
   start: Callable[[PyTree, PyTree, jax.Array], PyTree]
   loss: LossFn
@@ -141,6 +146,7 @@ class ClientSide:
   init_rows: Callable[[jax.Array, jax.Array], PyTree] | None = None
   local_steps: int = 0
   pooled: bool = False
+  domains: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

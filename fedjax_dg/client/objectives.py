@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -169,3 +169,242 @@ def ntxent(z: jax.Array, labels: jax.Array, mask: jax.Array,
   total = jnp.sum(jnp.where(pos, per_pair, 0.0))
   mean = total / jnp.maximum(jnp.sum(pos.astype(jnp.float32)), 1.0)
   return jnp.where(jnp.any(neg), mean, 0.0)
+
+
+def domain_groups(d: jax.Array, mask: jax.Array) -> tuple[jax.Array,
+                                                          jax.Array]:
+  """A batch's domains as groups of its examples, without a static count of
+  domains: (members [B, B] float32, first [B] float32).
+
+  members[k, i] = 1 where examples k and i are both real (mask 1) and of one
+  domain (d_k = d_i); first[k] = 1 where k is the first real example of its
+  domain in the batch. The domains present are the rows k with first[k] = 1
+  (at most B of them); a domain absent from the batch has no row."""
+  valid = mask > 0
+  same = (d[:, None] == d[None, :]) & valid[:, None] & valid[None, :]
+  earlier = jnp.any(jnp.tril(same, k=-1), axis=1)  # a same-domain i < k
+  return same.astype(jnp.float32), (valid & ~earlier).astype(jnp.float32)
+
+
+def group_means(values: jax.Array, members: jax.Array) -> jax.Array:
+  """[B]: row k the mean of `values` [B] over the members of k's domain,
+  sum_i members[k, i] values_i / sum_i members[k, i] (0 for a padded row)."""
+  return (members @ values) / jnp.maximum(jnp.sum(members, axis=1), 1.0)
+
+
+def vrex_terms(logits: jax.Array, y: jax.Array, members: jax.Array,
+               first: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """V-REx (Krueger et al. 2021) over the domains e present in a batch:
+  (mean_e R_e, Var_e R_e), R_e the mean cross-entropy of domain e's
+  examples and Var the population variance (1/|E| sum_e (R_e - mean)^2)."""
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits, y)
+  risks = group_means(ce, members)
+  mean = masked_mean(risks, first)
+  return mean, masked_mean(jnp.square(risks - mean), first)
+
+
+def irm_terms(logits: jax.Array, y: jax.Array, members: jax.Array,
+              first: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """IRMv1 (Arjovsky et al. 2019) over the domains e present in a batch:
+  (mean_e R_e, mean_e g_e^even g_e^odd).
+
+  R_e is the mean cross-entropy of domain e's examples; with a dummy scale
+  w on the logits, ell_i(w) = CE(w z_i, y_i), g_e^even (g_e^odd) is
+  d/dw at w = 1 of the mean of ell_i over the even (odd) members of e, in
+  batch order: the product of two independent halves' gradients, an
+  unbiased estimate of |grad_w R_e|^2 (the released code's
+  `losses[0::2]`, `losses[1::2]`). An empty half contributes 0."""
+  def ce_at(w):
+    return optax.softmax_cross_entropy_with_integer_labels(logits * w, y)
+
+  ce, dce = jax.jvp(ce_at, (jnp.ones((), logits.dtype),),
+                    (jnp.ones((), logits.dtype),))
+  rank = jnp.sum(jnp.tril(members, k=-1), axis=1)  # earlier same-domain rows
+  even = (rank % 2 == 0).astype(jnp.float32)
+  g_even = group_means(dce, members * even[None, :])
+  g_odd = group_means(dce, members * (1.0 - even)[None, :])
+  return (masked_mean(group_means(ce, members), first),
+          masked_mean(g_even * g_odd, first))
+
+
+def annealed_weight(weight, anneal_steps: int, count: jax.Array) -> jax.Array:
+  """The released code's penalty schedule of IRM / V-REx: count / anneal_steps
+  during the first `anneal_steps` local steps of a client, then `weight`
+  (`weight` from the start when anneal_steps = 0). `count`: the client's
+  local steps before the current one, over every round."""
+  if anneal_steps <= 0:
+    return jnp.asarray(weight, jnp.float32)
+  ramp = count.astype(jnp.float32) / anneal_steps
+  return jnp.where(count >= anneal_steps, weight, ramp)
+
+
+def domain_penalty(model, terms, weight, anneal_steps: int) -> Any:
+  """risk + w_t * penalty, (risk, penalty) = `terms(logits, y, members,
+  first)` over the batch's domains (`domain_groups` of `Batch.d`), w_t =
+  `annealed_weight(weight, anneal_steps, count)` with count = ctx.state (the
+  client's local steps of earlier rounds) + ctx.step."""
+
+  def loss(params, batch: Batch, rng: jax.Array, ctx) -> jax.Array:
+    logits = model.apply(params, batch.x, train=True, rng=rng)
+    members, first = domain_groups(batch.d, batch.mask)
+    risk, penalty = terms(logits, batch.y, members, first)
+    w = annealed_weight(weight, anneal_steps, ctx.state + ctx.step)
+    return risk + w * penalty
+
+  return loss
+
+
+def no_steps(key: jax.Array, ids: jax.Array) -> jax.Array:
+  """int32 [k]: the initial step counts of clients `ids` (0 local steps
+  taken): the client state `annealed_weight`'s count starts from."""
+  del key
+  return jnp.zeros(ids.shape, jnp.int32)
+
+
+def add_steps(ctx, trained, data, key) -> tuple[jax.Array, None]:
+  """A client's end of round (`algorithms.base.ClientEnd`, no data read):
+  its count grows by the local steps it took (`data.steps`); no message."""
+  del trained, key
+  return ctx.state + data.steps, None
+
+
+# The released code's MMD kernel bandwidths (`MMD.penalty`'s `gamma`, as
+# DomainBed's).
+MMD_GAMMAS = (0.001, 0.01, 0.1, 1.0, 10.0, 100.0, 1000.0)
+
+
+def gaussian_kernels(h: jax.Array, gammas=MMD_GAMMAS) -> jax.Array:
+  """[B, B]: sum_g exp(-g D_ij), D_ij = |h_i - h_j|^2 clamped at 1e-30 (the
+  released code's `my_cdist`, which expands it as |h_i|^2 + |h_j|^2 - 2
+  h_i.h_j: here the differences themselves, [B, B, F], whose float32 sum
+  does not cancel, so that exp(-1000 D) does not move with the summation
+  order). h: [B, F]."""
+  diff = h[:, None, :] - h[None, :, :]
+  dist = jnp.maximum(jnp.sum(jnp.square(diff), axis=-1), 1e-30)
+  return sum(jnp.exp(-g * dist) for g in gammas)
+
+
+def _pairs_mean(values: jax.Array, first: jax.Array) -> jax.Array:
+  """The mean of values[k, l] over the pairs k < l of domains present
+  (`first`), 0 with fewer than two domains."""
+  pairs = jnp.triu(first[:, None] * first[None, :], k=1)
+  return jnp.sum(pairs * values) / jnp.maximum(jnp.sum(pairs), 1.0)
+
+
+def mmd_penalty(h: jax.Array, members: jax.Array, first: jax.Array,
+                gammas=MMD_GAMMAS) -> jax.Array:
+  """MMD (Li et al. 2018, the released code's `MMD.penalty`): the mean over
+  the pairs of domains (a, b) present in the batch of mean K_aa + mean K_bb
+  - 2 mean K_ab, K = `gaussian_kernels(h)` restricted to the two domains'
+  real examples (means over all their pairs of examples). h: [B, F]."""
+  w = members / jnp.maximum(jnp.sum(members, axis=1), 1.0)[:, None]
+  means = w @ gaussian_kernels(h, gammas) @ w.T  # [k, l]: mean K, k's x l's
+  diag = jnp.diagonal(means)
+  return _pairs_mean(diag[:, None] + diag[None, :] - 2.0 * means, first)
+
+
+def coral_penalty(h: jax.Array, members: jax.Array,
+                  first: jax.Array) -> jax.Array:
+  """Deep CORAL (Sun & Saenko 2016, the released code's `Coral.penalty`):
+  the mean over the pairs of domains (a, b) present in the batch of
+  mean_f (mu_a - mu_b)^2 + mean_fg (C_a - C_b)^2, mu the mean and C the
+  covariance (over n - 1) of a domain's real examples' features h [B, F];
+  a domain of one example has covariance 0."""
+  count = jnp.sum(members, axis=1)
+  mu = (members @ h) / jnp.maximum(count, 1.0)[:, None]  # [k, F]
+  cent = h[None, :, :] - mu[:, None, :]                  # [k, i, F]
+  cov = jnp.einsum("ki,kif,kig->kfg", members, cent, cent) / jnp.maximum(
+      count - 1.0, 1.0)[:, None, None]
+  f = h.shape[1]
+  mean_diff = jnp.mean(jnp.square(mu[:, None, :] - mu[None, :, :]), axis=-1)
+  sq = jnp.sum(jnp.square(cov), axis=(1, 2))
+  cov_diff = (sq[:, None] + sq[None, :]
+              - 2.0 * jnp.einsum("kfg,lfg->kl", cov, cov)) / (f * f)
+  return _pairs_mean(mean_diff + cov_diff, first)
+
+
+def feature_alignment(model, penalty, weight) -> Any:
+  """CE + weight * penalty(h, members, first): the batch's mean
+  cross-entropy (over its real examples) and a distance between its
+  domains' features h = `model.features` (`mmd_penalty`, `coral_penalty`;
+  the domains from `Batch.d`, `domain_groups`); logits = `model.head(h)`."""
+
+  def loss(params, batch: Batch, rng: jax.Array, ctx=None) -> jax.Array:
+    del ctx
+    h = model.features(params, batch.x, train=True, rng=rng)
+    logits = model.head(params, h)
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch.y)
+    members, first = domain_groups(batch.d, batch.mask)
+    return masked_mean(ce, batch.mask) + weight * penalty(h, members, first)
+
+  return loss
+
+
+class GroupWeights(NamedTuple):
+  """A client's GroupDRO weights over the domain indices 0..D-1 (its
+  persistent state, trained beside the model: `group_dro`)."""
+  log_q: jax.Array  # [D] float32: log of the unnormalized weights, 0 at the
+                    # start, + eta * (a domain's mean loss) at every step
+  seen: jax.Array   # [D] float32: 1 for the domains met in a batch so far
+
+
+def domain_means(values: jax.Array, d: jax.Array, mask: jax.Array,
+                 num_domains: int) -> tuple[jax.Array, jax.Array]:
+  """(means [D], present [D]): per domain index the mean of `values` [B] over
+  the batch's real examples of that domain (0 where it has none), and 1
+  where it has some. A domain index >= D counts in no domain."""
+  onehot = jax.nn.one_hot(d, num_domains) * mask[:, None]  # [B, D]
+  count = jnp.sum(onehot, axis=0)
+  means = (values @ onehot) / jnp.maximum(count, 1.0)
+  return means, (count > 0).astype(jnp.float32)
+
+
+def group_dro_update(weights: GroupWeights, losses: jax.Array,
+                     present: jax.Array, eta) -> GroupWeights:
+  """The released code's step of the weights, in logs: q_g <- q_g exp(eta
+  L_g), L_g the batch's mean loss of domain g (0 where absent, so an absent
+  domain keeps its weight); the domains met so far grow by the present
+  ones."""
+  return GroupWeights(weights.log_q + eta * losses,
+                      jnp.maximum(weights.seen, present))
+
+
+def normalized_weights(weights: GroupWeights) -> jax.Array:
+  """[D]: q_g / sum q over the domains met so far (`seen`), 0 elsewhere."""
+  z = jnp.where(weights.seen > 0, weights.log_q, -jnp.inf)
+  return jnp.where(weights.seen > 0, jax.nn.softmax(z), 0.0)
+
+
+def carried(new, old):
+  """A term of value 0 whose gradient w.r.t. `old` (a pytree) is
+  -(new - old): an SGD step of learning rate 1 on `old` then sets it to
+  `new`, so a quantity updated by a rule instead of its gradient rides in
+  the trained parameters (`group_dro`'s weights)."""
+  step = jax.tree.map(lambda n, o: jax.lax.stop_gradient(n - o), new, old)
+  terms = jax.tree.map(
+      lambda st, o: -jnp.sum(st * (o - jax.lax.stop_gradient(o))), step, old)
+  return sum(jax.tree.leaves(terms))
+
+
+def group_dro(model, eta, num_domains: int) -> Any:
+  """GroupDRO's local objective (Sagawa et al. 2020, the released code's
+  `GroupDRO.step`) on params {"model": the model's, "weights": the client's
+  `GroupWeights`}: with L_g the batch's mean cross-entropy of domain g
+  (`domain_means` of `Batch.d`) and q' = `group_dro_update(weights, L,
+  eta)`, the objective is sum_g stop_gradient(q'_g / sum q') L_g over the
+  domains met so far, plus `carried(q', weights)` (value 0), so that the
+  weights' SGD step of learning rate 1 (`groupdro.build`'s optimizer) makes
+  them q'."""
+
+  def loss(params, batch: Batch, rng: jax.Array, ctx=None) -> jax.Array:
+    del ctx
+    logits = model.apply(params["model"], batch.x, train=True, rng=rng)
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch.y)
+    losses, present = domain_means(ce, batch.d, batch.mask, num_domains)
+    weights = params["weights"]
+    new = group_dro_update(weights, jax.lax.stop_gradient(losses), present,
+                           eta)
+    q = jax.lax.stop_gradient(normalized_weights(new))
+    return jnp.sum(q * losses) + carried(new, weights)
+
+  return loss

@@ -33,6 +33,10 @@ class Batch(NamedTuple):
   x: jax.Array      # uint8 [B, H, W, ch]
   y: jax.Array      # int32 [B]
   mask: jax.Array   # float32 [B]: 1 for real examples, 0 for padding
+  d: jax.Array | None = None  # int32 [B]: each example's domain (an index
+                              # into the federation's `domain_names`), only
+                              # for an algorithm that asks for it
+                              # (`ClientSide.domains`); 0 at padding
 
 
 class ClientContext(NamedTuple):
@@ -48,6 +52,8 @@ class ClientContext(NamedTuple):
   frozen: PyTree = None  # the shared-frozen parameters
   epoch: Any = 0         # the local epoch of the current step (0-based; filled
                          # by `local_update`, 0 elsewhere, e.g. at its end)
+  step: Any = 0          # the current local step of this round (0-based;
+                         # filled by `local_update`, 0 elsewhere)
 
 
 class ClientData(NamedTuple):
@@ -288,7 +294,8 @@ class LocalTraining(NamedTuple):
   begin: Callable   # begin(params, perms, step_key, n) -> Local: a fresh
                     # optimizer state, loss 0
   step: Callable    # step(local, s, fetch, ctx) -> (Local, active): local step
-                    # s (fetch(idx) -> (x, y) rows of the client's arrays);
+                    # s (fetch(idx) -> (x, y) rows of the client's arrays,
+                    # (x, y, d) where the domains are carried);
                     # `active` is False past the client's own count
   end: Callable     # end(local) -> (params, mean loss over its steps)
   padded_steps: int  # E * ceil(n_max / B) (or `steps`): the static scan
@@ -368,12 +375,13 @@ def local_training(loss_fn: LossFn, optimizer: optax.GradientTransformation,
     n = local.n
     idx, valid, active = read_at(s, local.perms, n)
     rng = jax.random.fold_in(local.step_key, s)
-    xb, yb = fetch(idx)
-    batch = Batch(xb, yb, valid.astype(jnp.float32))
+    xb, yb, *domains = fetch(idx)  # (x, y) rows, and d where carried
+    batch = Batch(xb, yb, valid.astype(jnp.float32), *domains)
     per_pass = jnp.maximum((n + batch_size - 1) // batch_size, 1)
     step_ctx = ctx
     if isinstance(ctx, ClientContext):
-      step_ctx = ctx._replace(epoch=jnp.minimum(s // per_pass, passes - 1))
+      step_ctx = ctx._replace(epoch=jnp.minimum(s // per_pass, passes - 1),
+                              step=s)
     loss, grads = grad_fn(local.params, batch, rng, step_ctx)
     kw = {}
     if extra_args:

@@ -11,6 +11,10 @@ client's examples back to back, no padding)
     packed_train.y       int32 [total]
     packed_train.offsets int64 [C + 1]   client c: rows offsets[c]:offsets[c+1]
 
+`train_domains` (int32 [total]) is each training row's domain; `with_domains()`
+carries it as `packed_train.d` (and `train.d`) for an algorithm whose
+objective reads it (`Batch.d`); otherwise the arrays are x, y and n only.
+
 `train` / `val` are the padded view the whole-run-on-device placement uses,
 built from the packed form on first use (`engine.run` with
 `train.placement="host"` never builds it: it gathers each round's cohort):
@@ -58,6 +62,8 @@ class ClientArrays:
   x: Any  # uint8 [C, N_max, H, W, ch], zero padded
   y: Any  # int32 [C, N_max], padded with 0
   n: Any  # int32 [C], true counts
+  d: Any = None  # int32 [C, N_max]: each example's domain, padded with 0;
+                 # None: not carried (`FederatedData.with_domains`)
 
   @property
   def num_clients(self) -> int:
@@ -79,6 +85,9 @@ class PackedClients:
   y: np.ndarray        # int32 [total]
   offsets: np.ndarray  # int64 [C + 1], offsets[0] = 0, non-decreasing
   width: int = -1      # padded length per client; -1: the largest client
+  d: np.ndarray | None = None  # int32 [total]: each row's domain (an index
+                               # into `FederatedData.domain_names`), gathered
+                               # with x and y; None: not carried
 
   def __post_init__(self):
     offsets = np.asarray(self.offsets, np.int64)
@@ -93,6 +102,9 @@ class PackedClients:
         np.diff(offsets) < 0):
       raise ValueError(f"PackedClients: offsets must rise from 0 to the "
                        f"{len(self.y)} examples, got {offsets[0]}..{offsets[-1]}")
+    if self.d is not None and np.shape(self.d) != np.shape(self.y):
+      raise ValueError(f"PackedClients: d has shape {np.shape(self.d)}, y "
+                       f"{np.shape(self.y)}: one domain per row")
 
   @property
   def n(self) -> np.ndarray:
@@ -126,10 +138,13 @@ class PackedClients:
     rows = self.offsets[ids][..., None] + local
     x = np.zeros(rows.shape + self.x.shape[1:], self.x.dtype)
     y = np.zeros(rows.shape, np.int32)
+    d = None if self.d is None else np.zeros(rows.shape, np.int32)
     if valid.any():
       x[valid] = self.x[rows[valid]]
       y[valid] = self.y[rows[valid]]
-    return ClientArrays(x=x, y=y, n=n)
+      if d is not None:
+        d[valid] = self.d[rows[valid]]
+    return ClientArrays(x=x, y=y, n=n, d=d)
 
   def padded(self) -> ClientArrays:
     """Every client, padded: x [C, width, ...]."""
@@ -138,7 +153,8 @@ class PackedClients:
   def nbytes(self, padded: bool = False) -> int:
     """Bytes of the packed arrays, or of the padded view (`padded`)."""
     per = (int(np.prod(self.x.shape[1:])) * self.x.dtype.itemsize
-           + self.y.dtype.itemsize)
+           + self.y.dtype.itemsize
+           + (0 if self.d is None else self.d.dtype.itemsize))
     return per * (self.num_clients * self.width if padded else len(self.y))
 
 
@@ -154,13 +170,14 @@ def pack_clients(images: np.ndarray, labels: np.ndarray,
 
 
 def pack_padded(arrays: ClientArrays) -> PackedClients:
-  """Padded per-client arrays (x [C, W, ...], n [C]) packed, keeping the
-  width W of the padded view."""
+  """Padded per-client arrays (x [C, W, ...], n [C], and d where carried)
+  packed, keeping the width W of the padded view."""
   x, y, n = (np.asarray(a) for a in (arrays.x, arrays.y, arrays.n))
   keep = np.arange(x.shape[1])[None, :] < n[:, None]
+  d = None if arrays.d is None else np.asarray(arrays.d)[keep].astype(np.int32)
   return PackedClients(x=x[keep], y=y[keep].astype(np.int32),
                        offsets=np.concatenate([[0], np.cumsum(n)]),
-                       width=x.shape[1])
+                       width=x.shape[1], d=d)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -188,6 +205,10 @@ class FederatedData:
   server_x: Any = None  # uint8 [S, H, W, ch]
   server_y: Any = None  # int32 [S]
   server_indices: np.ndarray | None = None
+  # int32 [total]: the domain of each row of `packed_train` (an index into
+  # `domain_names`; a few-shot example's is the target's). None only for data
+  # built by hand. `with_domains` hands them to the clients' batches.
+  train_domains: np.ndarray | None = None
 
   @property
   def server_size(self) -> int:
@@ -253,7 +274,8 @@ class FederatedData:
   def pooled(self) -> FederatedData:
     """All clients' training data as ONE client (Central); val stays per client."""
     t = self.packed_train
-    train = PackedClients(x=t.x, y=t.y, offsets=np.array([0, len(t.y)]))
+    train = PackedClients(x=t.x, y=t.y, offsets=np.array([0, len(t.y)]),
+                          d=t.d)
     held = {d for c in self.client_domains for d in c}
     domains = tuple(d for d in self.domain_names if d in held)
     indices = (np.concatenate(self.train_indices),) if self.train_indices else ()
@@ -261,6 +283,24 @@ class FederatedData:
         self, packed_train=train, client_domains=(domains,),
         train_indices=indices
     )
+
+  def with_domains(self) -> FederatedData:
+    """This federation with each training example's domain carried
+    (`packed_train.d`, the padded view's `train.d`): what an algorithm whose
+    objective reads `Batch.d` trains on (`ClientSide.domains`). Without it
+    the arrays hold x, y and n only, as every other algorithm's programs
+    take them."""
+    if self.packed_train.d is not None:
+      return self
+    if self.train_domains is None:
+      raise ConfigError(
+          "this federation holds no domain of its training examples "
+          "(FederatedData.train_domains is None: built by hand), but the "
+          "algorithm's objective reads each example's domain: build it with "
+          "data.federated.build, or pass train_domains (int32, one per row "
+          "of packed_train)")
+    return dataclasses.replace(self, packed_train=dataclasses.replace(
+        self.packed_train, d=np.asarray(self.train_domains, np.int32)))
 
   def summary(self) -> str:
     n_train, n_val = self.packed_train.n, self.packed_val.n
@@ -434,6 +474,8 @@ def build(
     train_parts = [rng.permutation(np.concatenate([t, s]))
                    for t, s in zip(train_parts, shots)]
   train = pack_clients(dataset.images, dataset.labels, train_parts)
+  train_rows = (np.concatenate([np.asarray(p, np.int64) for p in train_parts])
+                if train_parts else np.zeros(0, np.int64))
   names = dataset.domain_names
   client_domains = tuple(
       tuple(names[j] for j in np.unique(domains[p])) for p in train_parts
@@ -455,4 +497,5 @@ def build(
       server_x=dataset.images[server_idx],  # read (streamed: from records)
       server_y=dataset.labels[server_idx].astype(np.int32),
       server_indices=server_idx,
+      train_domains=np.asarray(domains)[train_rows].astype(np.int32),
   )

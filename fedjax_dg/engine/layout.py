@@ -152,12 +152,13 @@ def client_mapper(mapping: str, mesh: jax.sharding.Mesh | None = None
       if pad:
         args = jax.tree.map(lambda a: jnp.concatenate([a, a[:pad]]), args)
       local = jnp.arange(m + pad) % ((m + pad) // mesh.size)
+      k = len(data)  # the example arrays: (x, y), and d where carried
       mapped = jax.shard_map(
-          lambda shared, x, y, *a: trainer(shared, (x, y), *a), mesh=mesh,
+          lambda shared, *a: trainer(shared, a[:k], *a[k:]), mesh=mesh,
           in_specs=(P(),) + (P("clients"),) * (len(args) + 1),
           out_specs=P("clients"))
       out = mapped(shared, *jax.lax.with_sharding_constraint(
-          (*args[:2], local, *args[2:]), spec))
+          (*args[:k], local, *args[k:]), spec))
       return jax.tree.map(lambda a: a[:m], out) if pad else out
 
     return call

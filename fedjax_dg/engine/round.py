@@ -98,6 +98,13 @@ def host_schedule(root_key: jax.Array, r0: int, rounds: int, num_clients: int,
   return np.concatenate(blocks)[:rounds - r0].astype(np.int32)
 
 
+def example_arrays(data) -> tuple:
+  """(x, y) of ClientArrays-like `data` [k, S, ...], and its domains d where
+  it carries them (`ClientSide.domains`): what a client's batches read,
+  row by row (`Batch`)."""
+  return (data.x, data.y) + (() if data.d is None else (data.d,))
+
+
 def batch_reader(alg: Algorithm, cfg: EngineConfig) -> str | None:
   """Why a round of `alg` under `cfg` reads more of a client than its local
   steps' batches (a sentence), or None: it reads only those, steps x B rows
@@ -167,7 +174,7 @@ def make_round(alg: Algorithm, cfg: EngineConfig, num_clients: int,
   def end_one(shared, data, p, trained, n, key, cid, start, row, extra):
     """(row, message) of one client (`ClientEnd`); its examples only where
     the hook reads them."""
-    x, y = data if end.reads_data else (None, None)
+    x, y = data[:2] if end.reads_data else (None, None)
     client_data = ClientData(None if x is None else x[p],
                              None if y is None else y[p], n,
                              local_steps(n, cfg.batch_size, cfg.epochs, steps))
@@ -175,9 +182,9 @@ def make_round(alg: Algorithm, cfg: EngineConfig, num_clients: int,
                   client_data, jax.random.fold_in(key, END_STREAM))
 
   def train_one(shared, data, p, start, n, key, cid, row, extra):
-    x, y = data
     trained, loss = train_client(
-        training(n_max=x.shape[1]), start, lambda idx: (x[p, idx], y[p, idx]),
+        training(n_max=data[0].shape[1]), start,
+        lambda idx: tuple(a[p, idx] for a in data),
         n, key, context(shared, cid, start, row, extra),
         own_steps=cfg.skip_idle_steps)
     row, message = (None, None) if end is None else end_one(
@@ -186,10 +193,9 @@ def make_round(alg: Algorithm, cfg: EngineConfig, num_clients: int,
 
   def packed(lanes):
     def train(shared, data, pos, start, n, key, cid, row, extra):
-      x, y = data
       trained, losses = packed_update(
-          training(n_max=x.shape[1]), lanes, start,
-          lambda c, idx: (x[pos[c], idx], y[pos[c], idx]), n, key,
+          training(n_max=data[0].shape[1]), lanes, start,
+          lambda c, idx: tuple(a[pos[c], idx] for a in data), n, key,
           (cid, start, row, extra), lambda r: context(shared, *r))
       row, message = (None, None) if end is None else sequential(
           end_one, lanes)(shared, data, pos, trained, n, key, cid, start,
@@ -214,14 +220,19 @@ def make_round(alg: Algorithm, cfg: EngineConfig, num_clients: int,
                        "gathered on the host (the 'host' placement)")
     if isinstance(train, Cohort):
       ids, slots, data = train
-      arrays, pos, n = (data.x, data.y), jnp.arange(m), data.n
+      arrays, pos, n = example_arrays(data), jnp.arange(m), data.n
     else:
-      arrays = (train.x, train.y)
+      arrays = example_arrays(train)
       if m < num_clients:
         ids = slots = cohort_ids(cohort_key, num_clients, m)
       else:
         ids = jnp.arange(num_clients)
       pos, n = ids, jnp.take(train.n, ids)
+    if alg.client.domains and len(arrays) < 3:
+      raise ValueError(f"{alg.name}'s objective reads each example's domain "
+                       "(ClientSide.domains), but its training arrays carry "
+                       "none: train on FederatedData.with_domains() (as "
+                       "engine.run does)")
     rows = clients if slots is None else tree.take(clients, slots)
     start = alg.client.start(server, rows, ids)
     chex.assert_tree_shape_prefix(

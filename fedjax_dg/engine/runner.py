@@ -217,6 +217,8 @@ def setup(alg, datas: Sequence, model, cfg: EngineConfig,
   `SingleFeed` of the first."""
   recipe = Recipe.of(alg, model)
   alg = recipe.alg
+  if alg.client.domains:  # its batches read each example's domain
+    datas = [d.with_domains() for d in datas]
   R = len(datas)
   if R != len(seeds) or R < 1:
     raise ConfigError(f"run_batch: {R} datasets and {len(seeds)} seeds: "
