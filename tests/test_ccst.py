@@ -336,7 +336,7 @@ def test_reference_loss_is_the_mean_over_all_clients_styles_own_kept(
   params = model.init(jax.random.key(1))
   ctx, server = _ctx(alg, params, cid=1)
   batch = _batch(fed, 1, 6)
-  x, y, mask = (np.asarray(a) for a in batch)
+  x, y, mask = (np.asarray(a) for a in (batch.x, batch.y, batch.mask))
   ces = []
   for c in range(3):
     styled = x / 255.0 if c == 1 else _styled(x, server.overall, c)
@@ -363,7 +363,7 @@ def test_fedccrl_code_loss_adds_k_views_in_foreign_styles_only(
       valid=server.overall.valid.at[2].set(False))
   ctx = ctx._replace(shared=(None, overall))
   batch = _batch(fed, 0, 5)
-  x, y, mask = (np.asarray(a) for a in batch)
+  x, y, mask = (np.asarray(a) for a in (batch.x, batch.y, batch.mask))
   ce = _ce(model, params, x / 255.0, y, mask)
   ce_view = _ce(model, params, _styled(x, overall, 1), y, mask)
   assert abs(ce_view - ce) > 1e-3
