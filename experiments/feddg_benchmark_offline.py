@@ -11,7 +11,8 @@ domain mixture, 0.1 heterogeneous, 0 one domain per client; docs/data.md),
 C = 100 for the main table and 10-200 for its client-count study; the
 methods: FedAvg (ERM), FedProx, SCAFFOLD, FedDG (ELCFS here), FedADG, FedSR,
 FedGMA, and the centralized DG objectives adapted to clients (IRM, Fish,
-MMD, CORAL, GroupDRO) and AFL, which this library does not have yet.
+MMD, CORAL, GroupDRO) and AFL (`irm`, `fish`, `mmd`, `coral`, `groupdro`,
+`afl` here; not in this grid).
 
 Here, for 2 CPU cores: Rotated Fashion-MNIST at 16x16, 600 images per
 domain, the small CNN, the 75-degree domain held out (the hardest with 0;
