@@ -1,7 +1,7 @@
 """The federated DG benchmark's grid (Bai, Bagchi and Inouye, ICLR 2024) on
-the offline Rotated Fashion-MNIST, at a CPU budget: its federated methods
-that this library has, over the balancing parameter lambda and two client
-counts.
+the offline Rotated Fashion-MNIST, at a CPU budget: its methods made for
+federation (not AFL nor the centralized DG objectives on clients), over
+the balancing parameter lambda and two client counts.
 
 The benchmark's protocol (its released code's PACS sweeps): every client
 trains every round (fraction 1), 1 local epoch of batch 32, Adam, 80

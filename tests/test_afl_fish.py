@@ -4,6 +4,8 @@ objectives against loops over the domains, Fish's meta step against a
 numpy Adam over the batch's domains, and a run whose lambda is recomputed
 from the model's per-domain losses."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -185,7 +187,8 @@ def fed():
                               per_domain=20)
 
 
-def test_a_run_moves_lambda_by_the_models_per_domain_losses(fed):
+@pytest.mark.parametrize("placement", ["device", "host"])
+def test_a_run_moves_lambda_by_the_models_per_domain_losses(fed, placement):
   """A model that stays (learning rate 0): every round measures the same
   per-domain mean loss M over every client's examples (one epoch reads each
   once), and lambda follows proj(uniform over the source domains + lr M),
@@ -196,7 +199,8 @@ def test_a_run_moves_lambda_by_the_models_per_domain_losses(fed):
   lr = 0.5
   alg = afl.build(model, optax.sgd(0.0), lambda_lr=lr,
                   num_domains=6).replace(domains=True)
-  result = engine.run(alg, fed, model, CFG)
+  result = engine.run(alg, fed, model,
+                      dataclasses.replace(CFG, placement=placement))
   params = result.server.params
   t = fed.packed_train
   logits = np.asarray(model.apply(params, jnp.asarray(t.x)), np.float64)
