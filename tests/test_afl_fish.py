@@ -1,8 +1,8 @@
 """AFL and Fish against independent computations: the released code's
 simplex projection and lambda step transcribed in numpy, the clients'
 objectives against loops over the domains, Fish's meta step against a
-numpy Adam over the batch's domains, and a run whose lambda is recomputed
-from the model's per-domain losses."""
+numpy Adam over the batch's domains and, at meta_lr 1 on one domain, FedAvg,
+and a run whose lambda is recomputed from the model's per-domain losses."""
 
 import dataclasses
 
@@ -15,6 +15,8 @@ import pytest
 from conftest import synthetic_federation
 from fedjax_dg import engine, models
 from fedjax_dg.algorithms import afl, fish
+from fedjax_dg.algorithms.fedavg import fedavg
+from fedjax_dg.client import objectives
 from fedjax_dg.client.update import Batch, ClientContext
 from fedjax_dg.errors import ConfigError
 from fedjax_dg.optim import make_optimizer
@@ -286,3 +288,30 @@ def test_out_of_range_settings_are_refused_with_the_field(fed):
     fish.build(model, opt, data=fed, max_groups=1)
   with pytest.raises(ConfigError, match="fish.max_groups=0"):
     fish.build(model, opt, max_groups=0)
+
+
+def test_fish_of_one_domain_per_batch_and_meta_lr_1_is_fedavg():
+  """With SGD (stateless) and clients of one domain, a Fish step at
+  meta_lr 1 is one SGD step on the batch's mean loss: FedAvg's run; at
+  meta_lr 0 the model stays as initialized."""
+  one = synthetic_federation(num_clients=N, d=1, num_domains=4,
+                             per_domain=20)
+  model = models.get_model("mlp", input_shape=one.image_shape,
+                           num_classes=one.num_classes, mean=one.mean,
+                           std=one.std, hidden=4)
+  sgd = optax.sgd(0.1)
+  fish_run = engine.run(
+      fish.build(model, sgd, meta_lr=1.0).replace(domains=True), one, model,
+      CFG)
+  plain = engine.run(fedavg(model, sgd, objectives.cross_entropy(model)),
+                     one, model, CFG)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5,
+                                                       atol=1e-6),
+               fish_run.server.params, plain.server.params)
+  still = engine.run(
+      fish.build(model, sgd, meta_lr=0.0).replace(domains=True), one, model,
+      CFG)
+  init = engine.run(fedavg(model, optax.sgd(0.0),
+                           objectives.cross_entropy(model)), one, model, CFG)
+  jax.tree.map(np.testing.assert_array_equal, still.server.params,
+               init.server.params)
