@@ -18,7 +18,9 @@ is the meta update. theta~ is computed inside the objective from
 stop_gradient(theta) (no second-order term). The number of domains in a
 batch is not static: the inner loop is a scan over `max_groups` slots, the
 k-th holding the k-th smallest domain index present, an empty slot leaving
-theta~ and the inner optimizer's state as they are.
+theta~ and the inner optimizer's state as they are (`lax.cond`: skipped
+where the clients are mapped one after another, computed and discarded
+under a vmap).
 """
 
 from __future__ import annotations
@@ -74,15 +76,18 @@ def inner_steps(model, optimizer, params, batch: Batch, rng: jax.Array,
     return objectives.masked_mean(ce, batch.mask * (batch.d == g))
 
   def step(carry, slot):
-    p, state = carry
     g, key = slot
-    value, grads = jax.value_and_grad(group_loss)(p, g, key)
-    updates, new_state = optimizer.update(grads, state, p)
-    on = g >= 0
-    keep = lambda new, old: jax.tree.map(
-        lambda a, b: jnp.where(on, a, b), new, old)
-    return (keep(optax.apply_updates(p, updates), p),
-            keep(new_state, state)), jnp.where(on, value, 0.0)
+
+    def active(c):
+      p, state = c
+      value, grads = jax.value_and_grad(group_loss)(p, g, key)
+      updates, state = optimizer.update(grads, state, p)
+      return (optax.apply_updates(p, updates), state), value
+
+    def idle(c):  # an empty slot: nothing computed under lax.map
+      return c, jnp.zeros((), jnp.float32)
+
+    return jax.lax.cond(g >= 0, active, idle, carry)
 
   keys = jax.random.split(rng, max_groups)
   (inner, _), values = jax.lax.scan(step, (params, optimizer.init(params)),
@@ -108,7 +113,7 @@ def fish_loss(model, optimizer, meta_lr, max_groups: int):
 
 def build(model, optimizer, *, data=None,
           meta_lr: float = 0.1,  # hparam1, sweep/random_seeds/pacs/fish.json
-          max_groups: int = 4,   # inner steps per batch at most: a client's
+          max_groups: int = 6,   # inner steps per batch at most: a client's
                                  # domains must number at most this many
           ) -> Algorithm:
   """Fish over client `model`: `optimizer` (the run's client optimizer)
