@@ -1,7 +1,7 @@
 """The federated DG benchmark's grid (Bai, Bagchi and Inouye, ICLR 2024) on
-the offline Rotated Fashion-MNIST, at a CPU budget: its federated methods
-that this library has, over the balancing parameter lambda and two client
-counts.
+the offline Rotated Fashion-MNIST, at a CPU budget: its methods made for
+federation (not AFL nor the centralized DG objectives on clients), over
+the balancing parameter lambda and two client counts.
 
 The benchmark's protocol (its released code's PACS sweeps): every client
 trains every round (fraction 1), 1 local epoch of batch 32, Adam, 80
@@ -11,7 +11,8 @@ domain mixture, 0.1 heterogeneous, 0 one domain per client; docs/data.md),
 C = 100 for the main table and 10-200 for its client-count study; the
 methods: FedAvg (ERM), FedProx, SCAFFOLD, FedDG (ELCFS here), FedADG, FedSR,
 FedGMA, and the centralized DG objectives adapted to clients (IRM, Fish,
-MMD, CORAL, GroupDRO) and AFL, which this library does not have yet.
+MMD, CORAL, GroupDRO) and AFL (`irm`, `fish`, `mmd`, `coral`, `groupdro`,
+`afl` here; not in this grid).
 
 Here, for 2 CPU cores: Rotated Fashion-MNIST at 16x16, 600 images per
 domain, the small CNN, the 75-degree domain held out (the hardest with 0;

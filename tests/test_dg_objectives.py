@@ -117,7 +117,7 @@ def test_only_an_algorithm_that_asks_gets_the_domains(fed):
   model = mlp(fed)
   asking = {n for n in algorithms.available()
             if algorithms.spec(n).needs_domains}
-  assert asking == {"irm", "vrex", "mmd", "coral", "groupdro"}
+  assert asking == {"irm", "vrex", "mmd", "coral", "groupdro", "afl", "fish"}
   for name in ("fedavg", "fedprox", "fedsr", *sorted(asking)):
     alg = algorithms.build(name, model, hyperparameters={}, client=client,
                            num_clients=N, data=fed)

@@ -94,8 +94,13 @@ BASE = [k for k in PINNED if k not in pinned.VARIANTS]
 # independent checks (each objective against a numpy loop over the domains or
 # autodiff of a separately written loss, GroupDRO's weights step by step, the
 # domains a client's batches see, the clients' step counts over the rounds).
+# AFL's and Fish's are slow for the same reason: tests/test_afl_fish.py
+# checks the projection and lambda's step against a numpy transcription of
+# the released ones, AFL's objective against a loop over the domains, a
+# run's lambda from the model's per-domain losses, and a Fish step against
+# a numpy Adam over the batch's domains.
 SLOW = ("fedsdaf_no_bkd", "fedsdaf_no_mhsa", "fedsdaf_di", "fedsdaf_head",
-        "fedccrl", "irm", "vrex", "mmd", "coral", "groupdro")
+        "fedccrl", "irm", "vrex", "mmd", "coral", "groupdro", "afl", "fish")
 
 
 def test_every_registered_algorithm_is_pinned():
