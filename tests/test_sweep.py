@@ -947,7 +947,8 @@ def test_one_algorithm_over_seeds_targets_and_learning_rates_compiles_once(
 
 def test_the_federated_dg_benchmark_grid_plans_and_validates():
   """experiments/feddg_benchmark_offline.py: lambda (1, 0.1, 0) x C (5, 50)
-  x its seeds, every cell a valid run of the heterogeneous partition, every
+  x its seeds of its 12 methods (the benchmark's that the library has, and
+  V-REx), every cell a valid run of the heterogeneous partition, every
   method's clients on the one Adam (lr 1e-3, no decay, constant) whatever
   its module's CLIENT says (SCAFFOLD's SGD 0.01); its documented commands
   plan its own grid."""
@@ -960,6 +961,9 @@ def test_the_federated_dg_benchmark_grid_plans_and_validates():
       (lam, n) for lam in (1.0, 0.1, 0.0) for n in (5, 50)}
   assert p.base.data.partition == "heterogeneous"
   assert p.base.train.cohort_size == 0 and p.base.train.epochs == 1
+  assert sorted(p.base.algorithms) == sorted([
+      "fedavg", "fedprox", "scaffold", "elcfs", "fedadg", "fedsr", "fedgma",
+      "irm", "vrex", "mmd", "coral", "groupdro"])
   for name in p.base.algorithms:
     section = algorithms.spec(name).section
     assert algorithms.client_settings(dict(p.base.client), dict(
