@@ -25,7 +25,8 @@ The methods, with the sweep values (`hparam1`, `hparam2`; main.py's default
   optimizer; this library's SCAFFOLD defaults to SGD 0.01, cleared here).
 * FedDG as ELCFS: lr 3e-5, the library's ELCFS defaults (docs/faithfulness.md,
   "The federated DG benchmark's PACS protocol": the benchmark's FedDG is its
-  Fourier mixing client alone, with `hparam1` = `hparam2` = 1).
+  Fourier mixing client alone, whose own-amplitude weight `hparam1` =
+  `hparam2` = 1, main.py's defaults, leaves the images unchanged).
 * FedADG: lr 3e-5, weight decay 5e-5, alpha = 0.15 (`hparam1`).
 * FedSR: lr 3e-5, L2 0.01 (`hparam1`), CMI 0.001 (`hparam2`).
 * FedGMA: lr 3e-5, mask threshold 0.1 (`hparam1`), server step 0.1 (its
