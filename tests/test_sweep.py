@@ -14,6 +14,7 @@ import pytest
 
 from conftest import tiny_experiment
 from fedjax_dg import cli
+from fedjax_dg.errors import DataError
 from fedjax_dg.run import assemble, experiment, provenance, reports, sweep
 from fedjax_dg.report import tables
 from fedjax_dg.report.records import aggregate, display_name, records_from_cell
@@ -946,7 +947,8 @@ def test_one_algorithm_over_seeds_targets_and_learning_rates_compiles_once(
 
 def test_the_federated_dg_benchmark_grid_plans_and_validates():
   """experiments/feddg_benchmark_offline.py: lambda (1, 0.1, 0) x C (5, 50)
-  x its seeds, every cell a valid run of the heterogeneous partition, every
+  x its seeds of its 12 methods (the benchmark's that the library has, and
+  V-REx), every cell a valid run of the heterogeneous partition, every
   method's clients on the one Adam (lr 1e-3, no decay, constant) whatever
   its module's CLIENT says (SCAFFOLD's SGD 0.01); its documented commands
   plan its own grid."""
@@ -959,6 +961,9 @@ def test_the_federated_dg_benchmark_grid_plans_and_validates():
       (lam, n) for lam in (1.0, 0.1, 0.0) for n in (5, 50)}
   assert p.base.data.partition == "heterogeneous"
   assert p.base.train.cohort_size == 0 and p.base.train.epochs == 1
+  assert sorted(p.base.algorithms) == sorted([
+      "fedavg", "fedprox", "scaffold", "elcfs", "fedadg", "fedsr", "fedgma",
+      "irm", "vrex", "fish", "mmd", "coral", "groupdro", "afl"])
   for name in p.base.algorithms:
     section = algorithms.spec(name).section
     assert algorithms.client_settings(dict(p.base.client), dict(
@@ -971,3 +976,97 @@ def test_the_federated_dg_benchmark_grid_plans_and_validates():
     seeds = dict(zip(args[2::2], args[3::2])).get("--seeds")
     planned = sweep.plan(path, seeds=sweep.parse_seeds(seeds))
     assert {c.data.lam for c in planned.configs} == {1.0, 0.1, 0.0}
+
+
+def _client_of(cfg, name):
+  from fedjax_dg import algorithms
+  section = algorithms.spec(name).section
+  return algorithms.client_settings(dict(cfg.client), dict(cfg[section].client))
+
+
+def test_the_federated_dg_benchmark_pacs_table_plans_and_validates():
+  """experiments/feddg_benchmark_pacs.py: lambda (1, 0.1, 0) x 3 seeds of
+  the benchmark's 13 methods that the library has (no V-REx: the benchmark
+  reports none), each cell valid and resolving, on the released sweeps'
+  protocol: PACS at 224 px, photo held out, 100 clients, 80 rounds of 1
+  epoch, every client every round, batch 32, Adam lr 3e-5 for every method
+  but FedProx's and SCAFFOLD's 1e-5, FedADG's weight decay 5e-5, and the
+  sweeps' hparam1 / hparam2; its documented command plans its own grid."""
+  path = os.path.join(EXPERIMENTS, "feddg_benchmark_pacs.py")
+  p = sweep.plan(path)
+  assert [(c.data.lam, c.seed) for c in p.configs] == [
+      (lam, seed) for seed in (0, 1, 2) for lam in (1.0, 0.1, 0.0)]
+  assert sweep.check(p, data=False) == [1] * len(p.cells)
+  for cfg in p.configs:
+    assemble.resolve(cfg)
+  b = p.base
+  assert sorted(b.algorithms) == sorted([
+      "fedavg", "fedprox", "scaffold", "elcfs", "fedadg", "fedsr", "fedgma",
+      "irm", "fish", "mmd", "coral", "groupdro", "afl"])
+  assert (b.data.name, b.data.image_size, b.data.targets) == ("pacs", 224,
+                                                              "photo")
+  assert (b.data.partition, b.data.num_clients) == ("heterogeneous", 100)
+  assert (b.data.normalization, b.model.name) == ("imagenet",
+                                                  "mobilenet_v3_large")
+  assert (b.train.rounds, b.train.epochs, b.train.batch_size,
+          b.train.cohort_size) == (80, 1, 32, 0)
+  adam = dict(optimizer="adam", lr=3e-5, weight_decay=0.0, momentum=0.0,
+              schedule="constant")
+  lrs = {"fedprox": 1e-5, "scaffold": 1e-5}
+  for name in b.algorithms:
+    want = dict(adam, lr=lrs.get(name, 3e-5),
+                weight_decay=5e-5 if name in ("fedadg", "afl") else 0.0)
+    assert _client_of(b, name) == want, name
+  assert (b.fedprox.mu, b.fedadg.alpha, b.fedsr.l2r_coeff,
+          b.fedsr.cmi_coeff) == (1.0, 0.15, 0.01, 0.001)
+  assert (b.fedgma.threshold, b.fedgma.step_size) == (0.1, 0.1)
+  assert (b.irm.penalty_weight, b.irm.anneal_steps) == (1000.0, 100)
+  assert (b.mmd.penalty_weight, b.coral.penalty_weight,
+          b.groupdro.eta) == (1.0, 1.0, 0.01)
+  assert (b.fish.meta_lr, b.afl.lambda_lr) == (0.1, 0.1)
+  doc = open(path).read().split('"""')[1]
+  commands = _commands(doc)
+  assert commands
+  for args in commands:
+    assert args[:2] == ["--config", f"experiments/{os.path.basename(path)}"]
+    sets = [v for f, v in zip(args[2::2], args[3::2]) if f == "--set"]
+    assert [c.name for c in sweep.plan(path, sets).cells] == [
+        c.name for c in p.cells]
+
+
+def test_the_federated_dg_benchmark_pacs_client_study_plans_and_validates():
+  """experiments/feddg_benchmark_pacs_clients.py: C = 10, 50, 100, 200 at
+  lambda 0, the study's four methods at batch 128, FedAvg's weight decay
+  5e-5 and SCAFFOLD's lr 1e-5 (its sweep files), the main table's protocol
+  otherwise."""
+  path = os.path.join(EXPERIMENTS, "feddg_benchmark_pacs_clients.py")
+  p = sweep.plan(path)
+  assert [c.data.num_clients for c in p.configs] == [10, 50, 100, 200]
+  assert {(c.data.lam, c.seed) for c in p.configs} == {(0.0, 0)}
+  assert sweep.check(p, data=False) == [1] * len(p.cells)
+  for cfg in p.configs:
+    assemble.resolve(cfg)
+  b = p.base
+  assert b.algorithms == ("fedavg", "scaffold", "fedsr", "fedgma")
+  assert (b.data.targets, b.train.rounds, b.train.batch_size) == ("photo", 80,
+                                                                  128)
+  assert _client_of(b, "fedavg")["weight_decay"] == 5e-5
+  assert _client_of(b, "scaffold")["lr"] == 1e-5
+  assert {_client_of(b, n)["lr"] for n in ("fedavg", "fedsr", "fedgma")} == {
+      3e-5}
+  doc = open(path).read().split('"""')[1]
+  for args in _commands(doc):
+    assert args[:2] == ["--config", f"experiments/{os.path.basename(path)}"]
+
+
+def test_the_federated_dg_benchmark_pacs_table_without_pacs_says_how_to_get_it(
+    tmp_path, monkeypatch):
+  """Where PACS is not there, the sweep stops before any run with the
+  dataset's message: where it looked and where to download it."""
+  monkeypatch.delenv("FEDJAX_DG_PACS_DIR", raising=False)
+  path = os.path.join(EXPERIMENTS, "feddg_benchmark_pacs.py")
+  p = sweep.plan(path, [f"data.data_dir={tmp_path}"])
+  with pytest.raises(DataError) as e:
+    sweep.check(p)
+  assert "does not exist or is empty" in str(e.value)
+  assert "Download PACS" in str(e.value)
