@@ -14,8 +14,11 @@ from __future__ import annotations
 from typing import Callable
 
 from fedjax_dg import tree
-from fedjax_dg.algorithms.base import (Algorithm, ClientResult, ClientSide,
-                                       ServerSide, ServerState)
+import jax.numpy as jnp
+
+from fedjax_dg.algorithms.base import (Algorithm, ClientEnd, ClientResult,
+                                       ClientSide, ServerSide, ServerState)
+from fedjax_dg.client import objectives
 from fedjax_dg.server import ServerTransform, weighted_mean
 
 DISPLAY_NAME = "FedAvg"
@@ -59,6 +62,20 @@ def fedavg(model, optimizer, loss, *, aggregator: ServerTransform | None = None,
       client=ClientSide(start=client_start, loss=loss, optimizer=optimizer),
       server=ServerSide(update=server_update,
                         eval_params=lambda server, clients: server.params))
+
+
+def counting_steps(alg: Algorithm, num_clients: int) -> Algorithm:
+  """`alg` (a FedAvg of no client state) whose clients keep the local steps
+  of their earlier rounds as client state (int32 [N], 0 at the start; each
+  end of round adds the round's steps, no data read): the count an annealed
+  objective reads (`objectives.annealed_weight`; IRM's, V-REx's)."""
+
+  def init(key):
+    server, _ = alg.init(key)
+    return server, objectives.no_steps(key, jnp.arange(num_clients))
+
+  return alg.replace(init=init, init_rows=objectives.no_steps,
+                     end=ClientEnd(objectives.add_steps, reads_data=False))
 
 
 def build(model, optimizer, loss) -> Algorithm:

@@ -20,10 +20,8 @@ the released code's group sampler (docs/faithfulness.md).
 
 from __future__ import annotations
 
-import jax.numpy as jnp
-
-from fedjax_dg.algorithms.base import Algorithm, ClientEnd
-from fedjax_dg.algorithms.fedavg import fedavg
+from fedjax_dg.algorithms.base import Algorithm
+from fedjax_dg.algorithms.fedavg import counting_steps, fedavg
 from fedjax_dg.client import objectives
 from fedjax_dg.errors import ConfigError
 from fedjax_dg.tree import is_concrete
@@ -50,11 +48,5 @@ def build(model, optimizer, *, num_clients: int,
                       "the full weight from the first local step)")
   loss = objectives.domain_penalty(model, objectives.irm_terms,
                                    penalty_weight, anneal_steps)
-  base = fedavg(model, optimizer, loss, name="irm")
-
-  def init(key):
-    server, _ = base.init(key)
-    return server, objectives.no_steps(key, jnp.arange(num_clients))
-
-  return base.replace(init=init, init_rows=objectives.no_steps,
-                      end=ClientEnd(objectives.add_steps, reads_data=False))
+  return counting_steps(fedavg(model, optimizer, loss, name="irm"),
+                        num_clients)
