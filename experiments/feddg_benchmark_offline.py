@@ -43,7 +43,7 @@ measured yet (Fish's inner steps are one forward and backward pass per
 domain of a batch).
 """
 
-from fedjax_dg import algorithms
+from fedjax_dg.run import config
 from fedjax_dg.run.configs.demo import get_config as _demo
 
 SWEEP = dict(grid={"data.lam": (1.0, 0.1, 0.0),
@@ -70,9 +70,6 @@ def get_config():
   # One client optimizer for every method, as the benchmark's code trains
   # them all with Adam: each method's own client settings cleared (None:
   # the run's value).
-  c.client.update(optimizer="adam", lr=1e-3, weight_decay=0.0,
-                  schedule="constant")
-  for section in algorithms.modules():
-    for key in algorithms.CLIENT_KEYS:
-      c[section].client[key] = None
+  config.same_clients(c, optimizer="adam", lr=1e-3, weight_decay=0.0,
+                       schedule="constant")
   return c

@@ -119,6 +119,16 @@ def base_config() -> ConfigDict:
   return c
 
 
+def same_clients(c: ConfigDict, **client) -> None:
+  """Every algorithm's clients train with one optimizer setting: the run's
+  `client` updated with `client`, each algorithm section's own `client`
+  overrides cleared (None: the run's value)."""
+  c.client.update(client)
+  for section in algorithms.modules():
+    for key in algorithms.CLIENT_KEYS:
+      c[section].client[key] = None
+
+
 def closest(name: str, options) -> str | None:
   """The valid key a mistyped `name` most likely meant: an initialism either
   way (learning_rate ~ lr, wd ~ weight_decay), else the most similar."""

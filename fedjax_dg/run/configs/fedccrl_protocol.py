@@ -33,8 +33,8 @@ Cost: MobileNetV3-Large at 224 px on a 2-core CPU is not practical (hours
 per round); on one GPU an estimate of minutes per run (not measured).
 """
 
-from fedjax_dg import algorithms
-from fedjax_dg.run.config import base_config
+from fedjax_dg.run import config
+
 
 # Table 1's rows, in its order (FedDG-GA is "GA" there).
 TABLE1_ALGORITHMS = ("fedavg", "fedprox", "fedadg", "feddg_ga", "fedsr",
@@ -50,10 +50,7 @@ def paper_clients(c) -> None:
   """Every algorithm's clients train with `PAPER_CLIENT`: the run's `client`
   set to it and each algorithm section's `client` overrides cleared (None:
   the run's value)."""
-  c.client.update(PAPER_CLIENT)
-  for section in algorithms.modules():
-    for key in algorithms.CLIENT_KEYS:
-      c[section].client[key] = None
+  config.same_clients(c, **PAPER_CLIENT)
 
 
 def styled_fmnist(c, max_per_domain: int) -> None:
@@ -75,7 +72,7 @@ def styled_fmnist(c, max_per_domain: int) -> None:
 
 
 def get_config(name: str = "fedccrl_protocol"):
-  c = base_config()
+  c = config.base_config()
   c.name = name
   c.algorithms = TABLE1_ALGORITHMS
   c.data.name = "pacs"

@@ -52,8 +52,8 @@ backbone is ImageNet-pretrained MobileNetV3-Large in place of its ResNet-50
 PACS protocol".
 """
 
-from fedjax_dg import algorithms
-from fedjax_dg.run.config import base_config
+from fedjax_dg.run import config
+
 
 # The benchmark's PACS methods that this library has.
 METHODS = ("fedavg", "irm", "fish", "mmd", "coral", "groupdro", "afl",
@@ -65,7 +65,7 @@ CLIENT = dict(optimizer="adam", lr=3e-5, weight_decay=0.0, momentum=0.0,
 
 
 def get_config(name: str = "feddg_benchmark_protocol"):
-  c = base_config()
+  c = config.base_config()
   c.name = name
   c.algorithms = METHODS
   c.data.name = "pacs"
@@ -87,10 +87,7 @@ def get_config(name: str = "feddg_benchmark_protocol"):
   c.train.ood_eval_max = 0
   # Every method's clients on the one Adam: each module's own client
   # settings cleared (None: the run's value), then the sweeps' differences.
-  c.client.update(CLIENT)
-  for section in algorithms.modules():
-    for key in algorithms.CLIENT_KEYS:
-      c[section].client[key] = None
+  config.same_clients(c, **CLIENT)
   c.fedprox.client.lr = 1e-5        # fedprox.json
   c.fedprox.mu = 1.0                # main.py's hparam1 default
   c.scaffold.client.lr = 1e-5       # scaffold.json
