@@ -32,7 +32,7 @@ import optax
 from fedjax_dg.algorithms.base import Algorithm
 from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.client import objectives
-from fedjax_dg.client.update import Batch
+from fedjax_dg.client.update import Batch, match_varying
 from fedjax_dg.errors import ConfigError
 from fedjax_dg.tree import is_concrete
 
@@ -84,8 +84,9 @@ def inner_steps(model, optimizer, params, batch: Batch, rng: jax.Array,
       updates, state = optimizer.update(grads, state, p)
       return (optax.apply_updates(p, updates), state), value
 
-    def idle(c):  # an empty slot: nothing computed under lax.map
-      return c, jnp.zeros((), jnp.float32)
+    def idle(c):  # an empty slot: nothing computed under lax.map; its zero
+      # varies over the mesh axes the active branch's loss does
+      return c, match_varying(jnp.zeros((), jnp.float32), (c, batch, key))
 
     return jax.lax.cond(g >= 0, active, idle, carry)
 

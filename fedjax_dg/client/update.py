@@ -253,14 +253,15 @@ def _varying_axes(x) -> frozenset:
       getattr(aval, "vma", ()))
 
 
-def match_varying(values: PyTree, like: jax.Array) -> PyTree:
-  """Marks `values` as varying over the mesh axes `like` varies over.
+def match_varying(values: PyTree, like: PyTree) -> PyTree:
+  """Marks `values` as varying over the mesh axes any leaf of `like` varies
+  over.
 
   Inside `shard_map` a scan carry built from constants (a zero loss sum, an
   optimizer step count) is device-invariant while the body makes it vary per
   client shard; `pcast` makes the types agree. A no-op outside `shard_map`.
   """
-  axes = _varying_axes(like)
+  axes = frozenset().union(*map(_varying_axes, jax.tree.leaves(like)))
   if not axes:
     return values
 
