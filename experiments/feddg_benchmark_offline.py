@@ -68,4 +68,6 @@ def get_config():
   # the run's value).
   config.same_clients(c, optimizer="adam", lr=1e-3, weight_decay=0.0,
                        schedule="constant")
+  # The released code's SCAFFOLD: its correction after Adam's step.
+  c.scaffold.correction = "step"
   return c

@@ -13,11 +13,12 @@ import optax
 import pytest
 
 from conftest import TINY_VIT
-from fedjax_dg import engine, models
+from fedjax_dg import engine, models, optim
 from fedjax_dg.models import vit_adapters
 from fedjax_dg.algorithms import scaffold
 from fedjax_dg.client import objectives
 from fedjax_dg.client.update import (Batch, ClientContext, ClientData,
+                                     RunProgress,
                                      batch_at, epoch_permutations, local_steps,
                                      num_steps)
 from fedjax_dg.data import federated
@@ -158,13 +159,17 @@ def _close(got, want, what, rtol=2e-4, atol=2e-6):
                                err_msg=f"{what} {jax.tree_util.keystr(path)}")
 
 
-@pytest.mark.parametrize("variant,server_lr,weighting", [
-    ("II", 1.0, "uniform"),     # the paper's default (and this module's)
-    ("I", 0.5, "examples"),     # the other option, eta_g and weighting switches
+@pytest.mark.parametrize("variant,server_lr,weighting,correction", [
+    ("II", 1.0, "uniform", "gradient"),  # the paper's default (and this module's)
+    ("I", 0.5, "examples", "gradient"),  # the other option, eta_g, weighting
+    ("II", 1.0, "uniform", "step"),      # c - c_i after the step: with plain
+                                         # SGD Algorithm 1's step all the same
 ])
-def test_rounds_equal_a_numpy_scaffold(setup, variant, server_lr, weighting):
+def test_rounds_equal_a_numpy_scaffold(setup, variant, server_lr, weighting,
+                                       correction):
   fed, model = setup
-  alg = _build(model, variant, server_lr=server_lr, weighting=weighting)
+  alg = _build(model, variant, server_lr=server_lr, weighting=weighting,
+               correction=correction)
   _engine_equals_numpy(alg, fed, variant, server_lr, weighting)
 
 
@@ -226,6 +231,39 @@ def test_correction_keeps_the_loss_and_adds_c_minus_ci_to_the_gradient(setup):
                  g0, c, ci), "gradient", rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("scheduled", [False, True])
+def test_step_correction_adds_minus_lr_times_c_minus_ci_to_adams_step(
+    setup, scheduled):
+  """correction="step": Adam's own step on the plain gradient, then -lr (c -
+  c_i), unscaled by Adam (what the gradient correction is not); a run-long
+  schedule still reaches the inner optimizer (its progress argument)."""
+  _, model = setup
+  params = model.init(jax.random.key(1))
+  c, ci = _rand_like(params, 0), _rand_like(params, 1)
+  grads = _rand_like(params, 2, scale=1e-2)
+  ctx = ClientContext(id=0, round=0, start=params, state=ci, shared=c)
+  adam = make_optimizer("adam", 1e-3)
+  if scheduled:
+    adam = optim.cosine_over_run(adam)
+  opt = scaffold.corrected_step(adam, 1e-3)
+  assert isinstance(opt, scaffold.SeesContext)
+  assert isinstance(opt, RunProgress) == scheduled
+  extra = dict(progress=0.5) if scheduled else {}
+  state = opt.init(params)
+  for _ in range(2):  # the second step reads the moments the first kept
+    got, state = opt.update(grads, state, params, ctx=ctx, **extra)
+  ref_state = adam.init(params)
+  for _ in range(2):
+    plain, ref_state = adam.update(grads, ref_state, params, **extra)
+  _close(got, _map(lambda u, a, b: np.asarray(u) - 1e-3 * (np.asarray(a)
+                                                           - np.asarray(b)),
+                   plain, c, ci), "step", rtol=1e-5, atol=1e-9)
+  if not scheduled:  # the gradient correction is Adam's step of g + c - c_i
+    inside, _ = adam.update(optax.tree.add(grads, optax.tree.sub(c, ci)),
+                            adam.init(params), params)
+    assert float(optax.tree.norm(optax.tree.sub(inside, got))) > 1e-4
+
+
 def test_option_one_is_the_mean_gradient_over_real_examples(setup):
   fed, model = setup
   params = model.init(jax.random.key(2))
@@ -278,7 +316,8 @@ def test_a_client_without_examples_keeps_its_control(setup):
     (dict(variant="III"), "scaffold.variant"),
     (dict(server_lr=0.0), "scaffold.server_lr"),
     (dict(weighting="median"), "scaffold.weighting"),
-    (dict(grad_chunk=0), "scaffold.grad_chunk")])
+    (dict(grad_chunk=0), "scaffold.grad_chunk"),
+    (dict(correction="inside"), "scaffold.correction")])
 def test_bad_settings_name_the_field(setup, hp, needle):
   _, model = setup
   with pytest.raises(ConfigError, match=needle):

@@ -26,8 +26,14 @@ times its cohort mean to c. Option II reads no examples there (only K), so
 the "host" placement may gather only the rows the local steps read. c stays the
 mean of all N c_i (tested).
 
-eta_l in option II is the client optimizer's step size, measured once from
-its first step (`step_size`): the learning rate for SGD. With momentum or
+`correction="step"` adds -eta_l (c - c_i) to the client optimizer's step
+on the plain gradient instead (`corrected_step`; NIID-Bench's and the
+federated DG benchmark's code): the same step with plain SGD, but Adam or
+momentum never rescale the correction.
+
+eta_l in option II (and in the step correction) is the client optimizer's
+step size, measured once from its first step (`step_size`): the learning
+rate for SGD. With momentum or
 Adam the local step is no longer eta_l times the corrected gradient and
 option II's (x - y_i) / (K eta_l) only approximates the mean gradient (as in
 NIID-Bench's and FL-bench's code, which divide by the nominal lr too);
@@ -57,7 +63,7 @@ from fedjax_dg.algorithms.base import (Algorithm, ClientEnd, ClientResult,
 from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.client import objectives
 from fedjax_dg.client.passes import sum_over_chunks
-from fedjax_dg.client.update import Batch, RunProgress
+from fedjax_dg.client.update import Batch, RunProgress, SeesContext
 from fedjax_dg.errors import ConfigError
 from fedjax_dg.tree import is_concrete
 from fedjax_dg.models.vit_adapters import adapter_setting
@@ -72,6 +78,10 @@ TRACED = ("server_lr",)
 # tunes it per experiment).
 CLIENT = dict(optimizer="sgd", lr=1e-2, momentum=0.0, weight_decay=0.0)
 OPTIONS = ("I", "II")
+# Where c - c_i enters a local step: in the gradient the optimizer sees
+# (FL-bench) or added to the optimizer's step (NIID-Bench, the federated DG
+# benchmark's code).
+CORRECTIONS = ("gradient", "step")
 WEIGHTINGS = ("uniform", "examples")
 
 
@@ -90,6 +100,30 @@ def corrected(loss):
     return loss(params, batch, rng, ctx) + optax.tree.vdot(shift, zero)
 
   return objective
+
+
+class _ScheduledSeesContext(SeesContext, RunProgress):
+  """A `corrected_step` of a `RunProgress` optimizer: takes both."""
+
+
+def corrected_step(optimizer: optax.GradientTransformation, eta_l):
+  """`optimizer` with -eta_l (c - c_i) added to each of its steps (c =
+  `ctx.shared`, c_i = `ctx.state`): y <- y + step(g) - eta_l (c - c_i), the
+  correction outside the optimizer, so Adam's scaling or momentum never
+  act on it. With plain SGD the same step as `corrected`'s."""
+  inner_extra = isinstance(optimizer, optax.GradientTransformationExtraArgs)
+
+  def update(grads, state, params=None, *, ctx, **extra):
+    if inner_extra:
+      updates, state = optimizer.update(grads, state, params, **extra)
+    else:
+      updates, state = optimizer.update(grads, state, params)
+    shift = optax.tree.sub(ctx.shared, ctx.state)
+    return optax.tree.add_scale(updates, -eta_l, shift), state
+
+  kind = (_ScheduledSeesContext if isinstance(optimizer, RunProgress)
+          else SeesContext)
+  return kind(optimizer.init, update)
 
 
 def full_gradient(loss, params, x, y, n, key, ctx, chunk: int):
@@ -137,6 +171,8 @@ def build(model, optimizer, loss, *, num_clients: int,
           weighting: str = "uniform",  # the model update's mean: uniform (the
                                        # paper) | examples (by example counts)
           grad_chunk: int = 64,    # option I: examples per gradient pass
+          correction: str = "gradient",  # c - c_i in the gradient the
+                                   # optimizer sees | "step": added to its step
           adapters: bool = False,  # on a ViT: train only FedSDAF's A_di and
                                    # the head on the frozen backbone
           adapter_init: str = "",  # with adapters: "" or torch (PyTorch's
@@ -164,10 +200,17 @@ def build(model, optimizer, loss, *, num_clients: int,
     raise ConfigError(f"scaffold.weighting={weighting!r}: allowed {WEIGHTINGS}")
   if grad_chunk < 1:
     raise ConfigError(f"scaffold.grad_chunk={grad_chunk!r}: must be >= 1")
-  eta_l = step_size(optimizer) if variant == "II" else 1.0
+  if correction not in CORRECTIONS:
+    raise ConfigError(f"scaffold.correction={correction!r}: allowed "
+                      f"{CORRECTIONS} (gradient: c - c_i added to the gradient "
+                      "the client optimizer sees; step: -lr (c - c_i) added "
+                      "to the optimizer's step)")
+  eta_l = (step_size(optimizer)
+           if variant == "II" or correction == "step" else 1.0)
   if is_concrete(eta_l) and not eta_l > 0:
-    raise ConfigError(f"scaffold.variant='II' needs a client optimizer whose "
-                      f"first step descends (measured step size {eta_l})")
+    raise ConfigError(f"scaffold.variant={variant!r} with scaffold.correction="
+                      f"{correction!r} needs a client optimizer whose first "
+                      f"step descends (measured step size {eta_l})")
   frozen = None
   sample = model.init
   if adapters:
@@ -175,7 +218,10 @@ def build(model, optimizer, loss, *, num_clients: int,
                                             who="scaffold.adapters=True",
                                             adapter_init=adapter_init or "torch")
     loss = on_frozen(objectives.cross_entropy(model))
-  base = fedavg(model, optimizer, corrected(loss), name=name)
+  if correction == "step":
+    base = fedavg(model, corrected_step(optimizer, eta_l), loss, name=name)
+  else:
+    base = fedavg(model, optimizer, corrected(loss), name=name)
 
   def client_init(key, ids):
     """c_i = 0."""

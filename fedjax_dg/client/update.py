@@ -74,6 +74,12 @@ class RunProgress(optax.GradientTransformationExtraArgs):
   (and needs `rounds`)."""
 
 
+class SeesContext(optax.GradientTransformationExtraArgs):
+  """A client optimizer whose `update` takes `ctx=`: the step's
+  `ClientContext` (SCAFFOLD's correction after the step, which reads the
+  client's control variates). `local_update` passes it."""
+
+
 # loss_fn(params, batch, rng, ctx: ClientContext) -> scalar loss.
 LossFn = Callable[[PyTree, Batch, jax.Array, ClientContext], jax.Array]
 
@@ -392,6 +398,8 @@ def local_training(loss_fn: LossFn, optimizer: optax.GradientTransformation,
       e = 1 if fixed_steps else epochs
       epoch = 0 if fixed_steps else jnp.minimum(s // per_pass, e - 1)
       kw["progress"] = (getattr(ctx, "round", 0) * e + epoch) / (rounds * e)
+    if isinstance(optimizer, SeesContext):
+      kw["ctx"] = step_ctx
     updates, opt_state = optimizer.update(grads, local.opt_state, local.params,
                                           **kw)
     # Under shard_map a state field the update rebuilds from constants

@@ -91,6 +91,7 @@ def get_config(name: str = "feddg_benchmark_protocol"):
   c.fedprox.client.lr = 1e-5        # fedprox.json
   c.fedprox.mu = 1.0                # main.py's hparam1 default
   c.scaffold.client.lr = 1e-5       # scaffold.json
+  c.scaffold.correction = "step"    # ScaffoldClient.step: after Adam's step
   c.fedadg.client.weight_decay = 5e-5  # fedadg.json
   c.fedadg.alpha = 0.15             # fedadg.json hparam1
   c.fedsr.l2r_coeff = 0.01          # fedsr.json hparam1
