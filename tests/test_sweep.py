@@ -1070,3 +1070,24 @@ def test_the_federated_dg_benchmark_pacs_table_without_pacs_says_how_to_get_it(
     sweep.check(p)
   assert "does not exist or is empty" in str(e.value)
   assert "Download PACS" in str(e.value)
+
+
+def test_sweep_curves_panel_by_the_grids_general_settings():
+  """A grid over data settings (the federated DG benchmark's lambda x C):
+  one row of panels per grid point, each line the algorithm with its own
+  settings only; a scenario keeps its row; a sweep without a grid, one
+  unnamed panel."""
+  from fedjax_dg.report import plots
+  from fedjax_dg.report.records import _names
+  grid = dict(_names("mmd", "MMD", {"data.lam": "0.1", "mmd.penalty_weight":
+                                    "0.1", "data.num_clients": "50"}),
+              scenario=None)
+  assert plots._panel_line(grid) == (
+      "data.lam=0.1, data.num_clients=50", "MMD [mmd.penalty_weight=0.1]")
+  plain = dict(_names("fedavg", "FedAvg", {"data.lam": "1.0"}), scenario=None)
+  assert plots._panel_line(plain) == ("data.lam=1.0", "FedAvg")
+  alone = dict(_names("fedavg", "FedAvg", {}), scenario=None)
+  assert plots._panel_line(alone) == (None, "FedAvg")
+  scen = dict(_names("fedavg", "FedAvg", {"scenario": "standard"}),
+              scenario="standard")
+  assert plots._panel_line(scen) == ("scenario standard", "FedAvg")

@@ -254,30 +254,53 @@ ALL = {"curves.png": learning_curves, "gradalign.png": gradalign_weights,
        "confidence.png": confidence, "tsne.png": tsne}
 
 
+def _panel_line(r: dict) -> tuple:
+  """A sweep record's (panel, line name) in `sweep_curves`: its scenario and
+  the variant without it (`row`); else its general grid settings (`extra`,
+  e.g. "data.lam=0.1, data.num_clients=50") and the algorithm's name with
+  its own settings only."""
+  if r.get("scenario"):
+    return f"scenario {r['scenario']}", r["row"]
+  name, label, extra = r["variant"], r.get("label") or "", r.get("extra") or ""
+  if label and name.endswith(f" [{label}]"):
+    name = name[:-len(label) - 3]
+  own = label[:-len(extra)].rstrip(", ") if extra and label.endswith(
+      extra) else label
+  return extra or None, name + (f" [{own}]" if own else "")
+
+
 def sweep_curves(records: list[dict], path: str) -> str:
   """A sweep's curves (`fedjax-dg report`): id / ood accuracy vs round, mean
-  over targets and seeds, per (variant, d); with HyperGenFL scenarios one row
-  of panels per scenario. `records` are `tables` records."""
+  over targets and seeds, per (variant, d); one row of panels per HyperGenFL
+  scenario, or per point of the grid's general settings (lambda and C of the
+  federated DG benchmark's grid: its methods' lines side by side within
+  each). `records` are `tables` records."""
   plt = pyplot()
-  scenarios = sorted({r.get("scenario") for r in records}, key=lambda s: (
-      s is not None, tables.SCENARIO_ORDER.index(s)
-      if s in tables.SCENARIO_ORDER else len(tables.SCENARIO_ORDER), s or ""))
-  fig, axes = plt.subplots(len(scenarios), 2, squeeze=False,
-                           figsize=(14, 4.8 * len(scenarios)),
+  panel_of = {r["variant"]: _panel_line(r) for r in records}
+  panels = sorted({p for p, _ in panel_of.values()}, key=lambda p: (
+      p is not None, tables.SCENARIO_ORDER.index(p[len("scenario "):])
+      if p and p[len("scenario "):] in tables.SCENARIO_ORDER
+      else len(tables.SCENARIO_ORDER), p or ""))
+  fig, axes = plt.subplots(len(panels), 2, squeeze=False,
+                           figsize=(14, 4.8 * len(panels)),
                            constrained_layout=True)
   lab = eval_label(r["target"] for r in records)
-  for (ax_id, ax_ood), scenario in zip(axes, scenarios):
-    subset = [r for r in records if r.get("scenario") == scenario]
-    name = {r["variant"]: r["row"] if scenario else r["variant"] for r in subset}
+  ds = {r["d"] for r in records}
+  for (ax_id, ax_ood), panel in zip(axes, panels):
+    subset = [r for r in records if panel_of[r["variant"]][0] == panel]
     for ax, metric in ((ax_id, "id"), (ax_ood, "ood")):
-      for (variant, d), (rounds, mean) in curves(subset, metric).items():
-        label = name[variant] + ("" if scenario else f", d={d}")
+      lines = curves(subset, metric)
+      if len(lines) > 10:  # more lines than tab10 has colours
+        ax.set_prop_cycle(color=plt.get_cmap("tab20").colors)
+      for (variant, d), (rounds, mean) in lines.items():
+        label = panel_of[variant][1] + (f", d={d}" if len(ds) > 1 or not
+                                        panel else "")
         ax.plot(rounds, [100 * m for m in mean], label=label, lw=1.5)
       ax.set_xlabel("round")
       ax.set_ylabel(f"{metric if metric == 'id' else lab} accuracy (%)")
       ax.grid(alpha=0.3)
-      if scenario:
-        ax.set_title(f"scenario {scenario}")
+      if panel:
+        ax.set_title(panel)
     handles, labels = ax_id.get_legend_handles_labels()
     if handles:
       ax_ood.legend(handles, labels, fontsize=7, loc="best",
