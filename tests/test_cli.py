@@ -353,6 +353,29 @@ def test_resume_runs_the_stored_config_and_refuses_another(small_run, tmp_path,
   assert "run needs --config" in capsys.readouterr().err
 
 
+def test_model_dtype_auto_says_what_it_chose_and_never_changes_on_resume(
+    small_run, tmp_path, capsys):
+  """model.dtype="auto": the run prints the dtype it resolved to (float32 on
+  a CPU); resuming a run that began on a GPU (bfloat16) on a CPU is refused
+  before anything is written, not continued in float32."""
+  run_dir = _copy_run(small_run, tmp_path)
+  cfg_path = os.path.join(run_dir, "config.json")
+  env_path = os.path.join(run_dir, "environment.json")
+  stored = json.load(open(cfg_path))
+  stored["model"]["dtype"] = "auto"
+  json.dump(stored, open(cfg_path, "w"))
+  env = json.load(open(env_path))
+  json.dump(dict(env, backend="gpu"), open(env_path, "w"))
+  capsys.readouterr()
+  assert cli.main(["run", "--resume", run_dir]) == 2
+  err = capsys.readouterr().err
+  assert "model.dtype='auto' began as bfloat16 on gpu" in err, err
+  assert json.load(open(env_path))["backend"] == "gpu"  # nothing written
+  json.dump(env, open(env_path, "w"))  # began on this backend
+  assert cli.main(["run", "--resume", run_dir]) == 0
+  assert "model.dtype=auto: float32 (cpu:" in capsys.readouterr().out
+
+
 def test_a_resumed_runs_seconds_count_every_part(tiny_config, tmp_path,
                                                  monkeypatch, capsys):
   """Stopped after round 1's checkpoint (that part's time inflated by 1000

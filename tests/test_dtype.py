@@ -214,3 +214,16 @@ def test_other_dtypes_are_config_errors(bad):
     assemble.model_dtype(cfg)
   with pytest.raises(ConfigError, match=r"model\.dtype"):
     models.get_model("mlp", input_shape=(4, 4, 1), num_classes=2, dtype=bad)
+
+
+def test_auto_is_bfloat16_on_accelerators_and_float32_on_cpu():
+  """model.dtype="auto" per backend, and what a run's model computes in:
+  float32 on the CPU the suite runs on (its bfloat16 round is slower)."""
+  from fedjax_dg.models import layers
+  assert layers.auto_dtype("cpu")[0] == "float32"
+  for backend in ("gpu", "cuda", "tpu"):
+    assert layers.auto_dtype(backend)[0] == "bfloat16", backend
+  cfg = config.base_config()
+  cfg.model.dtype = "auto"
+  assert jax.default_backend() == "cpu"
+  assert assemble.model_dtype(cfg) == "float32"

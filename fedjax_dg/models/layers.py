@@ -101,8 +101,21 @@ def compute_dtype(name: str):
   """The jnp dtype of a `model.dtype` name; ConfigError for any other."""
   if name not in DTYPES:
     raise ConfigError(f"model.dtype={name!r}: allowed {tuple(DTYPES)} "
-                      "(bfloat16: bfloat16 compute, float32 parameters)")
+                      "(bfloat16: bfloat16 compute, float32 parameters), or "
+                      "'auto' in a run's config (`auto_dtype`)")
   return DTYPES[name]
+
+
+def auto_dtype(backend: str) -> tuple[str, str]:
+  """(the compute dtype `model.dtype="auto"` means on `backend`, a
+  jax.default_backend() name; why): bfloat16 on a GPU or TPU, whose matrix
+  units run it at several times float32's rate; float32 on a CPU, where the
+  engine's bfloat16 round is slower than its float32 round, with AMX or
+  without (docs/models.md, "Mixed precision")."""
+  if backend in ("gpu", "cuda", "rocm", "tpu"):
+    return "bfloat16", f"{backend}: its matrix units run bfloat16 fastest"
+  return "float32", (f"{backend}: the engine's bfloat16 round is slower than "
+                     "float32 here")
 
 
 def cast(x: Array, dtype) -> Array:

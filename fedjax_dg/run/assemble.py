@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import warnings
 
+import jax
+
 from fedjax_dg import algorithms, engine, models
 from fedjax_dg.data import federated, partition, sources, splits, streamed
 from fedjax_dg.errors import ConfigError, NeedsDataError, StandInWarning
@@ -285,8 +287,11 @@ def model_fields(cfg: ConfigDict) -> dict:
 
 
 def model_dtype(cfg: ConfigDict) -> str:
-  """`model.dtype`, checked: "float32" or "bfloat16" (a ConfigError naming
-  the field and the allowed values otherwise)."""
+  """`model.dtype`, checked: "float32" or "bfloat16", "auto" resolved for
+  this process's backend (`models.layers.auto_dtype`); a ConfigError naming
+  the field and the allowed values otherwise."""
+  if cfg.model.dtype == "auto":
+    return models.layers.auto_dtype(jax.default_backend())[0]
   models.layers.compute_dtype(cfg.model.dtype)
   return cfg.model.dtype
 

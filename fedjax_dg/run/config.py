@@ -97,8 +97,9 @@ def base_config() -> ConfigDict:
       conv_impl="auto",
       weights="",              # pretrained file (.pth / .safetensors; ViTs also .npz)
       skip_head=False,         # with weights: the last Linear starts fresh (other classes)
-      # Compute dtype of every client model: "float32" | "bfloat16" (any
-      # other: ConfigError). bfloat16: activations, matmuls and convolutions
+      # Compute dtype of every client model: "float32" | "bfloat16" |
+      # "auto" (bfloat16 on a GPU / TPU, float32 on a CPU; printed at start);
+      # any other: ConfigError. bfloat16: activations, matmuls and convolutions
       # in bfloat16 (accelerators); parameters and optimizer state stay
       # float32, norm statistics, softmax, logits and losses float32.
       # Hypernetworks and auxiliary nets (hFedF's autoencoder, CCST's AdaIN)

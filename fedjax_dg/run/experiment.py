@@ -18,9 +18,10 @@ import shutil
 import time
 from typing import Callable
 
+import jax
 import numpy as np
 
-from fedjax_dg import algorithms, distributed, engine, errors
+from fedjax_dg import algorithms, distributed, engine, errors, models
 from fedjax_dg.errors import (ConfigError, DiskFull, Stopped,
                               is_disk_full)
 from fedjax_dg.report import metrics_log, records
@@ -209,6 +210,17 @@ def open_run(cfg: ConfigDict, run_dir: str | None = None, *,
              if resume else [])
   for line in resumed:
     echo(f"WARNING: {line}")
+  if cfg.model.dtype == "auto":
+    dtype, why = models.layers.auto_dtype(jax.default_backend())
+    before = (directory.read_started(run_dir)[1] or {}).get("backend") if (
+        resume) else None
+    if before and models.layers.auto_dtype(before)[0] != dtype:
+      raise ConfigError(
+          f"--resume {run_dir}: model.dtype='auto' began as "
+          f"{models.layers.auto_dtype(before)[0]} on {before} and would go on "
+          f"as {dtype} on {jax.default_backend()}: resume on a {before} "
+          f"backend, or start a new run")
+    echo(f"model.dtype=auto: {dtype} ({why})")
   results = dict(name=cfg.name, run_dir=run_dir, dataset=dataset.name,
                  domains=list(dataset.domain_names), targets=[str(t) for t in targets],
                  algorithms=list(cfg.algorithms), **record, runs=[],
