@@ -24,8 +24,8 @@ seeds): not practical on a 2-core CPU (months); on one GPU several days (an
 estimate, not measured). The reduced budget of docs/results.md (the paper's
 two-conv CIFAR CNN instead of ResNet-50, 30 rounds of 2 local epochs, an
 evaluation every 3 rounds; every image, method and scenario) took 6.5-7.5 min
-per seed on one H100 and needs about a day per seed on a 2-core CPU
-(extrapolated from a 2-round run):
+per seed on one H100 and needs about 2.5 hours per seed on a 2-core CPU
+(`--estimate` with these settings: Standard 1.0 h, Extreme 50 min):
 
     fedjax-dg sweep --config experiments/hypergenfl_table2.py --seeds 0 \
         --set model.name=cifar_cnn --set train.rounds=30 --set train.epochs=2 \
