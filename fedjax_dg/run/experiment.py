@@ -167,6 +167,23 @@ class OpenRun:
       raise
 
 
+def _auto_dtype_line(run_dir: str, resume: bool) -> str:
+  """What `model.dtype="auto"` resolved to here, as the run prints it; a
+  ConfigError when resuming a run it began as another dtype (begun on a
+  backend where "auto" means another one)."""
+  here = jax.default_backend()
+  dtype, why = models.layers.auto_dtype(here)
+  before = (directory.read_started(run_dir)[1] or {}).get("backend") if (
+      resume) else None
+  if before and models.layers.auto_dtype(before)[0] != dtype:
+    raise ConfigError(
+        f"--resume {run_dir}: model.dtype='auto' began as "
+        f"{models.layers.auto_dtype(before)[0]} on {before} and would go on "
+        f"as {dtype} on {here}: resume on a {before} backend, or start a new "
+        "run")
+  return f"model.dtype=auto: {dtype} ({why})"
+
+
 def open_run(cfg: ConfigDict, run_dir: str | None = None, *,
              resume: bool = False, echo=print, dataset=None) -> OpenRun:
   """Checks `cfg` (data, federations, engine settings) and opens its run
@@ -211,16 +228,7 @@ def open_run(cfg: ConfigDict, run_dir: str | None = None, *,
   for line in resumed:
     echo(f"WARNING: {line}")
   if cfg.model.dtype == "auto":
-    dtype, why = models.layers.auto_dtype(jax.default_backend())
-    before = (directory.read_started(run_dir)[1] or {}).get("backend") if (
-        resume) else None
-    if before and models.layers.auto_dtype(before)[0] != dtype:
-      raise ConfigError(
-          f"--resume {run_dir}: model.dtype='auto' began as "
-          f"{models.layers.auto_dtype(before)[0]} on {before} and would go on "
-          f"as {dtype} on {jax.default_backend()}: resume on a {before} "
-          f"backend, or start a new run")
-    echo(f"model.dtype=auto: {dtype} ({why})")
+    echo(_auto_dtype_line(run_dir, resume))
   results = dict(name=cfg.name, run_dir=run_dir, dataset=dataset.name,
                  domains=list(dataset.domain_names), targets=[str(t) for t in targets],
                  algorithms=list(cfg.algorithms), **record, runs=[],
