@@ -111,19 +111,16 @@ def corrected_step(optimizer: optax.GradientTransformation, eta_l):
   `ctx.shared`, c_i = `ctx.state`): y <- y + step(g) - eta_l (c - c_i), the
   correction outside the optimizer, so Adam's scaling or momentum never
   act on it. With plain SGD the same step as `corrected`'s."""
-  inner_extra = isinstance(optimizer, optax.GradientTransformationExtraArgs)
+  inner = optax.with_extra_args_support(optimizer)  # drops extras it lacks
 
   def update(grads, state, params=None, *, ctx, **extra):
-    if inner_extra:
-      updates, state = optimizer.update(grads, state, params, **extra)
-    else:
-      updates, state = optimizer.update(grads, state, params)
+    updates, state = inner.update(grads, state, params, **extra)
     shift = optax.tree.sub(ctx.shared, ctx.state)
     return optax.tree.add_scale(updates, -eta_l, shift), state
 
   kind = (_ScheduledSeesContext if isinstance(optimizer, RunProgress)
           else SeesContext)
-  return kind(optimizer.init, update)
+  return kind(inner.init, update)
 
 
 def full_gradient(loss, params, x, y, n, key, ctx, chunk: int):

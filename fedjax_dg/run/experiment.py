@@ -173,8 +173,9 @@ def _auto_dtype_line(run_dir: str, resume: bool) -> str:
   backend where "auto" means another one)."""
   here = jax.default_backend()
   dtype, why = models.layers.auto_dtype(here)
-  before = (directory.read_started(run_dir)[1] or {}).get("backend") if (
-      resume) else None
+  before = None
+  if resume:
+    before = (directory.read_started(run_dir)[1] or {}).get("backend")
   if before and models.layers.auto_dtype(before)[0] != dtype:
     raise ConfigError(
         f"--resume {run_dir}: model.dtype='auto' began as "
