@@ -1,17 +1,26 @@
 """`model.dtype`: bfloat16 compute, float32 parameters and optimizer state.
 
-(a) with "bfloat16" every matmul / convolution of a forward pass is bfloat16
-    (read from its jaxpr, nested programs included) while logits, features
+(a) with "bfloat16" every matmul / convolution of a forward pass reads
+    bfloat16 operands (read from its jaxpr, nested programs included,
+    through the shape ops between) -- except, under the CPU policy of the
+    models that keep float32 activations on a CPU (`MIXED_ON_CPU`,
+    `layers.matmul`), exactly those whose shapes are off the matrix units
+    (`layers.on_matrix_units`), which are float32 -- while logits, features
     and the heads' outputs are float32, and a training step leaves float32
     parameters, gradients and optimizer state;
 (b) FedAvg and hFedF in bfloat16 track their float32 runs on the tests'
     small synthetic federation, within the tolerances measured here
     (`TRACKING`), and are not the float32 runs (a silently ignored dtype
     would give bit-identical ones);
-(c) any other dtype is a ConfigError naming the field and the allowed values.
+(c) any other dtype is a ConfigError naming the field and the allowed values;
+(d) `layers.bf16_matmul`'s backward pass is the gradient of the matmul of
+    its rounded operands, and on the CPU its dots compile to bfloat16 ones
+    (no float32 upcast of their operands).
 """
 
 from __future__ import annotations
+
+import math
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +32,7 @@ from conftest import synthetic_domains
 from fedjax_dg import engine, models
 from fedjax_dg.data import federated, partition
 from fedjax_dg.errors import ConfigError
+from fedjax_dg.models import layers
 from fedjax_dg.models.fedadg import FedADGNets
 from fedjax_dg.models.fedsr import ProbabilisticModel
 from fedjax_dg.models.moon import ContrastiveModel
@@ -32,7 +42,7 @@ from fedjax_dg.run import assemble, config
 TINY = {
     "inception_cnn": ((16, 16, 3), {}),
     "small_cnn": ((8, 8, 1), {}),
-    "mlp": ((4, 4, 1), {}),
+    "mlp": ((8, 8, 1), {}),  # fc1 64 -> 32: on the matrix units
     "cifar_cnn": ((16, 16, 3), {}),
     "resnet50": ((8, 8, 3), dict(stages=(1, 1), width=8, norm_groups=4)),
     "mobilenet_v3_large": ((32, 32, 3), {}),
@@ -44,25 +54,101 @@ TINY = {
 COMPUTE = ("dot_general", "conv_general_dilated")
 
 
-def _eqns(jaxpr):
-  """Every equation of `jaxpr` and of the programs nested in it (pjit,
-  custom_vjp, scan, ...)."""
+# Ops that move values without arithmetic: their output has the precision of
+# their inputs.
+_SHAPE_OPS = {"reshape", "pad", "slice", "concatenate", "transpose",
+              "broadcast_in_dim", "squeeze", "expand_dims", "rev", "copy",
+              "convert_element_type", "dynamic_slice"}
+
+
+def _sub_jaxprs(eqn):
+  for value in eqn.params.values():
+    for sub in value if isinstance(value, (tuple, list)) else (value,):
+      sub = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's own
+      if hasattr(sub, "eqns"):
+        yield sub
+
+
+def _mkn(eqn) -> tuple[int, int, int]:
+  """(m, k, n) of a matmul / convolution equation as one matmul: rows,
+  contraction, columns."""
+  lhs, rhs = (v.aval.shape for v in eqn.invars[:2])
+  out = eqn.outvars[0].aval.shape
+  if eqn.primitive.name == "conv_general_dilated":  # NHWC, HWIO
+    return math.prod(out[:-1]), math.prod(rhs[:-1]), rhs[-1]
+  (lc, _), _ = eqn.params["dimension_numbers"]
+  k = math.prod(lhs[d] for d in lc)
+  return math.prod(lhs) // k, k, math.prod(rhs) // k
+
+
+def _operand_precisions(jaxpr, inputs, found):
+  """Appends to `found` (the operand precision: "bfloat16" or dtype names,
+  (m, k, n)) of every matmul / convolution in `jaxpr` and the programs
+  nested in it;
+  `inputs`: the precision of each of `jaxpr`'s inputs. A value is of
+  bfloat16 precision when it is bfloat16, `reduce_precision` to bfloat16's
+  8 exponent and 7 mantissa bits, or moved by shape ops from such values.
+  Returns the precision of each of `jaxpr`'s outputs."""
+  prec = dict(zip(jaxpr.invars, inputs))
+
+  def of(v):
+    if hasattr(v, "val"):  # a Literal (the pads' zeros): exact
+      return "bfloat16"
+    return prec.get(v, str(v.aval.dtype))
+
   for eqn in jaxpr.eqns:
-    yield eqn
-    for value in eqn.params.values():
-      for sub in value if isinstance(value, (tuple, list)) else (value,):
-        sub = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's own
-        if hasattr(sub, "eqns"):
-          yield from _eqns(sub)
+    ins = [of(v) for v in eqn.invars]
+    name = eqn.primitive.name
+    if name in COMPUTE:
+      found.append(("bfloat16" if set(ins) == {"bfloat16"} else
+                    "/".join(sorted(set(ins))), _mkn(eqn)))
+    subs = [sub for sub in _sub_jaxprs(eqn) if len(sub.invars) == len(ins)]
+    outs = [_operand_precisions(sub, ins, found) for sub in subs]
+    if len(subs) == 1 and len(outs[0]) == len(eqn.outvars):  # a call
+      prec.update(zip(eqn.outvars, outs[0]))
+      continue
+    for out in eqn.outvars:
+      if str(out.aval.dtype) == "bfloat16" or (
+          name == "reduce_precision" and eqn.params["exponent_bits"] == 8
+          and eqn.params["mantissa_bits"] == 7):
+        prec[out] = "bfloat16"
+      elif name in _SHAPE_OPS and ins and set(ins) == {"bfloat16"}:
+        prec[out] = "bfloat16"
+      else:
+        prec[out] = str(out.aval.dtype)
+  return [of(v) for v in jaxpr.outvars]
+
+
+def compute_ops(fn, *args) -> tuple[list, set[str]]:
+  """([(operand precision, (m, k, n)) of every matmul / convolution
+  `fn(*args)` runs], the dtypes of what it returns), from one trace."""
+  closed = jax.make_jaxpr(fn)(*args)
+  found = []
+  _operand_precisions(closed.jaxpr,
+                      [str(v.aval.dtype) for v in closed.jaxpr.invars], found)
+  return found, {str(a.dtype) for a in closed.out_avals}
 
 
 def compute_dtypes(fn, *args) -> tuple[set[str], set[str]]:
-  """(the output dtypes of every matmul / convolution `fn(*args)` runs, the
-  dtypes of what it returns), from one trace."""
-  closed = jax.make_jaxpr(fn)(*args)
-  return ({str(v.aval.dtype) for e in _eqns(closed.jaxpr)
-           if e.primitive.name in COMPUTE for v in e.outvars},
-          {str(a.dtype) for a in closed.out_avals})
+  """(the operand precisions of every matmul / convolution `fn(*args)`
+  runs, the dtypes of what it returns)."""
+  ops, out = compute_ops(fn, *args)
+  return {p for p, _ in ops}, out
+
+
+def check_bf16(fn, *args, mixed: bool, some: bool = True):
+  """`fn(*args)` returns float32 and its matmuls / convolutions read
+  bfloat16 operands; with `mixed` (the CPU policy), exactly those on the
+  matrix units do, the others float32, and (`some`) at least one does."""
+  ops, out = compute_ops(fn, *args)
+  assert out == {"float32"}, out
+  if not mixed:
+    assert {p for p, _ in ops} == {"bfloat16"}, ops
+    return
+  want = [("bfloat16" if layers.on_matrix_units(*mkn) else "float32", mkn)
+          for _, mkn in ops]
+  assert ops == want, (ops, want)
+  assert not some or any(p == "bfloat16" for p, _ in ops), ops
 
 
 def dtypes(tree) -> set[str]:
@@ -75,38 +161,51 @@ def tiny(name, dtype):
                           **kw)
 
 
+def _mixed(model) -> bool:
+  """Whether `model` computes under the CPU policy here."""
+  return (getattr(model.module, "MIXED_ON_CPU", False)
+          and layers.mixed_on_cpu(model.dtype))
+
+
 @pytest.mark.parametrize("name", models.available())
 def test_bf16_forward_computes_in_bf16_and_returns_float32(name):
   assert set(TINY) == set(models.available())  # a new model is listed here
-  for dtype, want in (("bfloat16", {"bfloat16"}), ("float32", {"float32"})):
-    model = tiny(name, dtype)
-    params = jax.eval_shape(model.init, jax.random.key(0))
-    x = jnp.zeros((2,) + model.input_shape, jnp.uint8)
-    assert dtypes(params) == {"float32"}
-    forward = lambda p, v: (model.apply(p, v), model.features(p, v))
-    assert compute_dtypes(forward, params, x) == (want, {"float32"})
-    feats = jax.ShapeDtypeStruct((2, params[model.head_name]["kernel"].shape[0]),
-                                 jnp.float32)
-    assert compute_dtypes(model.head, params, feats) == (want, {"float32"})
+  def forward(model):  # a new function each time: traces are cached by it
+    return lambda p, v: (model.apply(p, v), model.features(p, v))
+
+  model = tiny(name, "float32")
+  params = jax.eval_shape(model.init, jax.random.key(0))
+  x = jnp.zeros((16,) + model.input_shape, jnp.uint8)
+  assert compute_dtypes(forward(model), params, x) == ({"float32"},
+                                                       {"float32"})
+  model = tiny(name, "bfloat16")
+  assert dtypes(params) == {"float32"}
+  check_bf16(forward(model), params, x, mixed=_mixed(model))
+  feats = jax.ShapeDtypeStruct((16, params[model.head_name]["kernel"].shape[0]),
+                               jnp.float32)
+  # A 3-class head is off the matrix units: float32 under the CPU policy.
+  check_bf16(model.head, params, feats, mixed=_mixed(model), some=False)
+  assert _mixed(model) == (name in ("inception_cnn", "small_cnn", "mlp",
+                                    "cifar_cnn"))
 
 
 def test_bf16_heads_compute_in_bf16_and_return_float32():
   model = tiny("small_cnn", "bfloat16")
-  x = jnp.zeros((2,) + model.input_shape, jnp.uint8)
-  y = jnp.zeros((2,), jnp.int32)
+  x = jnp.zeros((16,) + model.input_shape, jnp.uint8)
+  y = jnp.zeros((16,), jnp.int32)
   prob, moon, adg = (ProbabilisticModel(model), ContrastiveModel(model),
                      FedADGNets(model))
   outs = {
       "fedsr": (prob.init, lambda p: prob.distribution(p, x)),
       "moon": (moon.init, lambda p: moon.forward(p, x)),
       "fedadg": (adg.init, lambda p: adg.discriminate(
-          p["disc"], adg.generate(p["gen"], adg.noise(jax.random.key(1), 2),
+          p["disc"], adg.generate(p["gen"], adg.noise(jax.random.key(1), 16),
                                   y), y)),
   }
   for what, (init, fn) in outs.items():
     params = jax.eval_shape(init, jax.random.key(0))
     assert dtypes(params) == {"float32"}, what
-    assert compute_dtypes(fn, params) == ({"bfloat16"}, {"float32"}), what
+    check_bf16(fn, params, mixed=_mixed(model))
 
 
 def test_bf16_step_keeps_float32_params_grads_and_adam_state():
@@ -136,12 +235,14 @@ def test_bf16_step_keeps_float32_params_grads_and_adam_state():
 # (b) A bf16 run tracks the float32 run.
 
 # Measured on this federation and these runs (4 rounds of an MLP, Adam at
-# 1e-2; XLA:CPU): bfloat16 vs float32, the evaluated parameters' relative L2
+# 1e-2; XLA:CPU, so the CPU policy: fc1's 64 -> 32 matmul in bfloat16, the
+# head float32): bfloat16 vs float32, the evaluated parameters' relative L2
 # distance / the largest id or ood accuracy difference / the largest
 # relative per-round loss difference:
-#   FedAvg  3.2e-2 / 0.0 points / 2.6e-3
-#   hFedF   9.8e-2 / 0.6 points / 1.2e-2
-# Bounds: ~2.5x the parameters', ~4x the losses', 4 target examples' accuracy
+#   FedAvg  1.8e-2 / 0.0 points / 3.4e-3
+#   hFedF   8.3e-2 / 0.3 points / 2.9e-2
+# Bounds: ~3x the parameters', ~1.7x hFedF's losses' (~15x FedAvg's), 4 target
+# examples' accuracy
 # (docs/models.md, "Mixed precision").
 TRACKING = {"params": 0.25, "acc": 0.05, "loss": 0.05}
 
@@ -227,3 +328,68 @@ def test_auto_is_bfloat16_on_accelerators_and_float32_on_cpu():
   cfg.model.dtype = "auto"
   assert jax.default_backend() == "cpu"
   assert assemble.model_dtype(cfg) == "float32"
+
+
+# ---------------------------------------------------------------------------
+# (d) The mixed matmul's own gradient, and its dots on the CPU.
+
+
+def _bf16(x):
+  return np.asarray(jnp.asarray(x, jnp.bfloat16).astype(jnp.float32),
+                    np.float64)
+
+
+def test_bf16_matmul_value_and_gradients_are_those_of_its_rounded_operands():
+  """Against a float64 numpy matmul of the bfloat16-rounded operands (and
+  of the rounded cotangent, in the backward pass): bfloat16 products are
+  exact in float32, so only float32 accumulation separates them."""
+  from fedjax_dg.models import layers
+  ka, kb, kg = jax.random.split(jax.random.key(0), 3)
+  a = jax.random.normal(ka, (96, 80))
+  b = jax.random.normal(kb, (80, 48))
+  g = jax.random.normal(kg, (96, 48))
+  out, vjp = jax.vjp(layers.bf16_matmul, a, b)
+  da, db = vjp(g)
+  assert out.dtype == da.dtype == db.dtype == jnp.float32
+  ra, rb, rg = _bf16(a), _bf16(b), _bf16(g)
+  for got, want in ((out, ra @ rb), (da, rg @ rb.T), (db, ra.T @ rg)):
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=1e-5,
+                               atol=1e-4)
+  # Not the float32 matmul: the rounding is there.
+  assert np.abs(np.asarray(out) - np.asarray(a @ b)).max() > 1e-3
+
+
+def _has_amx() -> bool:
+  try:
+    with open("/proc/cpuinfo") as f:
+      return "amx_bf16" in f.read()
+  except OSError:
+    return False
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu" or not _has_amx(),
+                    reason="XLA:CPU's bfloat16 dots on AMX")
+def test_bf16_matmul_dots_compile_to_bfloat16_dots_on_amx():
+  """The forward dot and both backward dots of `bf16_matmul` keep bfloat16
+  operands in the compiled program: XLA:CPU upcasts a dot's operands to
+  float32 (4x slower here) where one is a plain transpose, which is why the
+  backward pass transposes with `_row_major_t`."""
+  from fedjax_dg.models import layers
+  a = jax.ShapeDtypeStruct((256, 96), jnp.float32)
+  b = jax.ShapeDtypeStruct((96, 64), jnp.float32)
+  w = jax.ShapeDtypeStruct((256, 64), jnp.float32)
+  fn = jax.value_and_grad(
+      lambda a, b, w: jnp.sum(jnp.sin(layers.bf16_matmul(a, b)) * w), (0, 1))
+  text = jax.jit(fn).lower(a, b, w).compile().as_text()
+  # Each computation (a fusion's body or the entry) with a dot: its
+  # parameters are what the dot reads.
+  dots = []
+  for block in text.split("\n\n"):
+    if " dot(" in block:
+      params = [ln.split("=")[1].split()[0] for ln in block.splitlines()
+                if " parameter(" in ln]
+      dots.append(params)
+  assert len(dots) == 3, text
+  for params in dots:
+    assert params and all(p.startswith("bf16[") for p in params), (params,
+                                                                   text)

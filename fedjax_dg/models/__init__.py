@@ -142,8 +142,13 @@ class Model:
   def head(self, params: Params, feats: jax.Array) -> jax.Array:
     """Logits from `features` output (the last Linear layer, `head_name`),
     computed in the compute dtype, returned as float32."""
-    logits = layers.Dense(self.num_classes).apply(
-        {"params": params[self.head_name]}, layers.cast(feats, self.dtype))
+    head = {"params": params[self.head_name]}
+    if getattr(self.module, "MIXED_ON_CPU", False):  # as the module's own
+      logits = layers.Dense(self.num_classes, dtype=self.dtype).apply(head,
+                                                                      feats)
+    else:
+      logits = layers.Dense(self.num_classes).apply(
+          head, layers.cast(feats, self.dtype))
     return layers.cast(logits, jnp.float32)
 
 

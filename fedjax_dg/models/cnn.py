@@ -3,8 +3,10 @@
 Every module takes a float NHWC batch (already normalized) and has two methods:
 `features(x, train=...)` -> the penultimate representation [B, F] and
 `__call__(x, train=...)` -> logits [B, num_classes]. `dtype` is the compute
-dtype (`model.dtype`): the input is cast to it, parameters stay float32, the
-logits come back as float32. Dropout draws from the
+dtype (`model.dtype`), given to every layer: the input is cast to it,
+parameters stay float32, the logits come back as float32; on a CPU a bfloat16
+model keeps float32 activations and its layers run bfloat16 matmuls where
+they pay (`MIXED_ON_CPU`, `layers.matmul`). Dropout draws from the
 'dropout' rng and is active only with `train=True`.
 """
 
@@ -42,13 +44,14 @@ class NaiveInception(nn.Module):
   channels: tuple[int, int, int] = (32, 64, 16)
   conv_impl: str = "auto"
   weight_init: str = "torch"
+  dtype: Any = None  # compute dtype of the convolutions (`layers.Conv`)
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
     c1, c3, c5 = self.channels
     conv = lambda f, k, name: layers.Conv(
         f, k, padding="SAME", impl=self.conv_impl, weight_init=self.weight_init,
-        name=name)
+        dtype=self.dtype, name=name)
     b1 = conv(c1, 1, "branch1x1")(x)
     b3 = conv(c3, 3, "branch3x3")(x)
     b5 = conv(c5, 5, "branch5x5")(x)
@@ -64,6 +67,7 @@ class InceptionCNN(nn.Module):
   adaptive avg pool 3x3 -> flatten 2592 -> dropout 0.2 -> linear 256 (no activation
   in the table; `hidden_relu=True` adds one) -> linear num_classes.
   """
+  MIXED_ON_CPU = True  # layers get `dtype` (layers.mixed_on_cpu)
   num_classes: int
   dropout: float = 0.2
   hidden_relu: bool = False
@@ -77,20 +81,23 @@ class InceptionCNN(nn.Module):
 
   def setup(self):
     conv = lambda f, k, p: layers.Conv(f, k, padding=p, impl=self.conv_impl,
-                                       weight_init=self.weight_init)
+                                       weight_init=self.weight_init,
+                                       dtype=self.dtype)
     self.conv1 = conv(32, 3, 1)
     self.conv2 = conv(32, 1, 0)
     self.conv3 = conv(64, 3, 1)
     self.inception1 = NaiveInception(self.inception_channels, self.conv_impl,
-                                     self.weight_init)
+                                     self.weight_init, self.dtype)
     self.inception2 = NaiveInception(self.inception_channels, self.conv_impl,
-                                     self.weight_init)
+                                     self.weight_init, self.dtype)
     self.drop = nn.Dropout(self.dropout)
-    self.fc1 = layers.Dense(self.hidden, weight_init=self.weight_init)
-    self.fc2 = layers.Dense(self.num_classes, weight_init=self.weight_init)
+    self.fc1 = layers.Dense(self.hidden, weight_init=self.weight_init,
+                              dtype=self.dtype)
+    self.fc2 = layers.Dense(self.num_classes, weight_init=self.weight_init,
+                              dtype=self.dtype)
 
   def features(self, x: Array, *, train: bool = False) -> Array:
-    x = layers.cast(x, self.dtype)
+    x = layers.cast(x, layers.activation_dtype(self.dtype))
     x = self.conv1(x)
     x = nn.relu(layers.max_pool(x, 2))
     x = self.conv2(x)
@@ -110,6 +117,7 @@ class InceptionCNN(nn.Module):
 
 class SmallCNN(nn.Module):
   """conv3x3-32, relu, pool2, conv3x3-64, relu, pool2, dense 256, relu, dense C."""
+  MIXED_ON_CPU = True  # layers get `dtype` (layers.mixed_on_cpu)
   num_classes: int
   conv_impl: str = "auto"
   weight_init: str = "torch"
@@ -119,14 +127,16 @@ class SmallCNN(nn.Module):
 
   def setup(self):
     conv = lambda f: layers.Conv(f, 3, padding=1, impl=self.conv_impl,
-                                 weight_init=self.weight_init)
+                                 weight_init=self.weight_init, dtype=self.dtype)
     self.conv1 = conv(32)
     self.conv2 = conv(64)
-    self.fc1 = layers.Dense(self.hidden, weight_init=self.weight_init)
-    self.fc2 = layers.Dense(self.num_classes, weight_init=self.weight_init)
+    self.fc1 = layers.Dense(self.hidden, weight_init=self.weight_init,
+                              dtype=self.dtype)
+    self.fc2 = layers.Dense(self.num_classes, weight_init=self.weight_init,
+                              dtype=self.dtype)
 
   def features(self, x: Array, *, train: bool = False) -> Array:
-    x = layers.cast(x, self.dtype)
+    x = layers.cast(x, layers.activation_dtype(self.dtype))
     del train
     x = layers.max_pool(nn.relu(self.conv1(x)), 2)
     x = layers.max_pool(nn.relu(self.conv2(x)), 2)
@@ -138,17 +148,20 @@ class SmallCNN(nn.Module):
 
 class MLP(nn.Module):
   """flatten -> Dense(hidden) -> relu -> Dense(num_classes). For unit tests."""
+  MIXED_ON_CPU = True  # layers get `dtype` (layers.mixed_on_cpu)
   num_classes: int
   hidden: int = 32
   weight_init: str = "torch"
   dtype: Any = jnp.float32  # compute dtype (model.dtype)
 
   def setup(self):
-    self.fc1 = layers.Dense(self.hidden, weight_init=self.weight_init)
-    self.fc2 = layers.Dense(self.num_classes, weight_init=self.weight_init)
+    self.fc1 = layers.Dense(self.hidden, weight_init=self.weight_init,
+                              dtype=self.dtype)
+    self.fc2 = layers.Dense(self.num_classes, weight_init=self.weight_init,
+                              dtype=self.dtype)
 
   def features(self, x: Array, *, train: bool = False) -> Array:
-    x = layers.cast(x, self.dtype)
+    x = layers.cast(x, layers.activation_dtype(self.dtype))
     del train
     return nn.relu(self.fc1(x.reshape(x.shape[0], -1)))
 
@@ -168,6 +181,7 @@ class CifarCNN(nn.Module):
   dense num_classes (`fc2`, the classifier). 62,006 parameters for 10 classes
   on 32x32x3. `hidden=(120, 84)` and `channels=(6, 16)` are fields.
   """
+  MIXED_ON_CPU = True  # layers get `dtype` (layers.mixed_on_cpu)
   num_classes: int
   conv_impl: str = "auto"
   weight_init: str = "torch"
@@ -178,17 +192,20 @@ class CifarCNN(nn.Module):
 
   def setup(self):
     conv = lambda f: layers.Conv(f, 5, padding="VALID", impl=self.conv_impl,
-                                 weight_init=self.weight_init)
+                                 weight_init=self.weight_init, dtype=self.dtype)
     self.conv1 = conv(self.channels[0])
     self.conv2 = conv(self.channels[1])
     # The encoder's two dense layers; `fc2` is the classifier (the name every
     # model gives its last Linear: `Model.head`, FedSR).
-    self.dense1 = layers.Dense(self.hidden[0], weight_init=self.weight_init)
-    self.dense2 = layers.Dense(self.hidden[1], weight_init=self.weight_init)
-    self.fc2 = layers.Dense(self.num_classes, weight_init=self.weight_init)
+    self.dense1 = layers.Dense(self.hidden[0], weight_init=self.weight_init,
+                               dtype=self.dtype)
+    self.dense2 = layers.Dense(self.hidden[1], weight_init=self.weight_init,
+                               dtype=self.dtype)
+    self.fc2 = layers.Dense(self.num_classes, weight_init=self.weight_init,
+                              dtype=self.dtype)
 
   def features(self, x: Array, *, train: bool = False) -> Array:
-    x = layers.cast(x, self.dtype)
+    x = layers.cast(x, layers.activation_dtype(self.dtype))
     del train
     x = layers.max_pool(nn.relu(self.conv1(x)), 2)
     x = layers.max_pool(nn.relu(self.conv2(x)), 2)

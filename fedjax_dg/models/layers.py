@@ -20,11 +20,19 @@ loops (~24x slower, see docs/models.md), so `Conv` offers three implementations:
   <= Cin, custom_vjp otherwise (picked by benchmarks/conv_in_loop.py; see
   docs/models.md).
 
-Mixed precision (`DTYPES`, `cast`, `dense`): these layers keep float32
-parameters and compute in the dtype of their input (the kernel is cast to it),
-so a model computes in bfloat16 by casting its input once; `cast` is the
-identity where the dtype already matches, so a float32 model traces the very
-same program as before.
+Mixed precision (`DTYPES`, `cast`, `matmul`, `dense`): these layers keep
+float32 parameters. Without a `dtype` they compute in the dtype of their
+input (the kernel is cast to it), so a model computes in bfloat16 by casting
+its input once; `cast` is the identity where the dtype already matches, so a
+float32 model traces the very same program as before. With `dtype=bfloat16`
+on the CPU backend (the models of `cnn` pass it) a layer reads float32
+activations and returns float32 ones: where its matmul's shapes fill the
+matrix units (AMX; `on_matrix_units`) it takes bfloat16 operands and
+accumulates in float32 (`bf16_matmul`, forward and backward); where they do
+not, the layer computes in float32, as PyTorch's CPU autocast keeps some ops
+in float32. Every elementwise op, slice and pad stays float32, since
+XLA:CPU's bfloat16 versions of those are 1.3-7x slower than float32
+(docs/models.md, "Mixed precision").
 
 Pooling is written with static slices so that its backward pass is elementwise (no
 `select_and_scatter` inside loop bodies).
@@ -47,7 +55,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Sequence
+from typing import Any, Sequence
 
 import flax.linen as nn
 import jax
@@ -123,12 +131,97 @@ def cast(x: Array, dtype) -> Array:
   return x if x.dtype == dtype else x.astype(dtype)
 
 
+# The smallest contraction (k) and output width (n) of a bfloat16 matmul that
+# XLA:CPU's AMX path runs faster than float32 (an Inception CNN training step
+# inside lax.scan, `benchmarks/round_time.py`: convolutions with k = 27 or n =
+# 16 were 0.5-0.8x float32's speed as bfloat16 im2col matmuls, those with k >=
+# 176 and n >= 32 1.6-3.7x faster).
+MATRIX_UNIT_MIN_K = 64
+MATRIX_UNIT_MIN_N = 32
+
+
+def mixed_on_cpu(dtype) -> bool:
+  """Whether a layer given compute dtype `dtype` takes the CPU policy:
+  bfloat16 matmul operands between float32 activations."""
+  return dtype == jnp.bfloat16 and jax.default_backend() == "cpu"
+
+
+def activation_dtype(dtype):
+  """The dtype a model that passes its compute dtype to its layers keeps
+  activations in: float32 under the CPU policy (`mixed_on_cpu`), else
+  `dtype`."""
+  return jnp.float32 if mixed_on_cpu(dtype) else dtype
+
+
+def on_matrix_units(m: int, k: int, n: int) -> bool:
+  """Whether a [m, k] @ [k, n] bfloat16 matmul pays on XLA:CPU's matrix
+  units (`MATRIX_UNIT_MIN_K`, `MATRIX_UNIT_MIN_N`; and m >= 8: XLA:CPU's
+  bfloat16 dot library takes matrices, not vectors)."""
+  return m >= 8 and k >= MATRIX_UNIT_MIN_K and n >= MATRIX_UNIT_MIN_N
+
+
+def _row_major_t(x: Array) -> Array:
+  """The transpose of a 2-D `x`, written so that XLA:CPU sees a row-major
+  operand: it decides whether a bfloat16 dot runs natively before its
+  layout passes, and a plain transpose feeding a dot is column-major there,
+  which makes it upcast both operands to float32 (4x slower on AMX)."""
+  m, k = x.shape
+  return x.reshape(m, k, 1).transpose(1, 0, 2).reshape(k, m)
+
+
+def _dot_bf16(a: Array, b: Array) -> Array:
+  return jnp.dot(a, b, preferred_element_type=jnp.float32)
+
+
+@jax.custom_vjp
+def bf16_matmul(a: Array, b: Array) -> Array:
+  """float32 `a @ b` of float32 [m, k] and [k, n] from bfloat16 operands,
+  accumulated in float32; its backward pass is two such matmuls of the
+  bfloat16 cotangent, each with canonical (row-major) operands so that
+  XLA:CPU keeps it bfloat16; the gradients are float32."""
+  return _dot_bf16(cast(a, jnp.bfloat16), cast(b, jnp.bfloat16))
+
+
+def _bf16_matmul_fwd(a, b):
+  a16, b16 = cast(a, jnp.bfloat16), cast(b, jnp.bfloat16)
+  return _dot_bf16(a16, b16), (a16, b16)
+
+
+def _bf16_matmul_bwd(res, g):
+  a16, b16 = res
+  g16 = cast(g, jnp.bfloat16)
+  da = _dot_bf16(g16, _row_major_t(b16))
+  # a^T g, or (g^T a)^T where g ([m, n]) is the smaller one to transpose
+  # (an im2col conv's patches are kh * kw * Cin wide, its gradient Cout).
+  if a16.shape[1] <= g16.shape[1]:
+    return da, _dot_bf16(_row_major_t(a16), g16)
+  return da, _row_major_t(_dot_bf16(_row_major_t(g16), a16))
+
+
+bf16_matmul.defvjp(_bf16_matmul_fwd, _bf16_matmul_bwd)
+
+
+def matmul(x: Array, kernel: Array, dtype=None) -> Array:
+  """`x @ kernel` (`x` [..., k], `kernel` [k, n]) in compute dtype `dtype`
+  (None: `x`'s). Off the CPU policy (`mixed_on_cpu` of an explicit `dtype`)
+  both are cast to it; under it the result is float32: `bf16_matmul` where
+  `on_matrix_units`, else the float32 matmul."""
+  if dtype is None or not mixed_on_cpu(dtype):
+    dtype = x.dtype if dtype is None else dtype
+    return cast(x, dtype) @ cast(kernel, dtype)
+  x = cast(x, jnp.float32)
+  k, n = kernel.shape
+  if not on_matrix_units(math.prod(x.shape[:-1]), k, n):
+    return x @ kernel
+  return bf16_matmul(x.reshape(-1, k), kernel).reshape(x.shape[:-1] + (n,))
+
+
 def dense(params, x: Array, dtype=jnp.float32) -> Array:
-  """`x @ kernel (+ bias)` of a {"kernel", ["bias"]} dict, in `dtype` (`x`
-  and the float32 parameters cast to it): the heads written as plain dicts
-  (FedSR, MOON, FedADG). Callers cast what feeds a loss to float32."""
-  out = cast(x, dtype) @ cast(params["kernel"], dtype)
-  return out + cast(params["bias"], dtype) if "bias" in params else out
+  """`x @ kernel (+ bias)` of a {"kernel", ["bias"]} dict in compute dtype
+  `dtype` (`matmul`): the heads written as plain dicts (FedSR, MOON,
+  FedADG). Callers cast what feeds a loss to float32."""
+  out = matmul(x, params["kernel"], dtype)
+  return out + cast(params["bias"], out.dtype) if "bias" in params else out
 
 
 def _pair(v: int | Sequence[int]) -> tuple[int, int]:
@@ -175,8 +268,9 @@ def conv_xla(x: Array, kernel: Array, strides=(1, 1), padding=((0, 0), (0, 0))
 
 
 def conv_im2col(x: Array, kernel: Array, strides=(1, 1),
-                padding=((0, 0), (0, 0))) -> Array:
-  """Convolution as shifted (strided) slices + one matmul."""
+                padding=((0, 0), (0, 0)), mm=jnp.matmul) -> Array:
+  """Convolution as shifted (strided) slices + one matmul (`mm` of the 2-D
+  patches and the reshaped kernel: `bf16_matmul` under the CPU policy)."""
   kh, kw, cin, cout = kernel.shape
   sh, sw = strides
   b, h, w, _ = x.shape
@@ -185,7 +279,7 @@ def conv_im2col(x: Array, kernel: Array, strides=(1, 1),
   # Matmuls on 2-D reshapes: XLA:CPU runs the kernel-gradient dot with several
   # contracting dims (the einsum "bhwk,bhwo->ko") ~2x slower than its 2-D form.
   if kh == kw == 1 and sh == sw == 1 and all(p == (0, 0) for p in padding):
-    return (x.reshape(-1, cin) @ kernel[0, 0]).reshape(b, h, w, cout)
+    return mm(x.reshape(-1, cin), kernel[0, 0]).reshape(b, h, w, cout)
   xp = jnp.pad(x, ((0, 0), padding[0], padding[1], (0, 0)))
   patches = [
       lax.slice(xp, (0, i, j, 0),
@@ -195,7 +289,7 @@ def conv_im2col(x: Array, kernel: Array, strides=(1, 1),
   ]
   cols = patches[0] if len(patches) == 1 else jnp.concatenate(patches, axis=-1)
   # Channel index of `cols` is (i * kw + j) * cin + c: the row-major HWI order.
-  y = cols.reshape(b * ho * wo, kh * kw * cin) @ kernel.reshape(-1, cout)
+  y = mm(cols.reshape(b * ho * wo, kh * kw * cin), kernel.reshape(-1, cout))
   return y.reshape(b, ho, wo, cout)
 
 
@@ -277,11 +371,25 @@ _CONV_FNS = {"im2col": conv_im2col, "custom_vjp": conv_custom_vjp,
 
 
 def conv2d(x: Array, kernel: Array, *, strides: int | Sequence[int] = 1,
-           padding: Padding = "SAME", impl: str = "auto") -> Array:
-  """2-D convolution of NHWC `x` with an HWIO `kernel` (no bias)."""
+           padding: Padding = "SAME", impl: str = "auto", dtype=None) -> Array:
+  """2-D convolution of NHWC `x` with an HWIO `kernel` (no bias) in compute
+  dtype `dtype` (None: `x`'s): `x` and `kernel` cast to it. Under the CPU
+  policy (`mixed_on_cpu` of an explicit `dtype`) the result is float32: with
+  "auto", an im2col `bf16_matmul` where `on_matrix_units` (of b * Ho * Wo,
+  kh * kw * Cin, Cout); else (and with an explicit `impl`) the float32 convolution."""
   strides = _pair(strides)
   pads = conv_padding(padding, kernel.shape[:2], strides, x.shape[1:3])
-  return _CONV_FNS[resolve_conv_impl(impl, kernel.shape)](x, kernel, strides, pads)
+  fn = _CONV_FNS[resolve_conv_impl(impl, kernel.shape)]
+  if dtype is None or not mixed_on_cpu(dtype):
+    dtype = x.dtype if dtype is None else dtype
+    return fn(cast(x, dtype), cast(kernel, dtype), strides, pads)
+  x = cast(x, jnp.float32)
+  kh, kw, cin, cout = kernel.shape
+  m = x.shape[0] * math.prod(_out_size(x.shape[1 + d], kernel.shape[d],
+                                       strides[d], pads[d]) for d in range(2))
+  if impl == "auto" and on_matrix_units(m, kh * kw * cin, cout):
+    return conv_im2col(x, kernel, strides, pads, mm=bf16_matmul)
+  return fn(x, kernel, strides, pads)
 
 
 def depthwise_conv2d(x: Array, kernel: Array, *,
@@ -372,6 +480,7 @@ class Conv(nn.Module):
   use_bias: bool = True
   impl: str = "auto"
   weight_init: str = "flax"
+  dtype: Any = None  # compute dtype (`conv2d`); None: the input's
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
@@ -379,8 +488,8 @@ class Conv(nn.Module):
     cin = x.shape[-1]
     kernel = self.param("kernel", kernel_init(self.weight_init),
                         (kh, kw, cin, self.features), jnp.float32)
-    y = conv2d(x, kernel.astype(x.dtype), strides=self.strides,
-               padding=self.padding, impl=self.impl)
+    y = conv2d(x, kernel, strides=self.strides, padding=self.padding,
+               impl=self.impl, dtype=self.dtype)
     if self.use_bias:
       bias = self.param("bias", bias_init(self.weight_init, kh * kw * cin),
                         (self.features,), jnp.float32)
@@ -411,13 +520,14 @@ class Dense(nn.Module):
   features: int
   use_bias: bool = True
   weight_init: str = "flax"
+  dtype: Any = None  # compute dtype (`matmul`); None: the input's
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
     fan_in = x.shape[-1]
     kernel = self.param("kernel", kernel_init(self.weight_init),
                         (fan_in, self.features), jnp.float32)
-    y = jnp.dot(x, kernel.astype(x.dtype))
+    y = matmul(x, kernel, self.dtype)
     if self.use_bias:
       bias = self.param("bias", bias_init(self.weight_init, fan_in), (self.features,),
                         jnp.float32)
@@ -471,9 +581,12 @@ def adaptive_avg_pool(x: Array, out_size: int | Sequence[int]) -> Array:
 
 
 __all__ = [
-    "CONV_IMPLS", "CPU_IM2COL_MAX_CHANNELS", "DTYPES", "INITS", "Conv", "Dense",
-    "DepthwiseConv", "adaptive_avg_pool", "adaptive_bins", "bias_init", "cast",
+    "CONV_IMPLS", "CPU_IM2COL_MAX_CHANNELS", "DTYPES", "INITS",
+    "MATRIX_UNIT_MIN_K", "MATRIX_UNIT_MIN_N", "Conv", "Dense",
+    "DepthwiseConv", "activation_dtype", "adaptive_avg_pool", "adaptive_bins", "bf16_matmul",
+    "bias_init", "cast",
     "compute_dtype", "conv2d", "conv_custom_vjp", "conv_im2col", "conv_padding",
     "conv_xla", "dense", "depthwise_conv2d", "init_rng_mode", "kernel_init",
-    "max_pool", "resolve_conv_impl",
+    "matmul", "max_pool", "mixed_on_cpu", "on_matrix_units",
+    "resolve_conv_impl",
 ]
