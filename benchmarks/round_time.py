@@ -27,6 +27,9 @@ client, epochs=1), the same synthetic data for every variant:
               `--torch-device cuda`): deepcopy of
               the global model per client, torch SGD, mean of state_dicts; hFedF:
               pFedHN-style `torch.autograd.grad` per client, GradAlign, Adam, EMA.
+  torch_bf16 (d') FedAvg's loop with the forward pass and loss under
+              `torch.autocast(dtype=torch.bfloat16)` (float32 parameters), the
+              PyTorch peer of (a').
 
 Every (algorithm, C, variant) runs in its own worker process (its peak RSS is its
 own, from `resource.getrusage`); all workers of one (algorithm, C) are started
@@ -56,11 +59,13 @@ import sys
 import time
 
 STEPS, BATCH, N_CLASSES, SHAPE = 10, 64, 7, (32, 32, 3)
-VARIANTS = ("engine", "engine_bf16", "loop", "central", "central_b64", "torch")
+VARIANTS = ("engine", "engine_bf16", "loop", "central", "central_b64", "torch",
+            "torch_bf16")
 DEFAULT_VARIANTS = ("engine", "loop", "central", "torch")
 LABEL = {"engine": "(a) engine", "engine_bf16": "(a') engine bf16",
          "loop": "(b) loop + jit", "central": "(c) central",
-         "central_b64": "(c') central b64", "torch": "(d) torch"}
+         "central_b64": "(c') central b64", "torch": "(d) torch",
+         "torch_bf16": "(d') torch bf16"}
 PROTO = "@@bench "
 
 
@@ -372,7 +377,10 @@ def worker_torch(spec, x, y):
   kw = dict(steps=spec["steps"], batch_size=BATCH, lr=spec["lr"],
             optimizer=spec["client_opt"], device=device)
   if spec["alg"] == "fedavg":
-    ref = tr.FedAvgReference(N_CLASSES, **kw)
+    ref = tr.FedAvgReference(N_CLASSES, bf16=spec["variant"] == "torch_bf16",
+                             **kw)
+  elif spec["variant"] == "torch_bf16":
+    raise ValueError("torch_bf16: FedAvg only (--algs fedavg)")
   else:
     ref = tr.HFedFReference(N_CLASSES, c, **kw)
   sync = torch.cuda.synchronize if device.startswith("cuda") else lambda: None
@@ -405,7 +413,7 @@ def worker_main(spec):
     build = {"engine": worker_engine, "engine_bf16": worker_engine,
              "central": worker_engine,
              "central_b64": worker_engine, "loop": worker_loop,
-             "torch": worker_torch}[spec["variant"]]
+             "torch": worker_torch, "torch_bf16": worker_torch}[spec["variant"]]
     t0 = time.perf_counter()
     one_round, fingerprint, diagnose = build(spec, x, y)
     setup_s = time.perf_counter() - t0

@@ -90,8 +90,11 @@ def to_torch_data(x_uint8: np.ndarray, y: np.ndarray):
 
 
 def local_train(net: nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps: int,
-                batch_size: int, lr: float, optimizer: str = "sgd"):
-  """`steps` SGD (or Adam) steps on one client's examples; returns mean loss."""
+                batch_size: int, lr: float, optimizer: str = "sgd",
+                bf16: bool = False):
+  """`steps` SGD (or Adam) steps on one client's examples; returns mean loss.
+  `bf16`: the forward pass and loss under `torch.autocast` with bfloat16
+  (float32 parameters and optimizer, PyTorch's mixed-precision recipe)."""
   net.train()
   opt = (torch.optim.SGD(net.parameters(), lr=lr) if optimizer == "sgd" else
          torch.optim.Adam(net.parameters(), lr=lr))
@@ -100,7 +103,8 @@ def local_train(net: nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps: int,
   for s in range(steps):
     idx = perm[(s * batch_size) % x.shape[0]:][:batch_size]
     opt.zero_grad()
-    loss = F.cross_entropy(net(x[idx]), y[idx])
+    with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
+      loss = F.cross_entropy(net(x[idx]), y[idx])
     loss.backward()
     opt.step()
     total += loss.item()
@@ -111,9 +115,10 @@ class FedAvgReference:
   """Global model + a round = deepcopy per client, local SGD, mean of state_dicts."""
 
   def __init__(self, num_classes: int, *, steps: int, batch_size: int, lr: float,
-               optimizer: str = "sgd", device: str = "cpu"):
+               optimizer: str = "sgd", device: str = "cpu", bf16: bool = False):
     self.model = InceptionCNN(num_classes).to(device)
-    self.kw = dict(steps=steps, batch_size=batch_size, lr=lr, optimizer=optimizer)
+    self.kw = dict(steps=steps, batch_size=batch_size, lr=lr, optimizer=optimizer,
+                   bf16=bf16)
 
   def round(self, xs, ys):
     import time
