@@ -333,3 +333,45 @@ def test_the_table1_sections_tables_are_the_committed_reports(capsys):
       assert rows[r["variant"]][col] == (
           f"{float(r['difference']):+.1f} [{lo:+.1f}, {hi:+.1f}] {mark}")
   assert rows["FedAvg"][0] == rows["FedProx"][2] == rows["FedCCRL"][3] == ""
+
+
+_spec4 = importlib.util.spec_from_file_location(
+    "results_fedsdaf_table4_section",
+    os.path.join(REPO, "docs", "results", "fedsdaf_table4_section.py"))
+fedsdaf_section = importlib.util.module_from_spec(_spec4)
+_spec4.loader.exec_module(fedsdaf_section)
+FEDSDAF_3SEEDS = os.path.join(REPO, "docs", "results",
+                              "fedsdaf_offline_2026-11-27")
+
+
+def test_the_fedsdaf_sections_differences_are_the_committed_reports(capsys):
+  """docs/results/fedsdaf_table4_section.py restates the committed FedSDAF
+  report: each variant's id / ood interval as its differences.csv holds it."""
+  fedsdaf_section.main([os.path.join(FEDSDAF_3SEEDS, "runs.csv")])
+  out = capsys.readouterr().out
+  rows = {l.split("|")[1].strip(): [c.strip() for c in l.split("|")[2:4]]
+          for l in out.split("\n\n")[-1].splitlines()[2:]}
+  want = {}
+  for r in _csv(os.path.join(FEDSDAF_3SEEDS, "differences.csv")):
+    if r["evaluation"] == "final" and r["metric"] in ("id", "ood"):
+      want.setdefault(r["variant"].split(" [")[0], {})[r["metric"]] = (
+          f"{float(r['difference']):+.1f} [{float(r['ci_low']):+.1f}, "
+          f"{float(r['ci_high']):+.1f}]")
+  assert len(want) == 5
+  assert rows == {v: [m["id"], m["ood"]] for v, m in want.items()}
+
+
+def test_the_fedsdaf_section_refuses_overlapping_or_different_halves(tmp_path):
+  """Two halves must hold disjoint seeds of one protocol."""
+  runs = os.path.join(FEDSDAF_3SEEDS, "runs.csv")
+  with pytest.raises(SystemExit, match="seeds must be disjoint"):
+    fedsdaf_section.main([runs, runs])
+  other = tmp_path / "other"
+  other.mkdir()
+  with open(os.path.join(FEDSDAF_3SEEDS, "sweep.json")) as f:
+    manifest = json.load(f)
+  manifest["base_config"]["train"]["rounds"] += 1
+  (other / "sweep.json").write_text(json.dumps(manifest))
+  (other / "runs.csv").write_text(open(runs).read())
+  with pytest.raises(SystemExit, match=r"differs .* in \['train'\]"):
+    fedsdaf_section.main([runs, str(other / "runs.csv")])
