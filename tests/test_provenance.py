@@ -350,7 +350,7 @@ def test_the_fedsdaf_sections_differences_are_the_committed_reports(capsys):
   fedsdaf_section.main([os.path.join(FEDSDAF_3SEEDS, "runs.csv")])
   out = capsys.readouterr().out
   rows = {l.split("|")[1].strip(): [c.strip() for c in l.split("|")[2:4]]
-          for l in out.split("\n\n")[-1].splitlines()[2:]}
+          for l in out.strip().split("\n\n")[-1].splitlines()[2:]}
   want = {}
   for r in _csv(os.path.join(FEDSDAF_3SEEDS, "differences.csv")):
     if r["evaluation"] == "final" and r["metric"] in ("id", "ood"):

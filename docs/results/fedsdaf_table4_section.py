@@ -28,7 +28,7 @@ import sys
 
 import numpy as np
 
-from fedjax_dg.report import stats
+from fedjax_dg.report import stats, tables
 
 REFERENCE = "fedavg_adapter"
 TARGETS = ("tint", "inverse", "sketch", "texture")
@@ -82,12 +82,6 @@ def load(paths: list[str]) -> tuple[dict, list[str], dict[str, str], set]:
   return runs, order, names, seeds
 
 
-def mark(d: stats.Difference) -> str:
-  if d.low is None:
-    return "n<2"
-  return "↑" if d.low > 0 else "↓" if d.high < 0 else "≈"
-
-
 def span(d: stats.Difference) -> str:
   return f"{d.mean:+.1f} [{d.low:+.1f}, {d.high:+.1f}]"
 
@@ -96,11 +90,8 @@ def on(values: dict, target: str) -> dict:
   return {k: v for k, v in values.items() if k[1] == target}
 
 
-def table(head: list[str], rows: list[list[str]]) -> str:
-  lines = ["| " + " | ".join(head) + " |",
-           "|---|" + "---:|" * (len(head) - 1)]
-  lines += ["| " + " | ".join(r) + " |" for r in rows]
-  return "\n".join(lines)
+def table(title: str, header: list[str], rows: list[list[str]]) -> str:
+  return tables.Table(title, header, rows, [], []).markdown()
 
 
 def main(paths: list[str]) -> None:
@@ -116,8 +107,8 @@ def main(paths: list[str]) -> None:
     cmp = a != REFERENCE
 
     def marked(values, ref_values, text):
-      return (text + " " + mark(stats.paired_difference(values, ref_values))
-              if cmp else text)
+      return (text + " " + tables.significance(
+          stats.paired_difference(values, ref_values)) if cmp else text)
 
     ood = runs[(a, "ood_acc")]
     row = [names[a], marked(runs[(a, "id_acc")], ref["id_acc"],
@@ -131,15 +122,15 @@ def main(paths: list[str]) -> None:
     row.append("(one model)" if a in ONE_MODEL
                else f"{np.mean(list(best.values())):.1f}")
     rows.append(row)
-  print(f"final accuracy (%), mean ± sample std over {len(seeds)} seeds\n")
-  print(table(["algorithm", "id μ"] + [f"ood {t}" for t in TARGETS]
-              + ["ood μ", "ood, best client on target"], rows) + "\n")
+  print(table(f"Final accuracy (%), mean ± sample std over {len(seeds)} seeds",
+              ["algorithm", "id μ"] + [f"ood {t}" for t in TARGETS]
+              + ["ood μ", "ood, best client on target"], rows))
   rows = [[names[a]] + [span(stats.paired_difference(runs[(a, m)], ref[m]))
                         for m in ("id_acc", "ood_acc")]
           for a in order if a != REFERENCE]
-  print(f"paired differences with {names[REFERENCE]}, μ over the targets, "
-        f"95 % interval over {len(seeds)} seeds\n")
-  print(table(["algorithm", "id", "ood"], rows))
+  print(table(f"Paired differences with {names[REFERENCE]}, μ over the "
+              f"targets, 95 % interval over {len(seeds)} seeds",
+              ["algorithm", "id", "ood"], rows))
 
 
 if __name__ == "__main__":
