@@ -132,10 +132,11 @@ def cast(x: Array, dtype) -> Array:
 
 
 # The smallest contraction (k) and output width (n) of a bfloat16 matmul that
-# XLA:CPU's AMX path runs faster than float32 (an Inception CNN training step
-# inside lax.scan, `benchmarks/round_time.py`: convolutions with k = 27 or n =
-# 16 were 0.5-0.8x float32's speed as bfloat16 im2col matmuls, those with k >=
-# 176 and n >= 32 1.6-3.7x faster).
+# pays on XLA:CPU's AMX path (the Inception CNN's convolutions inside
+# lax.scan: those with k = 27 or n = 16 ran at 0.5-0.8x float32's speed as
+# bfloat16 im2col matmuls, those with k >= 176 and n >= 32 at 1.6-3.7x; in
+# `benchmarks/round_time.py --variants engine engine_bf16` the round took
+# 2.2x float32's time with k, n >= 16, 1.2x with k >= 512, 1.13x with these).
 MATRIX_UNIT_MIN_K = 64
 MATRIX_UNIT_MIN_N = 32
 
