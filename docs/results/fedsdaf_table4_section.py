@@ -7,8 +7,8 @@ is restated from the committed CSVs, not retyped.
         docs/results/<half 1>/runs.csv docs/results/<half 2>/runs.csv
 
 Each runs.csv's sweep.json (beside it) must hold the same base config but
-for the seeds, and no (algorithm, seed, target) run may appear twice: a
-SystemExit says which file differs, and how. Prints, final evaluation,
+for the seeds, no (algorithm, seed, target) run may appear twice and none
+may have diverged: a SystemExit says which file and run, and how. Prints, final evaluation,
 accuracy in %:
 1. per algorithm: id mean over the targets, ood per target as mean ± sample
    std over seeds, ood mean over the targets, and the mean of
@@ -68,6 +68,9 @@ def load(paths: list[str]) -> tuple[dict, list[str], dict[str, str], set]:
     with open(path) as f:
       for r in csv.DictReader(f):
         a, key = r["algorithm"], (int(r["seed"]), r["target"])
+        if r.get("diverged", "").strip().lower() in ("true", "1", "yes"):
+          raise SystemExit(f"{path}: {a} seed {key[0]} target {key[1]} "
+                           "diverged: its numbers are not a result")
         if a not in names:
           order.append(a)
           names[a] = r["variant"].split(" [")[0]
