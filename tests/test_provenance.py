@@ -15,6 +15,7 @@ import subprocess
 import sys
 
 import jax
+import numpy as np
 import pytest
 
 from conftest import synthetic_domains
@@ -349,8 +350,10 @@ def test_the_fedsdaf_sections_differences_are_the_committed_reports(capsys):
   report: each variant's id / ood interval as its differences.csv holds it."""
   fedsdaf_section.main([os.path.join(FEDSDAF_3SEEDS, "runs.csv")])
   out = capsys.readouterr().out
+  chunks = out.strip().split("\n\n")
+  (title,) = [i for i, c in enumerate(chunks) if c.startswith("### Paired")]
   rows = {l.split("|")[1].strip(): [c.strip() for c in l.split("|")[2:4]]
-          for l in out.strip().split("\n\n")[-1].splitlines()[2:]}
+          for l in chunks[title + 1].splitlines()[2:]}
   want = {}
   for r in _csv(os.path.join(FEDSDAF_3SEEDS, "differences.csv")):
     if r["evaluation"] == "final" and r["metric"] in ("id", "ood"):
@@ -359,6 +362,21 @@ def test_the_fedsdaf_sections_differences_are_the_committed_reports(capsys):
           f"{float(r['ci_high']):+.1f}]")
   assert len(want) == 5
   assert rows == {v: [m["id"], m["ood"]] for v, m in want.items()}
+  # The ablation table: FedSDAF minus each variant, from the same runs.
+  (title,) = [i for i, c in enumerate(chunks) if "minus each ablation" in c]
+  ablations = [l.split("|")[1].strip()
+               for l in chunks[title + 1].splitlines()[2:]]
+  assert ablations == [v for v in want if v != "FedSDAF"]
+  # Its first ood mean, recomputed: per seed, the mean over the targets of
+  # FedSDAF's ood minus w/o BKD's; then the mean over the seeds.
+  by = {}
+  for r in _csv(os.path.join(FEDSDAF_3SEEDS, "runs.csv")):
+    by[(r["algorithm"], r["seed"], r["target"])] = 100 * float(r["ood_acc"])
+  seeds = sorted({k[1] for k in by})
+  per_seed = [np.mean([by[("fedsdaf", s, t)] - by[("fedsdaf_no_bkd", s, t)]
+                       for t in fedsdaf_section.TARGETS]) for s in seeds]
+  first = chunks[title + 1].splitlines()[2]
+  assert first.split("|")[3].strip().startswith(f"{np.mean(per_seed):+.1f} [")
 
 
 def test_the_fedsdaf_section_refuses_overlapping_or_different_halves(tmp_path):

@@ -16,7 +16,8 @@ accuracy in %:
    the released code's selection) for the variants with per-client models;
    each marked ↑ / ↓ / ≈ by the 95 % interval of its paired difference with
    FedAvg (Adapter) over seeds (`report.stats`);
-2. those paired differences of the id and ood means, with their intervals.
+2. those paired differences of the id and ood means, with their intervals;
+3. FedSDAF (all components) minus each ablation, paired the same way.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import numpy as np
 from fedjax_dg.report import stats, tables
 
 REFERENCE = "fedavg_adapter"
+FULL = "fedsdaf"  # every component: what the ablations are compared with
 TARGETS = ("tint", "inverse", "sketch", "texture")
 # Variants that evaluate one global model: no best client to pick.
 ONE_MODEL = ("fedavg_adapter", "fedsdaf_di", "fedsdaf_head")
@@ -134,6 +136,15 @@ def main(paths: list[str]) -> None:
   print(table(f"Paired differences with {names[REFERENCE]}, μ over the "
               f"targets, 95 % interval over {len(seeds)} seeds",
               ["algorithm", "id", "ood"], rows))
+  if FULL not in order:
+    return
+  full = {m: runs[(FULL, m)] for m in ("id_acc", "ood_acc")}
+  rows = [[names[a]] + [span(stats.paired_difference(full[m], runs[(a, m)]))
+                        for m in ("id_acc", "ood_acc")]
+          for a in order if a not in (REFERENCE, FULL)]
+  print(table(f"{names[FULL]} minus each ablation (Table 4's question: what "
+              f"removing a component costs), 95 % interval over "
+              f"{len(seeds)} seeds", ["without", "id", "ood"], rows))
 
 
 if __name__ == "__main__":
