@@ -92,9 +92,9 @@ class InceptionCNN(nn.Module):
                                      self.weight_init, self.dtype)
     self.drop = nn.Dropout(self.dropout)
     self.fc1 = layers.Dense(self.hidden, weight_init=self.weight_init,
-                              dtype=self.dtype)
+                            dtype=self.dtype)
     self.fc2 = layers.Dense(self.num_classes, weight_init=self.weight_init,
-                              dtype=self.dtype)
+                            dtype=self.dtype)
 
   def features(self, x: Array, *, train: bool = False) -> Array:
     x = layers.cast(x, layers.activation_dtype(self.dtype))
@@ -131,9 +131,9 @@ class SmallCNN(nn.Module):
     self.conv1 = conv(32)
     self.conv2 = conv(64)
     self.fc1 = layers.Dense(self.hidden, weight_init=self.weight_init,
-                              dtype=self.dtype)
+                            dtype=self.dtype)
     self.fc2 = layers.Dense(self.num_classes, weight_init=self.weight_init,
-                              dtype=self.dtype)
+                            dtype=self.dtype)
 
   def features(self, x: Array, *, train: bool = False) -> Array:
     x = layers.cast(x, layers.activation_dtype(self.dtype))
@@ -156,9 +156,9 @@ class MLP(nn.Module):
 
   def setup(self):
     self.fc1 = layers.Dense(self.hidden, weight_init=self.weight_init,
-                              dtype=self.dtype)
+                            dtype=self.dtype)
     self.fc2 = layers.Dense(self.num_classes, weight_init=self.weight_init,
-                              dtype=self.dtype)
+                            dtype=self.dtype)
 
   def features(self, x: Array, *, train: bool = False) -> Array:
     x = layers.cast(x, layers.activation_dtype(self.dtype))
@@ -202,7 +202,7 @@ class CifarCNN(nn.Module):
     self.dense2 = layers.Dense(self.hidden[1], weight_init=self.weight_init,
                                dtype=self.dtype)
     self.fc2 = layers.Dense(self.num_classes, weight_init=self.weight_init,
-                              dtype=self.dtype)
+                            dtype=self.dtype)
 
   def features(self, x: Array, *, train: bool = False) -> Array:
     x = layers.cast(x, layers.activation_dtype(self.dtype))
