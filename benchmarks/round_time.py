@@ -128,7 +128,7 @@ def _model(spec):
   fed = types.SimpleNamespace(image_shape=shape, num_classes=N_CLASSES)
   model = assemble.make_model(cfg, fed, (0.5,), (0.5,))
   params = jax.eval_shape(model.init, jax.random.key(0))
-  x = jax.ShapeDtypeStruct((1,) + shape, jnp.uint8)
+  x = jax.ShapeDtypeStruct((BATCH,) + shape, jnp.uint8)  # a step's batch
   if "bf16" not in str(jax.make_jaxpr(model.apply)(params, x)):
     raise RuntimeError("bf16: model.dtype='bfloat16' did not reach the model "
                        "that assemble.make_model builds (no bf16 op traced)")
