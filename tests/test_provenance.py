@@ -393,3 +393,68 @@ def test_the_fedsdaf_section_refuses_overlapping_or_different_halves(tmp_path):
   (other / "runs.csv").write_text(open(runs).read())
   with pytest.raises(SystemExit, match=r"differs .* in \['train'\]"):
     fedsdaf_section.main([runs, str(other / "runs.csv")])
+
+
+_spec5 = importlib.util.spec_from_file_location(
+    "results_dtype_section",
+    os.path.join(REPO, "docs", "results", "dtype_section.py"))
+dtype_section = importlib.util.module_from_spec(_spec5)
+_spec5.loader.exec_module(dtype_section)
+
+
+def _dtype_runs(path, rows):
+  header = ["cell", "seed", "algorithm", "variant", "target", "id_acc",
+            "ood_acc", "data.d", "model.dtype"]
+  with open(path, "w", newline="") as f:
+    w = csv.writer(f)
+    w.writerow(header)
+    w.writerows(rows)
+
+
+def test_the_dtype_section_pairs_each_bf16_run_with_its_float32_run(
+    tmp_path, capsys):
+  """bfloat16 − float32 per seed (the mean over targets of each pair), its
+  mean and Student-t interval: recomputed with scipy on a planted CSV where
+  bf16 is 2 points above float32 on one target and 1 below on the other."""
+  from scipy import stats as scipy_stats  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  rows, diffs, f32_means = [], [], []
+  for seed in range(5):
+    base = rng.uniform(0.5, 0.7, size=2)
+    noise = rng.normal(0, 0.005, size=2)
+    for dtype, acc in (("float32", base), ("bfloat16", base + [0.02, -0.01]
+                                           + noise)):
+      for t, target in enumerate(("0", "30")):
+        rows.append([f"s{seed}", seed, "hfedf", "hFedF", target, 0.9,
+                     acc[t], 1, dtype])
+    diffs.append(100 * np.mean([0.02, -0.01] + noise))
+    f32_means.append(100 * base.mean())
+  path = tmp_path / "runs.csv"
+  _dtype_runs(path, rows)
+  dtype_section.main(str(path))
+  out = capsys.readouterr().out
+  (ood,) = [l for l in out.splitlines() if l.startswith("| hFedF | ood")]
+  cells = [c.strip() for c in ood.split("|")[1:-1]]
+  lo, hi = scipy_stats.t.interval(0.95, len(diffs) - 1, loc=np.mean(diffs),
+                                  scale=scipy_stats.sem(diffs))
+  mark = "↑" if lo > 0 else ("↓" if hi < 0 else "≈")
+  assert cells[4] == f"{np.mean(diffs):+.1f} [{lo:+.1f}, {hi:+.1f}] {mark}"
+  assert cells[2] == (f"{np.mean(f32_means):.1f} ± "
+                      f"{np.std(f32_means, ddof=1):.1f}")
+  spread = np.std(f32_means, ddof=1)
+  assert cells[5] == ("yes" if abs(np.mean(diffs)) <= spread else "no")
+  (id_row,) = [l for l in out.splitlines() if l.startswith("| hFedF | id")]
+  assert "+0.0 [+0.0, +0.0]" in id_row  # id equal on both sides
+
+
+def test_the_dtype_section_refuses_a_run_without_its_partner(tmp_path):
+  rows = [["a", 0, "fedavg", "FedAvg", "0", 0.9, 0.5, 1, "float32"],
+          ["b", 0, "fedavg", "FedAvg", "0", 0.9, 0.5, 1, "bfloat16"],
+          ["c", 1, "fedavg", "FedAvg", "0", 0.9, 0.5, 1, "float32"]]
+  path = tmp_path / "runs.csv"
+  _dtype_runs(path, rows)
+  with pytest.raises(SystemExit, match="seed 1 target 0.*has only float32"):
+    dtype_section.main(str(path))
+  _dtype_runs(path, [r[:-1] + ["float16"] for r in rows])
+  with pytest.raises(SystemExit, match="'float16' is not one of"):
+    dtype_section.main(str(path))
