@@ -229,6 +229,10 @@ def test_the_provenance_lines_count_what_differs():
   assert lines[2] == ("- fedjax_dg commit: " + "a" * 40 + " (2 runs); "
                       + "b" * 40 + " (1 run); not recorded (1 run)")
   assert lines[3] == "- data: not recorded"
+  fm = dict(dataset="fm", images=10, fingerprint="f")
+  lines = origin.provenance_lines([a], [{}, dict(data=fm), dict(data=fm)])
+  assert lines[3] == ("- data: not recorded (1 run directory); fm, 10 images, "
+                      "fingerprint f (2 run directories)")
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -57,7 +57,8 @@ def _counted(texts: list[str], noun: str) -> str:
     counts[t] = counts.get(t, 0) + 1
   if len(counts) == 1:
     return next(iter(counts))
-  return "; ".join(f"{t} ({n} {noun}{'s' if n != 1 else ''})"
+  plural = noun[:-1] + "ies" if noun.endswith("y") else noun + "s"
+  return "; ".join(f"{t} ({n} {noun if n == 1 else plural})"
                    for t, n in counts.items())
 
 
