@@ -15,11 +15,15 @@
 (c) any other dtype is a ConfigError naming the field and the allowed values;
 (d) `layers.bf16_matmul`'s backward pass is the gradient of the matmul of
     its rounded operands, and on the CPU its dots compile to bfloat16 ones
-    (no float32 upcast of their operands).
+    (no float32 upcast of their operands);
+(e) bfloat16 replicas (`run_replicas`, mapped or vmapped) are their
+    separate bfloat16 runs within `BF16_REPLICA` (what bfloat16 changes in
+    tests/test_replicas.py's tolerances).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -31,6 +35,7 @@ import pytest
 from conftest import synthetic_domains
 from fedjax_dg import engine, models
 from fedjax_dg.data import federated, partition
+from fedjax_dg.engine.runner import run_replicas
 from fedjax_dg.errors import ConfigError
 from fedjax_dg.models import layers
 from fedjax_dg.models.fedadg import FedADGNets
@@ -255,7 +260,8 @@ def _federation():
   return federated.build(ds, spec, target_domain=0, seed=1)
 
 
-def _run(name, fed, dtype):
+def _setup(name, fed, dtype):
+  """(the algorithm, its model, the engine config) of a tracking run."""
   cfg = config.base_config()
   cfg.client.lr = 1e-2
   cfg.hfedf.server_lr = 1e-2
@@ -268,6 +274,11 @@ def _run(name, fed, dtype):
   ecfg = engine.EngineConfig(rounds=4, eval_every=4, epochs=1, batch_size=8,
                              cohort_size=3, client_mapping="map", seed=3,
                              progress=False, eval_batch_size=16)
+  return alg, model, ecfg
+
+
+def _run(name, fed, dtype):
+  alg, model, ecfg = _setup(name, fed, dtype)
   res = engine.run(alg, fed, model, ecfg)
   params = jax.device_get(alg.server.eval_params(res.server, res.clients))
   return params, res
@@ -393,3 +404,54 @@ def test_bf16_matmul_dots_compile_to_bfloat16_dots_on_amx():
   for params in dots:
     assert params and all(p.startswith("bf16[") for p in params), (params,
                                                                    text)
+
+
+# ---------------------------------------------------------------------------
+# (e) Replicas in bfloat16.
+
+# A replica's program differs from its run alone's (its values are
+# arguments; vmapped, its sums are ordered otherwise), so float32 runs
+# differ by float rounding: up to 1e-6 mapped, 1e-4 vmapped
+# (tests/test_replicas.py). bfloat16 operands magnify such a difference
+# where it moves a value across a rounding boundary (one bfloat16 step:
+# 2**-7 relative).
+# Measured on hFedF's tracking run, seeds 3 and 5 (AMD EPYC), the state's
+# relative L2 distance to the run alone / the largest per-round loss
+# difference: mapped 2.0e-3 / 4.5e-4 with the default suite's settings, 0 with
+# XLA's optimizations on; vmapped 2.2e-3 / 4.1e-4 (FedAvg: 0 mapped, 6.7e-5
+# vmapped). Bounds ~4.5x those; the final accuracies were equal. Two seeds'
+# runs are 1.4 apart (asserted > 0.1), the float32 run 8.3e-2 (`TRACKING`).
+BF16_REPLICA = {"state": 1e-2, "loss": 2e-3, "acc": 0.02}
+
+
+def _state(result) -> np.ndarray:
+  return np.concatenate([np.ravel(np.asarray(v, np.float64)) for v in
+                         jax.tree.leaves((result.server, result.clients))])
+
+
+@pytest.mark.parametrize("mapping", ["map", "vmap"])
+def test_bf16_replicas_are_their_separate_runs(mapping):
+  """hFedF's bfloat16 tracking run at seeds 3 and 5 as one `run_replicas`
+  batch equals each seed's `engine.run` within `BF16_REPLICA` (state,
+  per-round losses, final accuracies), and the replicas are not one
+  another's run."""
+  fed = _federation()
+  alg, model, ecfg = _setup("hfedf", fed, "bfloat16")
+  seeds = (3, 5)
+  together = run_replicas(alg, [fed, fed], model, ecfg, seeds,
+                          mapping=mapping)
+  states = []
+  for seed, got in zip(seeds, together, strict=True):
+    alone = engine.run(alg, fed, model, dataclasses.replace(ecfg, seed=seed))
+    a, b = _state(got), _state(alone)
+    states.append(b)
+    dist = np.linalg.norm(a - b) / np.linalg.norm(b)
+    loss = np.max(np.abs(np.asarray(got.round_metrics["loss"])
+                         - np.asarray(alone.round_metrics["loss"])))
+    print(mapping, seed, dist, loss)
+    assert dist <= BF16_REPLICA["state"], (seed, dist)
+    assert loss <= BF16_REPLICA["loss"], (seed, loss)
+    for k in ("id_acc", "ood_acc"):
+      assert abs(got.final[k] - alone.final[k]) <= BF16_REPLICA["acc"], k
+  apart = np.linalg.norm(states[0] - states[1]) / np.linalg.norm(states[1])
+  assert apart > 10 * BF16_REPLICA["state"], apart
