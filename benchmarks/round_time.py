@@ -13,6 +13,8 @@ client, epochs=1), the same synthetic data for every variant:
   engine_bf16 (a') the same with the model built from a run config with
               `model.dtype="bfloat16"` (bfloat16 compute, float32 parameters),
               as `fedjax-dg run --set model.dtype=bfloat16` builds it;
+  engine_auto (a'') the same with `model.dtype="auto"`: the dtype
+              `models.layers.auto_dtype` picks for this backend (printed);
   loop    (b) the FedJAX execution model: a Python loop over clients calling
               `jax.jit(local_update)` for one client, then the server step from
               Python: FedAvg = jitted weighted mean of the C models; hFedF = jitted
@@ -59,10 +61,11 @@ import sys
 import time
 
 STEPS, BATCH, N_CLASSES, SHAPE = 10, 64, 7, (32, 32, 3)
-VARIANTS = ("engine", "engine_bf16", "loop", "central", "central_b64", "torch",
-            "torch_bf16")
+VARIANTS = ("engine", "engine_bf16", "engine_auto", "loop", "central",
+            "central_b64", "torch", "torch_bf16")
 DEFAULT_VARIANTS = ("engine", "loop", "central", "torch")
 LABEL = {"engine": "(a) engine", "engine_bf16": "(a') engine bf16",
+         "engine_auto": "(a'') engine auto",
          "loop": "(b) loop + jit", "central": "(c) central",
          "central_b64": "(c') central b64", "torch": "(d) torch",
          "torch_bf16": "(d') torch bf16"}
@@ -109,14 +112,15 @@ def _jax_common(spec):
 
 
 def _model(spec):
-  """--model (the Inception CNN) at --size; `engine_bf16`: built from a run
-  config with `model.dtype="bfloat16"` (`assemble.make_model`, as a run builds
-  it), checked to compute in bfloat16."""
+  """--model (the Inception CNN) at --size; `engine_bf16` / `engine_auto`:
+  built from a run config with `model.dtype="bfloat16"` / `"auto"`
+  (`assemble.make_model`, as a run builds it), checked to compute in
+  bfloat16 where that is the dtype."""
   import jax
   import jax.numpy as jnp
   from fedjax_dg import models
   shape = (spec["size"], spec["size"], SHAPE[2])
-  if spec["variant"] != "engine_bf16":
+  if spec["variant"] not in ("engine_bf16", "engine_auto"):
     return models.get_model(spec["model"], input_shape=shape,
                             num_classes=N_CLASSES)
   import types
@@ -124,9 +128,15 @@ def _model(spec):
   cfg = config.base_config()
   if "dtype" not in cfg.model:
     raise RuntimeError("bf16: model.dtype not available in this checkout")
-  cfg.model.name, cfg.model.dtype = spec["model"], "bfloat16"
+  cfg.model.name = spec["model"]
+  cfg.model.dtype = "auto" if spec["variant"] == "engine_auto" else "bfloat16"
   fed = types.SimpleNamespace(image_shape=shape, num_classes=N_CLASSES)
   model = assemble.make_model(cfg, fed, (0.5,), (0.5,))
+  if cfg.model.dtype == "auto":
+    dtype, why = models.layers.auto_dtype(jax.default_backend())
+    print(f"engine_auto: model.dtype=auto: {dtype} ({why})", file=sys.stderr)
+    if dtype == "float32":
+      return model
   params = jax.eval_shape(model.init, jax.random.key(0))
   x = jax.ShapeDtypeStruct((BATCH,) + shape, jnp.uint8)  # a step's batch
   if "bf16" not in str(jax.make_jaxpr(model.apply)(params, x)):
@@ -173,7 +183,7 @@ def worker_engine(spec, x, y):
   from fedjax_dg.data.federated import ClientArrays
   c = spec["clients"]
   variant = spec["variant"]
-  if variant in ("engine", "engine_bf16"):
+  if variant in ("engine", "engine_bf16", "engine_auto"):
     alg = _build_alg(spec["alg"], model, opt, loss, c)
     batch, n_clients = BATCH, c
   else:  # central: the union of all clients' examples as ONE client
@@ -411,6 +421,7 @@ def worker_main(spec):
   try:
     x, y = synthetic_data(spec["clients"], spec["steps"], size=spec["size"])
     build = {"engine": worker_engine, "engine_bf16": worker_engine,
+             "engine_auto": worker_engine,
              "central": worker_engine,
              "central_b64": worker_engine, "loop": worker_loop,
              "torch": worker_torch, "torch_bf16": worker_torch}[spec["variant"]]
