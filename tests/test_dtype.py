@@ -419,9 +419,12 @@ def test_bf16_matmul_dots_compile_to_bfloat16_dots_on_amx():
 # relative L2 distance to the run alone / the largest per-round loss
 # difference: mapped 2.0e-3 / 4.5e-4 with the default suite's settings, 0 with
 # XLA's optimizations on; vmapped 2.2e-3 / 4.1e-4 (FedAvg: 0 mapped, 6.7e-5
-# vmapped). Bounds ~4.5x those; the final accuracies were equal. Two seeds'
-# runs are 1.4 apart (asserted > 0.1), the float32 run 8.3e-2 (`TRACKING`).
-BF16_REPLICA = {"state": 1e-2, "loss": 2e-3, "acc": 0.02}
+# vmapped). Bounds ~10x those (another CPU's matrix units order the sums
+# otherwise, so another rounding boundary may be crossed); the final
+# accuracies were equal (bound: `TRACKING`'s). Two seeds' runs are 1.4 apart
+# (asserted > 0.2), the float32 run 8.3e-2 in state and 2.9e-2 in loss
+# (`TRACKING`).
+BF16_REPLICA = {"state": 2e-2, "loss": 5e-3, "acc": 0.05}
 
 
 def _state(result) -> np.ndarray:
