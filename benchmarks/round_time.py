@@ -603,6 +603,11 @@ def main(argv=None):
                   help="start every variant's process at once and time them "
                   "once all are ready (set-up and compiles overlap: a GPU "
                   "machine's many cores; on a small CPU they would contend)")
+  ap.add_argument("--rates", action="store_true",
+                  help="also each round's arithmetic rate (GFLOP/s) against "
+                  "XLA:CPU's float32 and bfloat16 matmul rates, measured "
+                  "here by benchmarks/matmul_peak.py's code after the rounds "
+                  "(the Inception CNN at 32x32 only)")
   ap.add_argument("--json", default="", help="also write all measurements here")
   ap.add_argument("--worker", help=argparse.SUPPRESS)
   args = ap.parse_args(argv)
@@ -676,6 +681,8 @@ def main(argv=None):
   print(f"# total {time.perf_counter() - t_start:.0f} s; load average at end: "
         f"{os.getloadavg()}", flush=True)
   report(rows, central_done, args, info)
+  if args.rates:
+    rates(rows, args)
   if args.json:
     with open(args.json, "w") as f:
       json.dump(dict(info=info, args=vars(args), rows=rows), f, indent=1)
@@ -779,6 +786,40 @@ def report(rows, central, args, info):
   print()
   print("Ratios are time(other) / time(engine) of medians: > 1 means the engine is "
         "faster.")
+
+
+def rates(rows, args, peak_reps: int = 5):
+  """Each timed round as GFLOP/s (C x steps x XLA's FLOP count of one
+  float32 client step, the model's arithmetic whatever the dtype) against
+  the float32 and bfloat16 matmul rates XLA:CPU reaches in this process at
+  the Inception CNN's im2col shapes and a large one (their maximum: the
+  peak a round could approach)."""
+  if args.model != "inception_cnn" or args.size != SHAPE[0] or (
+      args.steps <= 0):
+    print("\n(--rates: the FLOP count is the Inception CNN's at 32x32; "
+          "not printed for this workload)")
+    return
+  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+  import matmul_peak
+  step = matmul_peak.client_step_gflop("float32")
+  measured = matmul_peak.matmul_rates(peak_reps)
+  f32 = max(r[1] for r in measured)
+  b16 = max(r[2] for r in measured)
+  print()
+  print(f"Arithmetic rate: one client step is {step:.2f} GFLOP (XLA's count, "
+        f"float32); XLA:CPU's matmul peak here {f32:,.0f} GFLOP/s float32, "
+        f"{b16:,.0f} GFLOP/s bfloat16 -> float32 (benchmarks/matmul_peak.py's "
+        "shapes, measured after the rounds).")
+  print()
+  print("| algorithm | C | variant | GFLOP/s | of the float32 peak | "
+        "of the bfloat16 peak |")
+  print("|---|---|---|---:|---:|---:|")
+  for r in rows:
+    if not r["times"] or r["variant"].startswith("central"):
+      continue
+    rate = r["clients"] * args.steps * step / _median(r["times"])
+    print(f"| {r['alg']} | {r['clients']} | {LABEL[r['variant']]} | "
+          f"{rate:,.0f} | {rate / f32:.0%} | {rate / b16:.0%} |")
 
 
 if __name__ == "__main__":
