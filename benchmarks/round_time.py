@@ -44,6 +44,8 @@ for both algorithms: it is measured once per C, in the first algorithm's group.
     .venv/bin/python benchmarks/round_time.py --clients 4 --reps 2  # quick (minutes)
     .venv/bin/python benchmarks/round_time.py --algs hfedf --clients 16 \
         --variants engine loop --reps 3
+    .venv/bin/python benchmarks/round_time.py --algs fedavg --clients 4 \
+        --variants engine engine_auto engine_bf16 --rates   # + GFLOP/s vs the peaks
 """
 
 from __future__ import annotations
