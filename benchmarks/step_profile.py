@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_dg import models
+from matmul_peak import cpu_name
 
 KINDS = ("convolution", "dot", "convert", "slice / pad / concatenate",
          "transpose / copy", "reduce", "other")
@@ -126,7 +127,7 @@ def main() -> None:
   ap.add_argument("--reps", type=int, default=10)
   args = ap.parse_args()
   rows = {d: profile(d, args.reps) for d in args.dtype}
-  print(f"# jax {jax.__version__}, {jax.devices()[0].device_kind}; "
+  print(f"# {cpu_name()}; jax {jax.__version__}; "
         "Inception CNN client step, batch 64, one device; ms per step")
   print("| kind | " + " | ".join(args.dtype) + " |")
   print("|---|" + "---:|" * len(args.dtype))
