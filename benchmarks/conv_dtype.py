@@ -23,9 +23,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 
-from matmul_peak import cpu_name
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from matmul_peak import cpu_name, median_s
 
 # (batch, height = width, input channels, output channels): conv3 of the
 # Inception CNN at batch 64 (16x16, 64 -> 64) and an inception's 3x3 branch
@@ -43,10 +46,6 @@ FLAG_SETS = (
 
 def measure(shape: tuple[int, int, int, int], reps: int) -> dict[str, float]:
   """{dtype: median seconds} of the layer's forward + backward, this process."""
-  import jax
-  import jax.numpy as jnp
-  from jax import lax
-
   n, h, cin, cout = shape
   kx, kw = jax.random.split(jax.random.key(0))
   x = jax.random.normal(kx, (n, h, h, cin))
@@ -59,14 +58,7 @@ def measure(shape: tuple[int, int, int, int], reps: int) -> dict[str, float]:
           dimension_numbers=("NHWC", "HWIO", "NHWC"),
           preferred_element_type=jnp.float32)
       return jnp.sum(jnp.tanh(y))
-    step = jax.jit(jax.grad(loss, (0, 1)))
-    jax.block_until_ready(step(x, w))
-    times = []
-    for _ in range(reps):
-      t0 = time.perf_counter()
-      jax.block_until_ready(step(x, w))
-      times.append(time.perf_counter() - t0)
-    out[name] = sorted(times)[len(times) // 2]
+    out[name] = median_s(jax.grad(loss, (0, 1)), x, w, reps=reps)
   return out
 
 
@@ -86,7 +78,6 @@ def main() -> None:
     shapes = json.loads(args.worker)
     print(json.dumps([measure(tuple(s), args.reps) for s in shapes]))
     return
-  import jax
   print(f"# {cpu_name()}; {os.cpu_count()} cores, jax {jax.__version__}")
   print("| XLA_FLAGS | n x h x w x cin -> cout | float32 GFLOP/s "
         "| bfloat16 GFLOP/s | bfloat16 speed-up |")

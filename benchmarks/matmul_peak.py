@@ -28,7 +28,8 @@ SHAPES = ((16384, 288, 64), (4096, 576, 64), (4096, 1584, 64),
           (4096, 2304, 256), (8192, 4096, 1024))
 
 
-def _median_s(fn, *args, reps: int) -> float:
+def median_s(fn, *args, reps: int) -> float:
+  """Median seconds of `reps` calls of jitted `fn(*args)`, after a warm-up."""
   fn = jax.jit(fn)
   jax.block_until_ready(fn(*args))
   times = []
@@ -47,27 +48,34 @@ def matmul_rates(reps: int) -> list[tuple[tuple[int, int, int], float, float]]:
     a = jax.random.normal(key, (m, k))
     b = jax.random.normal(key, (k, n))
     flops = 2 * m * k * n / 1e9
-    f32 = _median_s(jnp.dot, a, b, reps=reps)
-    b16 = _median_s(
+    f32 = median_s(jnp.dot, a, b, reps=reps)
+    b16 = median_s(
         lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32),
         a.astype(jnp.bfloat16), b.astype(jnp.bfloat16), reps=reps)
     out.append(((m, k, n), flops / f32, flops / b16))
   return out
 
 
-def client_step_gflop(dtype: str) -> float:
-  """XLA's FLOP count of one SGD step of the Inception CNN (batch 64)."""
+def client_step(dtype: str):
+  """(one SGD step `step(params, x, y) -> params` of the Inception CNN in
+  `dtype`, at 32x32x3 with 7 classes, and its model); a batch is 64."""
   model = models.get_model("inception_cnn", input_shape=(32, 32, 3),
                            num_classes=7, dtype=dtype)
-  params = jax.eval_shape(model.init, jax.random.key(0))
-  x = jax.ShapeDtypeStruct((64, 32, 32, 3), jnp.uint8)
-  y = jax.ShapeDtypeStruct((64,), jnp.int32)
 
   def step(p, x, y):
     loss = lambda q: optax.softmax_cross_entropy_with_integer_labels(
         model.apply(q, x), y).mean()
     return jax.tree.map(lambda a, g: a - 0.01 * g, p, jax.grad(loss)(p))
 
+  return step, model
+
+
+def client_step_gflop(dtype: str) -> float:
+  """XLA's FLOP count of one SGD step of the Inception CNN (batch 64)."""
+  step, model = client_step(dtype)
+  params = jax.eval_shape(model.init, jax.random.key(0))
+  x = jax.ShapeDtypeStruct((64, 32, 32, 3), jnp.uint8)
+  y = jax.ShapeDtypeStruct((64,), jnp.int32)
   cost = jax.jit(step).lower(params, x, y).compile().cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   return float(cost["flops"]) / 1e9

@@ -796,8 +796,7 @@ def rates(rows, args, peak_reps: int = 5):
   the float32 and bfloat16 matmul rates XLA:CPU reaches in this process at
   the Inception CNN's im2col shapes and a large one (their maximum: the
   peak a round could approach)."""
-  if args.model != "inception_cnn" or args.size != SHAPE[0] or (
-      args.steps <= 0):
+  if args.model != "inception_cnn" or args.size != SHAPE[0]:
     print("\n(--rates: the FLOP count is the Inception CNN's at 32x32; "
           "not printed for this workload)")
     return

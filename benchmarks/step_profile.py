@@ -25,10 +25,8 @@ import tempfile
 
 import jax
 import jax.numpy as jnp
-import optax
 
-from fedjax_dg import models
-from matmul_peak import cpu_name
+from matmul_peak import client_step, cpu_name
 
 KINDS = ("convolution", "dot", "convert", "slice / pad / concatenate",
          "transpose / copy", "reduce", "other")
@@ -86,18 +84,11 @@ def op_kinds(hlo: str) -> dict[str, str]:
 
 def profile(dtype: str, reps: int) -> tuple[float, dict[str, float]]:
   """(the step's wall ms, {kind: op ms}) per step."""
-  model = models.get_model("inception_cnn", input_shape=(32, 32, 3),
-                           num_classes=7, dtype=dtype)
+  step, model = client_step(dtype)
   params = model.init(jax.random.key(0))
   x = jax.random.randint(jax.random.key(1), (64, 32, 32, 3), 0, 255
                          ).astype(jnp.uint8)
   y = jnp.arange(64) % 7
-
-  def step(p, x, y):
-    loss = lambda q: optax.softmax_cross_entropy_with_integer_labels(
-        model.apply(q, x), y).mean()
-    return jax.tree.map(lambda a, g: a - 0.01 * g, p, jax.grad(loss)(p))
-
   compiled = jax.jit(step).lower(params, x, y).compile()
   kinds = op_kinds(compiled.as_text())
   jax.block_until_ready(compiled(params, x, y))
